@@ -1,0 +1,91 @@
+// gemm through cblas (row-major, transpose flags, beta = 1 to accumulate gradients), and the
+// kernel thread setting. BLAS runs single-threaded; large products are split across OpenMP
+// threads by output rows or columns, so each output element is one unsplit BLAS reduction and
+// results do not depend on the thread count.
+#include <cblas.h>
+#include <omp.h>
+
+#include <algorithm>
+
+#include "core/kernels.h"
+#include "core/parallel.h"
+
+namespace tapegrad {
+
+static int g_threads = 0;
+
+void set_num_threads(int n) {
+  openblas_set_num_threads(1);
+  g_threads = n > 0 ? n : omp_get_num_procs();
+}
+
+int num_threads() {
+  if (g_threads == 0) set_num_threads(0);
+  return g_threads;
+}
+
+namespace kernels {
+
+static void blas_gemm(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int M, int N, int K, float alpha, const float* A,
+                      int lda, const float* B, int ldb, float beta, float* C, int ldc) {
+  cblas_sgemm(CblasRowMajor, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+}
+static void blas_gemm(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int M, int N, int K, double alpha, const double* A,
+                      int lda, const double* B, int ldb, double beta, double* C, int ldc) {
+  cblas_dgemm(CblasRowMajor, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+}
+
+template <class T>
+void gemm(bool trans_a, bool trans_b, std::size_t M, std::size_t N, std::size_t K, T alpha, const T* A,
+          std::size_t lda, const T* B, std::size_t ldb, T beta, T* C, std::size_t ldc) {
+  if (M == 0 || N == 0) return;
+  auto ta = trans_a ? CblasTrans : CblasNoTrans;
+  auto tb = trans_b ? CblasTrans : CblasNoTrans;
+  auto call = [&](std::size_t m0, std::size_t m, std::size_t n0, std::size_t n) {
+    // Row m0 of op(A) starts at A + m0 * lda (or column m0 when transposed); likewise for B.
+    const T* a = A + (trans_a ? m0 : m0 * lda);
+    const T* b = B + (trans_b ? n0 * ldb : n0);
+    blas_gemm(ta, tb, int(m), int(n), int(K), alpha, a, int(lda), b, int(ldb), beta, C + m0 * ldc + n0, int(ldc));
+  };
+  int threads = num_threads();
+  constexpr std::size_t min_parallel_flops = 1 << 21;
+  if (threads <= 1 || M * N * K < min_parallel_flops || omp_in_parallel()) {
+    call(0, M, 0, N);
+    return;
+  }
+  // Split the longer output side into chunks that are multiples of 16 (whole SIMD tiles).
+  bool split_rows = M >= N;
+  std::size_t extent = split_rows ? M : N;
+  std::size_t chunk = ((extent + threads - 1) / threads + 15) / 16 * 16;
+  std::size_t parts = (extent + chunk - 1) / chunk;
+#pragma omp parallel for num_threads(threads) schedule(static)
+  for (std::ptrdiff_t p = 0; p < static_cast<std::ptrdiff_t>(parts); ++p) {
+    std::size_t begin = p * chunk, count = std::min(chunk, extent - begin);
+    if (split_rows) call(begin, count, 0, N);
+    else call(0, M, begin, count);
+  }
+}
+
+template <class T>
+void matmul_forward(T* y, const T* x, const T* w, std::size_t M, std::size_t K, std::size_t N) {
+  gemm<T>(false, false, M, N, K, T(1), x, K, w, N, T(0), y, N);
+}
+
+template <class T>
+void matmul_backward(T* dx, T* dw, const T* dy, const T* x, const T* w, std::size_t M, std::size_t K,
+                     std::size_t N) {
+  if (dx) gemm<T>(false, true, M, K, N, T(1), dy, N, w, N, T(1), dx, K);
+  if (dw) gemm<T>(true, false, K, N, M, T(1), x, K, dy, N, T(1), dw, N);
+}
+
+#define TAPEGRAD_INSTANTIATE(T)                                                                                 \
+  template void gemm<T>(bool, bool, std::size_t, std::size_t, std::size_t, T, const T*, std::size_t, const T*, \
+                        std::size_t, T, T*, std::size_t);                                                       \
+  template void matmul_forward<T>(T*, const T*, const T*, std::size_t, std::size_t, std::size_t);              \
+  template void matmul_backward<T>(T*, T*, const T*, const T*, const T*, std::size_t, std::size_t, std::size_t);
+TAPEGRAD_INSTANTIATE(float)
+TAPEGRAD_INSTANTIATE(double)
+#undef TAPEGRAD_INSTANTIATE
+
+}  // namespace kernels
+}  // namespace tapegrad

@@ -1,0 +1,176 @@
+// Row-wise kernels: embedding, RMSNorm, RoPE, softmax and cross-entropy. Plain loops over
+// contiguous rows, rows spread over threads; cross-row sums (dw, dtable) run serially in row
+// order so results are identical for every thread count.
+#include <cmath>
+#include <numbers>
+
+#include "core/kernels.h"
+#include "core/parallel.h"
+
+namespace tapegrad::kernels {
+
+// ---- embedding ----
+
+template <class T> void embedding_forward(T* y, const T* table, const std::int32_t* ids, std::size_t n, std::size_t dim) {
+  for (std::size_t i = 0; i < n; ++i) std::copy_n(table + std::size_t(ids[i]) * dim, dim, y + i * dim);
+}
+
+template <class T>
+void embedding_backward(T* dtable, const T* dy, const std::int32_t* ids, std::size_t n, std::size_t dim) {
+  for (std::size_t i = 0; i < n; ++i) {
+    T* row = dtable + std::size_t(ids[i]) * dim;
+    const T* g = dy + i * dim;
+    for (std::size_t j = 0; j < dim; ++j) row[j] += g[j];
+  }
+}
+
+// ---- RMSNorm ----
+
+template <class T>
+void rms_norm_forward(T* y, T* rstd, const T* x, const T* w, std::size_t rows, std::size_t dim, T eps) {
+  detail::parallel_for(rows, dim * 3, [&](std::size_t r) {
+    const T* xr = x + r * dim;
+    T* yr = y + r * dim;
+    T s = T(1) / std::sqrt(detail::dot(xr, xr, dim) / T(dim) + eps);
+    if (rstd) rstd[r] = s;
+    for (std::size_t j = 0; j < dim; ++j) yr[j] = xr[j] * s * w[j];
+  });
+}
+
+// y_j = x_j r w_j, r = (mean(x^2) + eps)^(-1/2), dr/dx_j = -r^3 x_j / D.
+// With g = dy * w: dx_j = r g_j - x_j r^3 sum_k(g_k x_k) / D;  dw_j = sum over rows of dy_j x_j r.
+template <class T>
+void rms_norm_backward(T* dx, T* dw, const T* dy, const T* x, const T* w, const T* rstd, std::size_t rows,
+                       std::size_t dim) {
+  if (dx) {
+    detail::parallel_for(rows, dim * 6, [&](std::size_t r) {
+      const T* xr = x + r * dim;
+      const T* gr = dy + r * dim;
+      T* dxr = dx + r * dim;
+      T s = rstd[r], gx = 0;
+      for (std::size_t j = 0; j < dim; ++j) gx += gr[j] * w[j] * xr[j];
+      T c = s * s * s * gx / T(dim);
+      for (std::size_t j = 0; j < dim; ++j) dxr[j] += s * gr[j] * w[j] - c * xr[j];
+    });
+  }
+  if (dw) {
+    for (std::size_t r = 0; r < rows; ++r) {
+      const T* xr = x + r * dim;
+      const T* gr = dy + r * dim;
+      T s = rstd[r];
+      for (std::size_t j = 0; j < dim; ++j) dw[j] += gr[j] * xr[j] * s;
+    }
+  }
+}
+
+// ---- RoPE ----
+
+template <class T> RopeTable<T> make_rope_table(std::size_t max_len, std::size_t head_dim, double theta) {
+  RopeTable<T> table;
+  table.max_len = max_len;
+  table.half = head_dim / 2;
+  table.cos.resize(max_len * table.half);
+  table.sin.resize(max_len * table.half);
+  for (std::size_t m = 0; m < max_len; ++m)
+    for (std::size_t i = 0; i < table.half; ++i) {
+      double angle = double(m) * std::pow(theta, -2.0 * double(i) / double(head_dim));
+      table.cos[m * table.half + i] = T(std::cos(angle));
+      table.sin[m * table.half + i] = T(std::sin(angle));
+    }
+  return table;
+}
+
+// Rotates each pair (x[2i], x[2i+1]) of each head by +angle (sign = 1) or -angle (sign = -1),
+// writing (accumulate = false) or adding (accumulate = true) into y.
+template <class T>
+static void rope_apply(T* y, const T* x, const RopeTable<T>& table, std::size_t batch, std::size_t seq_len,
+                       std::size_t n_heads, std::size_t head_dim, std::size_t offset, T sign, bool accumulate) {
+  std::size_t dim = n_heads * head_dim, half = head_dim / 2;
+  detail::parallel_for(batch * seq_len, dim * 4, [&](std::size_t row) {
+    std::size_t pos = offset + row % seq_len;
+    const T* c = table.cos.data() + pos * half;
+    const T* s = table.sin.data() + pos * half;
+    for (std::size_t h = 0; h < n_heads; ++h) {
+      const T* xh = x + row * dim + h * head_dim;
+      T* yh = y + row * dim + h * head_dim;
+      for (std::size_t i = 0; i < half; ++i) {
+        T x0 = xh[2 * i], x1 = xh[2 * i + 1], sn = sign * s[i];
+        T y0 = x0 * c[i] - x1 * sn, y1 = x0 * sn + x1 * c[i];
+        if (accumulate) {
+          yh[2 * i] += y0;
+          yh[2 * i + 1] += y1;
+        } else {
+          yh[2 * i] = y0;
+          yh[2 * i + 1] = y1;
+        }
+      }
+    }
+  });
+}
+
+template <class T>
+void rope_forward(T* y, const T* x, const RopeTable<T>& table, std::size_t batch, std::size_t seq_len,
+                  std::size_t n_heads, std::size_t head_dim, std::size_t offset) {
+  rope_apply(y, x, table, batch, seq_len, n_heads, head_dim, offset, T(1), false);
+}
+
+template <class T>
+void rope_backward(T* dx, const T* dy, const RopeTable<T>& table, std::size_t batch, std::size_t seq_len,
+                   std::size_t n_heads, std::size_t head_dim, std::size_t offset) {
+  rope_apply(dx, dy, table, batch, seq_len, n_heads, head_dim, offset, T(-1), true);
+}
+
+// ---- softmax and cross-entropy ----
+
+template <class T> void softmax_rows(T* x, std::size_t rows, std::size_t cols) {
+  detail::parallel_for(rows, cols * 8, [&](std::size_t r) {
+    T* xr = x + r * cols;
+    T inv = T(1) / detail::exp_shifted_sum(xr, cols, detail::max_of(xr, cols));
+    for (std::size_t j = 0; j < cols; ++j) xr[j] *= inv;
+  });
+}
+
+template <class T>
+T cross_entropy_forward(T* lse, const T* logits, const std::int32_t* targets, std::size_t n, std::size_t vocab) {
+  detail::parallel_for(n, vocab * 8, [&](std::size_t r) {
+    const T* xr = logits + r * vocab;
+    T m = detail::max_of(xr, vocab), sum = 0;
+    for (std::size_t j = 0; j < vocab; ++j) sum += std::exp(xr[j] - m);
+    lse[r] = m + std::log(sum);
+  });
+  double total = 0;  // summed in row order for thread-count independence
+  for (std::size_t r = 0; r < n; ++r) total += double(lse[r]) - double(logits[r * vocab + std::size_t(targets[r])]);
+  return T(total / double(n));
+}
+
+// loss = mean_r (lse_r - x_{r,t_r}); d loss / d x_{r,j} = (softmax_{r,j} - [j == t_r]) / N.
+template <class T>
+void cross_entropy_backward(T* dlogits, T dloss, const T* logits, const T* lse, const std::int32_t* targets,
+                            std::size_t n, std::size_t vocab) {
+  T g = dloss / T(n);
+  detail::parallel_for(n, vocab * 8, [&](std::size_t r) {
+    const T* xr = logits + r * vocab;
+    T* dr = dlogits + r * vocab;
+    for (std::size_t j = 0; j < vocab; ++j) dr[j] += g * std::exp(xr[j] - lse[r]);
+    dr[targets[r]] -= g;
+  });
+}
+
+#define TAPEGRAD_INSTANTIATE(T)                                                                                  \
+  template void embedding_forward<T>(T*, const T*, const std::int32_t*, std::size_t, std::size_t);              \
+  template void embedding_backward<T>(T*, const T*, const std::int32_t*, std::size_t, std::size_t);             \
+  template void rms_norm_forward<T>(T*, T*, const T*, const T*, std::size_t, std::size_t, T);                   \
+  template void rms_norm_backward<T>(T*, T*, const T*, const T*, const T*, const T*, std::size_t, std::size_t); \
+  template RopeTable<T> make_rope_table<T>(std::size_t, std::size_t, double);                                    \
+  template void rope_forward<T>(T*, const T*, const RopeTable<T>&, std::size_t, std::size_t, std::size_t,        \
+                                std::size_t, std::size_t);                                                       \
+  template void rope_backward<T>(T*, const T*, const RopeTable<T>&, std::size_t, std::size_t, std::size_t,       \
+                                 std::size_t, std::size_t);                                                      \
+  template void softmax_rows<T>(T*, std::size_t, std::size_t);                                                   \
+  template T cross_entropy_forward<T>(T*, const T*, const std::int32_t*, std::size_t, std::size_t);             \
+  template void cross_entropy_backward<T>(T*, T, const T*, const T*, const std::int32_t*, std::size_t, std::size_t);
+TAPEGRAD_INSTANTIATE(float)
+TAPEGRAD_INSTANTIATE(double)
+#undef TAPEGRAD_INSTANTIATE
+
+}  // namespace tapegrad::kernels

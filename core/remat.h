@@ -1,0 +1,25 @@
+// Per-block rematerialisation (Chen et al. 2016, "Training Deep Nets with Sublinear Memory Cost").
+#pragma once
+
+#include <functional>
+
+#include "core/tape.h"
+
+namespace tapegrad {
+
+// Note [Remat]
+// rematerialize(block, x) records ONE entry on the current tape. Its forward runs block(x) with
+// recording off, so none of the block's activations are kept: the entry holds only x (already
+// held by whoever made it) and the block's output. When backward reaches the entry it opens a
+// nested Tape, re-runs block on a leaf copy of x (bit-identical values), backpropagates the
+// incoming gradient through the nested tape, which accumulates into the block's parameters (they
+// are leaves) and into the leaf copy, adds that into x's gradient, and frees the nested tape.
+// The kernels and their order are exactly those of the plain path, so the gradients are
+// bit-identical; the price is a second forward of each block during backward.
+using Block = std::function<Var(const Var&)>;
+
+/// y = block(x), keeping only x and y on the tape (see Note [Remat]). Outside a recording tape
+/// it is just block(x).
+Var rematerialize(Block block, const Var& x);
+
+}  // namespace tapegrad

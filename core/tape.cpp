@@ -1,0 +1,115 @@
+// The tape: entries in creation order, a reverse loop for backward, epochs for stale values.
+#include "core/tape.h"
+
+#include <fmt/format.h>
+
+#include <stdexcept>
+
+namespace tapegrad {
+
+struct TapeState {
+  std::uint64_t epoch = 1;  // bumped by clear(); a value whose epoch differs is stale
+  bool spent = false;       // backward has run since the last clear()
+};
+
+static thread_local Tape* g_current = nullptr;
+
+Var::Var(Tensor value, bool requires_grad) : node_(std::make_shared<Node>()) {
+  node_->value = std::move(value);
+  node_->requires_grad = requires_grad;
+}
+
+Node& Var::node() const {
+  if (!node_) throw std::logic_error("Var: use of an undefined (default-constructed) Var");
+  return *node_;
+}
+
+Tensor& Var::mutable_value() {
+  ++node().version;
+  return node().value;
+}
+
+const Tensor& Var::grad() const {
+  if (node().grad.empty())
+    throw std::logic_error(fmt::format("Var::grad: no gradient has reached this value of shape {} (was it used "
+                                       "in the loss, and did backward run?)",
+                                       to_string(shape())));
+  return node().grad;
+}
+
+Tensor& Var::grad_buffer() {
+  Node& n = node();
+  if (n.grad.empty()) n.grad = Tensor(n.value.shape());
+  return n.grad;
+}
+
+void Var::zero_grad() { node().grad = Tensor(); }
+
+bool tape_value_is_live(const Node& n) { return !n.tape || (n.epoch == n.tape->epoch && !n.tape->spent); }
+
+Tape::Tape() : state_(std::make_shared<TapeState>()), previous_(g_current) { g_current = this; }
+
+Tape::~Tape() {
+  g_current = previous_;
+  ++state_->epoch;  // values made here outlive the tape but can no longer be differentiated
+}
+
+Tape* Tape::current() { return g_current; }
+
+void Tape::record(const std::shared_ptr<Node>& out, Backward backward, std::size_t saved_bytes) {
+  out->requires_grad = true;
+  out->is_leaf = false;
+  out->tape = state_;
+  out->epoch = state_->epoch;
+  state_->spent = false;
+  bytes_ += out->value.bytes() + saved_bytes;
+  entries_.push_back({out, std::move(backward)});
+}
+
+void Tape::backward(const Var& loss) {
+  if (loss.value().size() != 1)
+    throw std::invalid_argument(fmt::format("Tape::backward: the loss must have one element, got shape {}; pass "
+                                            "a seed gradient for other outputs",
+                                            to_string(loss.shape())));
+  backward(loss, Tensor(loss.shape(), 1.0f));
+}
+
+void Tape::backward(const Var& out, const Tensor& seed) {
+  Node& root = out.node();
+  if (root.tape != state_) {
+    if (root.is_leaf) throw std::logic_error("Tape::backward: the output is a leaf, not computed on this tape");
+    throw std::logic_error("Tape::backward: the output was computed on another tape");
+  }
+  if (state_->spent || root.epoch != state_->epoch)
+    throw std::logic_error("Tape::backward: this tape is spent (backward already ran, or it was cleared); run the "
+                           "forward again on a recording tape");
+  expect_shape("Tape::backward", "the seed", seed.shape(), root.value.shape());
+  if (root.grad.empty()) {
+    root.grad = seed;
+  } else {
+    for (std::size_t i = 0; i < seed.size(); ++i) root.grad[i] += seed[i];
+  }
+  // Each entry is released as soon as it has run: nothing earlier on the tape refers to it, so
+  // activations and intermediate gradients are freed progressively, as PyTorch does.
+  for (auto it = entries_.rbegin(); it != entries_.rend(); ++it) {
+    Node& node = *it->out;
+    if (!node.grad.empty()) it->backward(node);
+    if (&node != &root) node.grad = Tensor();
+    it->backward = nullptr;
+    it->out.reset();
+  }
+  clear();
+  state_->spent = true;
+}
+
+void Tape::clear() {
+  entries_.clear();
+  bytes_ = 0;
+  ++state_->epoch;
+  state_->spent = false;
+}
+
+NoGradScope::NoGradScope() : saved_(g_current) { g_current = nullptr; }
+NoGradScope::~NoGradScope() { g_current = saved_; }
+
+}  // namespace tapegrad

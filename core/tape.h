@@ -1,0 +1,117 @@
+// Reverse-mode autodiff on a tape (Griewank & Walther, ch. 3; Stan Math's design): Var is a value
+// with an optional gradient; every op run while a Tape is recording appends one entry holding its
+// backward; Tape::backward walks the entries in reverse creation order, which is already a
+// topological order, and accumulates into the gradients of leaves (parameters).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/tensor.h"
+
+namespace tapegrad {
+
+struct TapeState;  // shared by a tape and the values it made, so stale values are detected
+
+/// The storage behind a Var: its value, its gradient (empty until something flows into it), and
+/// where it came from.
+struct Node {
+  Tensor value;
+  Tensor grad;
+  bool requires_grad = false;
+  bool is_leaf = true;
+  std::shared_ptr<TapeState> tape;  // the tape that produced it (null for leaves)
+  std::uint64_t epoch = 0;          // the tape's epoch when it was produced
+  std::uint64_t version = 0;        // bumped whenever the value is changed in place (optimizer steps)
+};
+
+class Var {
+ public:
+  Var() = default;
+  /// A leaf. Parameters pass requires_grad = true.
+  explicit Var(Tensor value, bool requires_grad = false);
+
+  const Tensor& value() const { return node().value; }
+  /// For in-place updates (optimizers, loading): bumps the version so KV caches notice.
+  Tensor& mutable_value();
+  const Shape& shape() const { return node().value.shape(); }
+  bool requires_grad() const { return node().requires_grad; }
+  bool is_leaf() const { return node().is_leaf; }
+  bool has_grad() const { return !node().grad.empty(); }
+  /// The accumulated gradient; throws if none has flowed here.
+  const Tensor& grad() const;
+  /// The gradient buffer, allocated as zeros on first use.
+  Tensor& grad_buffer();
+  void zero_grad();
+  std::uint64_t version() const { return node().version; }
+  void bump_version() { ++node().version; }
+  bool defined() const { return static_cast<bool>(node_); }
+
+  Node& node() const;
+  const std::shared_ptr<Node>& node_ptr() const { return node_; }
+  explicit Var(std::shared_ptr<Node> node) : node_(std::move(node)) {}
+
+ private:
+  std::shared_ptr<Node> node_;
+};
+
+/// A recording scope: while a Tape is alive and innermost, differentiable ops record on it.
+/// Tapes nest (a nested Tape records until it is destroyed, then the outer one resumes).
+class Tape {
+ public:
+  Tape();
+  ~Tape();
+  Tape(const Tape&) = delete;
+  Tape& operator=(const Tape&) = delete;
+
+  /// Seeds d loss = 1 (loss must have one element) and runs every entry's backward in reverse.
+  /// Afterwards the tape is spent: its entries are freed and a second backward is an error.
+  void backward(const Var& loss);
+  /// Same with an explicit seed of out's shape (used by rematerialised blocks).
+  void backward(const Var& out, const Tensor& seed);
+  /// Frees every entry; values made on this tape can no longer be used to record or backward.
+  void clear();
+
+  /// Bytes of activations the entries keep alive (op outputs and saved tensors).
+  std::size_t bytes() const { return bytes_; }
+  std::size_t size() const { return entries_.size(); }
+
+  /// The innermost recording tape, or null inside a NoGradScope or outside any Tape.
+  static Tape* current();
+
+  using Backward = std::function<void(Node& out)>;
+  /// Appends an entry: backward(out) runs when gradient reaches out. Used by ops (core/ops.cpp).
+  void record(const std::shared_ptr<Node>& out, Backward backward, std::size_t saved_bytes);
+  const std::shared_ptr<TapeState>& state() const { return state_; }
+
+ private:
+  struct Entry {
+    std::shared_ptr<Node> out;
+    Backward backward;
+  };
+  std::vector<Entry> entries_;
+  std::size_t bytes_ = 0;
+  std::shared_ptr<TapeState> state_;
+  Tape* previous_ = nullptr;
+};
+
+/// False when the tape that produced n has been cleared or spent since (its graph is gone).
+bool tape_value_is_live(const Node& n);
+
+/// Turns recording off for its lifetime (inference, optimizer updates, rematerialised forwards).
+class NoGradScope {
+ public:
+  NoGradScope();
+  ~NoGradScope();
+  NoGradScope(const NoGradScope&) = delete;
+  NoGradScope& operator=(const NoGradScope&) = delete;
+
+ private:
+  Tape* saved_;
+};
+
+}  // namespace tapegrad

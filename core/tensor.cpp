@@ -1,0 +1,118 @@
+// Tensor storage, shape checks and formatting.
+#include "core/tensor.h"
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <new>
+#include <stdexcept>
+
+namespace tapegrad {
+
+std::string to_string(const Shape& shape) { return fmt::format("[{}]", fmt::join(shape, ", ")); }
+
+std::size_t numel(const Shape& shape) {
+  std::size_t n = 1;
+  for (std::size_t d : shape) n *= d;
+  return n;
+}
+
+void Tensor::Free::operator()(float* p) const { std::free(p); }
+
+static float* allocate(std::size_t count) {
+  if (count == 0) return nullptr;
+  constexpr std::size_t alignment = 64;
+  std::size_t bytes = (count * sizeof(float) + alignment - 1) / alignment * alignment;
+  void* p = std::aligned_alloc(alignment, bytes);
+  if (!p) throw std::bad_alloc();
+  return static_cast<float*>(p);
+}
+
+Tensor Tensor::uninitialized(Shape shape) {
+  Tensor t;
+  t.size_ = numel(shape);
+  t.shape_ = std::move(shape);
+  t.data_.reset(allocate(t.size_));
+  return t;
+}
+
+Tensor::Tensor(Shape shape) : Tensor(std::move(shape), 0.0f) {}
+
+Tensor::Tensor(Shape shape, float fill) : Tensor(uninitialized(std::move(shape))) { this->fill(fill); }
+
+Tensor::Tensor(Shape shape, const std::vector<float>& values) : Tensor(uninitialized(std::move(shape))) {
+  if (values.size() != size_)
+    throw std::invalid_argument(fmt::format("Tensor: shape {} holds {} values, got {}",
+                                            to_string(shape_), size_, values.size()));
+  std::copy(values.begin(), values.end(), data());
+}
+
+Tensor::Tensor(const Tensor& other) : shape_(other.shape_), size_(other.size_), data_(allocate(other.size_)) {
+  if (size_) std::memcpy(data(), other.data(), bytes());
+}
+
+Tensor& Tensor::operator=(const Tensor& other) {
+  if (this != &other) *this = Tensor(other);
+  return *this;
+}
+
+std::size_t Tensor::dim(std::size_t axis) const {
+  if (axis >= shape_.size())
+    throw std::out_of_range(fmt::format("Tensor::dim: axis {} of a tensor of shape {}", axis, to_string(shape_)));
+  return shape_[axis];
+}
+
+std::size_t Tensor::offset_of(std::initializer_list<std::size_t> index) const {
+  if (index.size() != shape_.size())
+    throw std::out_of_range(fmt::format("Tensor::at: {} indices for a tensor of shape {}", index.size(),
+                                        to_string(shape_)));
+  std::size_t offset = 0, axis = 0;
+  for (std::size_t i : index) {
+    if (i >= shape_[axis])
+      throw std::out_of_range(fmt::format("Tensor::at: index {} on axis {} of a tensor of shape {}", i, axis,
+                                          to_string(shape_)));
+    offset = offset * shape_[axis++] + i;
+  }
+  return offset;
+}
+
+float& Tensor::at(std::initializer_list<std::size_t> index) { return data_[offset_of(index)]; }
+float Tensor::at(std::initializer_list<std::size_t> index) const { return data_[offset_of(index)]; }
+
+float Tensor::item() const {
+  if (size_ != 1)
+    throw std::invalid_argument(fmt::format("Tensor::item: tensor of shape {} has {} elements, not 1",
+                                            to_string(shape_), size_));
+  return data_[0];
+}
+
+void Tensor::fill(float value) { std::fill_n(data(), size_, value); }
+
+Tensor Tensor::reshaped(Shape shape) const& { return Tensor(*this).reshaped(std::move(shape)); }
+
+Tensor Tensor::reshaped(Shape shape) && {
+  if (numel(shape) != size_)
+    throw std::invalid_argument(fmt::format("reshape: cannot view a tensor of shape {} as {}", to_string(shape_),
+                                            to_string(shape)));
+  shape_ = std::move(shape);
+  return std::move(*this);
+}
+
+void expect_shape(const char* op, const char* what, const Shape& actual, const Shape& expected) {
+  if (actual != expected)
+    throw std::invalid_argument(
+        fmt::format("{}: expected {} to be {}, got {}", op, what, to_string(expected), to_string(actual)));
+}
+
+float max_abs_diff(const Tensor& a, const Tensor& b) {
+  expect_shape("max_abs_diff", "b", b.shape(), a.shape());
+  float m = 0;
+  for (std::size_t i = 0; i < a.size(); ++i) m = std::max(m, std::fabs(a[i] - b[i]));
+  return m;
+}
+
+}  // namespace tapegrad

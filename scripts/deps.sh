@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# Installs the Debian packages tapegrad builds with (SPEC section 1), when any is missing.
+set -euo pipefail
+packages=(build-essential cmake ccache libxtensor-dev libxtensor-blas-dev xtl-dev libxsimd-dev doctest-dev
+          libfmt-dev libopenblas-dev libcli11-dev nlohmann-json3-dev python3-numpy)
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  sudo=""
+  [ "$(id -u)" -eq 0 ] || sudo="sudo"
+  echo "installing: ${missing[*]}"
+  $sudo apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi

@@ -1,0 +1,8 @@
+#!/usr/bin/env bash
+# The whole test suite: installs dependencies, builds (Release), runs every doctest case.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/deps.sh
+cmake -S . -B build -DCMAKE_BUILD_TYPE=Release >/dev/null
+cmake --build build -j"$(nproc)"
+cd build && ./tapegrad_tests

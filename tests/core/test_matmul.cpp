@@ -1,0 +1,105 @@
+#include <doctest/doctest.h>
+
+#include "core/ops.h"
+#include "support/checks.h"
+
+using namespace tapegrad;
+using test::contains;
+using test::error_of;
+
+namespace {
+// Naive reference: C[i, j] = sum_k op(A)[i, k] op(B)[k, j], in double.
+std::vector<float> naive_matmul(const float* A, const float* B, std::size_t M, std::size_t K, std::size_t N, bool ta,
+                                bool tb) {
+  std::vector<float> C(M * N);
+  for (std::size_t i = 0; i < M; ++i)
+    for (std::size_t j = 0; j < N; ++j) {
+      double s = 0;
+      for (std::size_t k = 0; k < K; ++k) s += double(ta ? A[k * M + i] : A[i * K + k]) * double(tb ? B[j * K + k] : B[k * N + j]);
+      C[i * N + j] = float(s);
+    }
+  return C;
+}
+}  // namespace
+
+TEST_CASE("matmul matches a naive triple loop for every transpose flag, batched or not") {
+  for (bool ta : {false, true})
+    for (bool tb : {false, true}) {
+      const std::size_t M = 5, K = 7, N = 3;
+      Tensor a = test::random_tensor(ta ? Shape{K, M} : Shape{M, K}, 1);
+      Tensor b = test::random_tensor(tb ? Shape{N, K} : Shape{K, N}, 2);
+      Var c = matmul(Var(a), Var(b), ta, tb);
+      CHECK(c.shape() == Shape{M, N});
+      auto ref = naive_matmul(a.data(), b.data(), M, K, N, ta, tb);
+      for (std::size_t i = 0; i < ref.size(); ++i) CHECK(c.value()[i] == doctest::Approx(ref[i]).epsilon(1e-5));
+
+      Tensor ba = test::random_tensor(ta ? Shape{2, K, M} : Shape{2, M, K}, 3);
+      Tensor bb = test::random_tensor(tb ? Shape{2, N, K} : Shape{2, K, N}, 4);
+      Var bc = matmul(Var(ba), Var(bb), ta, tb);
+      CHECK(bc.shape() == Shape{2, M, N});
+      for (std::size_t batch = 0; batch < 2; ++batch) {
+        auto r = naive_matmul(ba.data() + batch * M * K, bb.data() + batch * K * N, M, K, N, ta, tb);
+        for (std::size_t i = 0; i < r.size(); ++i)
+          CHECK(bc.value()[batch * M * N + i] == doctest::Approx(r[i]).epsilon(1e-5));
+      }
+    }
+}
+
+TEST_CASE("matmul flattens leading axes of a (B, T, K) input against a (K, N) weight") {
+  Tensor x = test::random_tensor({2, 3, 4}, 1), w = test::random_tensor({4, 6}, 2);
+  Var y = matmul(Var(x), Var(w));
+  CHECK(y.shape() == Shape{2, 3, 6});
+  auto ref = naive_matmul(x.data(), w.data(), 6, 4, 6, false, false);
+  for (std::size_t i = 0; i < ref.size(); ++i) CHECK(y.value()[i] == doctest::Approx(ref[i]).epsilon(1e-5));
+}
+
+TEST_CASE("a split matmul is reproducible for a fixed thread count and close across counts") {
+  Tensor x = test::random_tensor({512, 128}, 1), w = test::random_tensor({128, 256}, 2);
+  set_num_threads(1);
+  Tensor one = matmul(Var(x), Var(w)).value();
+  set_num_threads(2);
+  Tensor two = matmul(Var(x), Var(w)).value();
+  Tensor again = matmul(Var(x), Var(w)).value();
+  set_num_threads(0);
+  CHECK(max_abs_diff(two, again) == 0.0f);
+  // OpenBLAS picks its micro-tiles from the row count it is given, so rows near a split point
+  // can round differently (measured: about 1e-5 on sums of 128 products of unit normals).
+  CHECK(max_abs_diff(one, two) < 1e-4f);
+}
+
+TEST_CASE("matmul kernels match central differences in double") {
+  for (auto [M, K, N] : {std::tuple{1, 1, 1}, {3, 4, 5}, {6, 2, 3}}) {
+    auto x = test::random_vector<double>(M * K, 1), w = test::random_vector<double>(K * N, 2);
+    auto R = test::random_vector<double>(M * N, 3);
+    std::vector<double> dx(M * K), dw(K * N);
+    kernels::matmul_backward<double>(dx.data(), dw.data(), R.data(), x.data(), w.data(), M, K, N);
+    auto forward = [&] {
+      std::vector<double> y(M * N);
+      kernels::matmul_forward<double>(y.data(), x.data(), w.data(), M, K, N);
+      return y;
+    };
+    test::check_double("matmul dx", x, forward, R, dx);
+    test::check_double("matmul dw", w, forward, R, dw);
+  }
+}
+
+TEST_CASE("matmul gradients pass gradcheck for every flag combination and batching") {
+  for (bool ta : {false, true})
+    for (bool tb : {false, true}) {
+      test::check_float_op("matmul", [=](const std::vector<Var>& v) { return matmul(v[0], v[1], ta, tb); },
+                           {test::random_tensor(ta ? Shape{4, 3} : Shape{3, 4}, 1),
+                            test::random_tensor(tb ? Shape{5, 4} : Shape{4, 5}, 2)});
+      test::check_float_op("batched matmul", [=](const std::vector<Var>& v) { return matmul(v[0], v[1], ta, tb); },
+                           {test::random_tensor(ta ? Shape{2, 4, 3} : Shape{2, 3, 4}, 3),
+                            test::random_tensor(tb ? Shape{2, 5, 4} : Shape{2, 4, 5}, 4)});
+    }
+  test::check_float_op("matmul (B, T, K) x (K, N)", [](const std::vector<Var>& v) { return matmul(v[0], v[1]); },
+                       {test::random_tensor({2, 1, 3}, 5), test::random_tensor({3, 2}, 6)});
+}
+
+TEST_CASE("matmul names both shapes when they do not fit") {
+  CHECK(error_of([] { matmul(Var(Tensor({4, 3})), Var(Tensor({5, 2}))); }) ==
+        "matmul: inner sizes differ; a is [4, 3], b is [5, 2]");
+  CHECK(contains(error_of([] { matmul(Var(Tensor({2, 4, 3})), Var(Tensor({3, 3, 2}))); }),
+                 "batch sizes differ; a is [2, 4, 3], b is [3, 3, 2]"));
+}

@@ -1,0 +1,50 @@
+// Helpers shared by the tests: seeded random buffers, exception-message checks, data paths.
+#pragma once
+
+#include <doctest/doctest.h>
+
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "core/random.h"
+#include "core/tensor.h"
+
+namespace tapegrad::test {
+
+template <class T = float>
+std::vector<T> random_vector(std::size_t n, std::uint64_t seed, double scale = 1.0) {
+  Rng rng(seed);
+  std::vector<T> v(n);
+  for (auto& x : v) x = T(rng.normal() * scale);
+  return v;
+}
+
+inline Tensor random_tensor(Shape shape, std::uint64_t seed, float scale = 1.0f) {
+  Tensor t(std::move(shape));
+  Rng rng(seed);
+  rng.fill_normal(t, scale);
+  return t;
+}
+
+/// Runs f, requires it to throw E, and returns the message (for CHECK on its contents).
+template <class E = std::exception, class F>
+std::string error_of(F&& f) {
+  try {
+    f();
+  } catch (const E& e) {
+    return e.what();
+  }
+  FAIL("expected an exception");
+  return {};
+}
+
+inline bool contains(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
+
+/// ../shared/data/tinyshakespeare.txt beside the source tree, or "" when absent (a user's clone).
+inline std::string shakespeare_path() {
+  auto p = std::filesystem::path(TAPEGRAD_SOURCE_DIR) / ".." / "shared" / "data" / "tinyshakespeare.txt";
+  return std::filesystem::exists(p) ? p.string() : std::string();
+}
+
+}  // namespace tapegrad::test
