@@ -1,0 +1,21 @@
+// Embedding lookup.
+#include "nn/embedding.h"
+
+#include "core/ops.h"
+#include "core/random.h"
+
+namespace tapegrad::nn {
+
+Embedding::Embedding(std::size_t vocab, std::size_t dim, float init_std, Rng& rng) : weight(parameter({vocab, dim})) {
+  rng.fill_normal(weight.mutable_value(), init_std);
+}
+
+Var Embedding::forward(std::span<const std::int32_t> ids, std::size_t batch, std::size_t seq_len) const {
+  return reshape(embedding(weight, ids), {batch, seq_len, weight.shape()[1]});
+}
+
+void Embedding::collect_params(const std::string& prefix, ParameterList& out) const {
+  out.push_back({prefix + "weight", weight});
+}
+
+}  // namespace tapegrad::nn

@@ -1,0 +1,24 @@
+// Linear layer.
+#include "nn/linear.h"
+
+#include "core/ops.h"
+#include "core/random.h"
+
+namespace tapegrad::nn {
+
+Linear::Linear(std::size_t in, std::size_t out, bool has_bias, float init_std, Rng& rng) : weight(parameter({in, out})) {
+  rng.fill_normal(weight.mutable_value(), init_std);
+  if (has_bias) bias = parameter({out});
+}
+
+Var Linear::forward(const Var& x) const {
+  Var y = matmul(x, weight);
+  return bias.defined() ? add_bias(y, bias) : y;
+}
+
+void Linear::collect_params(const std::string& prefix, ParameterList& out) const {
+  out.push_back({prefix + "weight", weight});
+  if (bias.defined()) out.push_back({prefix + "bias", bias});
+}
+
+}  // namespace tapegrad::nn

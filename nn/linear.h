@@ -1,0 +1,26 @@
+// Linear: y = x W (+ b), W stored (in, out) as in SPEC section 5.
+#pragma once
+
+#include "nn/module.h"
+
+namespace tapegrad {
+class Rng;
+}
+
+namespace tapegrad::nn {
+
+class Linear : public Module {
+ public:
+  /// W ~ N(0, init_std^2); b (when present) starts at zero.
+  Linear(std::size_t in, std::size_t out, bool bias, float init_std, Rng& rng);
+  /// x (.., in) -> (.., out).
+  Var forward(const Var& x) const;
+  void collect_params(const std::string& prefix, ParameterList& out) const override;
+
+  std::size_t in() const { return weight.shape()[0]; }
+  std::size_t out() const { return weight.shape()[1]; }
+  Var weight;  // (in, out)
+  Var bias;    // (out) or undefined
+};
+
+}  // namespace tapegrad::nn

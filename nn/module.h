@@ -1,0 +1,33 @@
+// Module: something with named parameters. Modules compose core ops and write no backward of
+// their own; their parameters are leaves that optimizers update in place.
+#pragma once
+
+#include <cstddef>
+#include <string>
+
+#include "core/parameter.h"
+
+namespace tapegrad::nn {
+
+class Module {
+ public:
+  virtual ~Module() = default;
+  /// Every parameter with its dotted name (SPEC section 5), in a fixed order.
+  ParameterList params() const {
+    ParameterList out;
+    collect_params("", out);
+    return out;
+  }
+  std::size_t num_params() const {
+    std::size_t n = 0;
+    for (const auto& p : params()) n += p.var.value().size();
+    return n;
+  }
+  /// Appends this module's parameters, their names prefixed by prefix ("blocks.0.").
+  virtual void collect_params(const std::string& prefix, ParameterList& out) const = 0;
+};
+
+/// A trainable leaf of the given shape, zero-filled (modules initialise it).
+inline Var parameter(Shape shape) { return Var(Tensor(std::move(shape)), /*requires_grad=*/true); }
+
+}  // namespace tapegrad::nn

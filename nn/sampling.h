@@ -1,0 +1,39 @@
+// Sampler: turns a row of logits into a token id. The order is fixed (SPEC section 4):
+// temperature, then top-k, then top-p, then one draw from the project's seeded Rng.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "core/random.h"
+
+namespace tapegrad::nn {
+
+struct SamplingOptions {
+  float temperature = 1.0f;  // 0 = greedy: argmax, the lowest id winning ties
+  std::size_t top_k = 0;     // keep the k most probable ids (0 = all)
+  float top_p = 1.0f;        // keep the smallest most-probable set whose probability reaches p
+  /// Throws std::invalid_argument naming the bad value.
+  void validate() const;
+};
+
+class Sampler {
+ public:
+  Sampler(SamplingOptions options, std::uint64_t seed);
+  /// One token from logits (vocab); reuses its buffers (no allocation after the first call).
+  std::int32_t next(std::span<const float> logits);
+  /// The probabilities the draw used for the last call (zeros for filtered ids); for tests.
+  std::span<const float> last_probabilities() const { return probs_; }
+
+ private:
+  SamplingOptions options_;
+  Rng rng_;
+  std::vector<float> probs_;
+  std::vector<std::int32_t> order_;
+};
+
+/// argmax with the lowest index winning ties.
+std::int32_t argmax(std::span<const float> logits);
+
+}  // namespace tapegrad::nn
