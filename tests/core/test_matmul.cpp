@@ -103,3 +103,11 @@ TEST_CASE("matmul names both shapes when they do not fit") {
   CHECK(contains(error_of([] { matmul(Var(Tensor({2, 4, 3})), Var(Tensor({3, 3, 2}))); }),
                  "batch sizes differ; a is [2, 4, 3], b is [3, 3, 2]"));
 }
+
+extern "C" int openblas_get_parallel(void);
+extern "C" char* openblas_get_corename(void);
+
+TEST_CASE("the BLAS is OpenBLAS's OpenMP build (OpenMP is the only thread pool)") {
+  CHECK(openblas_get_parallel() == 2);  // 0 sequential, 1 pthreads, 2 OpenMP
+  MESSAGE("OpenBLAS core: " << std::string(openblas_get_corename()));
+}

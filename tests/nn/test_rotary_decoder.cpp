@@ -111,3 +111,26 @@ TEST_CASE("forward refuses sequences longer than max_len and ids outside the voc
   CHECK(test::error_of([&] { model.forward(bad, 1, 3); }) ==
         "embedding: id 11 at index 2 is outside the vocabulary of size 11");
 }
+
+TEST_CASE("gradients are identical across runs for a fixed thread count, with parallel kernels active") {
+  // Large enough that attention, row kernels and matmuls all take their parallel paths.
+  RotaryDecoder model = rotary_decoder(17, 64, 4, 2, 64, std::nullopt, false, 5);
+  auto ids = random_ids(8 * 64, 17, 1), targets = random_ids(8 * 64, 17, 2);
+  for (int threads : {1, 2}) {
+    set_num_threads(threads);
+    std::vector<Tensor> first;
+    for (int run = 0; run < 3; ++run) {
+      {
+        Tape tape;
+        tape.backward(model.loss(ids, targets, 8, 64));
+      }
+      auto params = model.params();
+      for (std::size_t i = 0; i < params.size(); ++i) {
+        if (run == 0) first.push_back(params[i].var.grad());
+        else CHECK(max_abs_diff(first[i], params[i].var.grad()) == 0.0f);
+        params[i].var.zero_grad();
+      }
+    }
+  }
+  set_num_threads(0);
+}
