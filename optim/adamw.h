@@ -7,6 +7,7 @@
 
 namespace tapegrad::optim {
 
+/// AdamW hyperparameters, torch.optim.AdamW's defaults.
 struct AdamWOptions {
   float lr = 1e-3f;
   float beta1 = 0.9f;
@@ -25,6 +26,7 @@ class AdamW : public Optimizer {
   /// One AdamW update (file comment) of every parameter with a gradient, t = steps() after the
   /// call. The bias corrections use the optimizer's step count, shared by all parameters.
   void step() override;
+  /// The options given at construction (options().lr is the initial lr; see lr()).
   const AdamWOptions& options() const { return options_; }
 
  private:

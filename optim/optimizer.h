@@ -12,6 +12,7 @@
 
 namespace tapegrad::optim {
 
+/// One exported state tensor under its checkpoint name.
 struct NamedTensor {
   std::string name;  // e.g. "optim.blocks.0.attn.wq.weight.m"
   Tensor value;
@@ -39,9 +40,11 @@ class Optimizer {
 
   /// The learning rate of the next step (a schedule sets it before every step).
   void set_lr(float lr);
+  /// The learning rate the next step will use.
   float lr() const { return lr_; }
   /// Steps taken so far (the t of the next step's bias correction is steps() + 1).
   std::int64_t steps() const { return step_; }
+  /// The parameters, in the order given (which is also the order of state()).
   const ParameterList& params() const { return params_; }
   /// "SGD" or "AdamW": used in error messages.
   const char* name() const { return name_; }

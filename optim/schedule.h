@@ -24,6 +24,7 @@ class LrSchedule {
   /// The lr of step `step` (>= 0; see the class comment).
   float at(std::int64_t step) const;
 
+  /// The construction arguments (a constant schedule has min_lr == peak_lr and no steps).
   float peak_lr() const { return lr_; }
   float min_lr() const { return min_lr_; }
   std::int64_t warmup_steps() const { return warmup_steps_; }

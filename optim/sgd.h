@@ -6,6 +6,7 @@
 
 namespace tapegrad::optim {
 
+/// SGD hyperparameters; the defaults are plain SGD without momentum or decay.
 struct SGDOptions {
   float lr = 1e-2f;
   float momentum = 0.0f;          // 0: plain p -= lr g, and no state tensors
@@ -21,6 +22,7 @@ class SGD : public Optimizer {
 
   /// p -= lr (momentum buf + grad + wd p) for every parameter with a gradient (see the file comment).
   void step() override;
+  /// The options given at construction (options().lr is the initial lr; see lr()).
   const SGDOptions& options() const { return options_; }
 
  private:
