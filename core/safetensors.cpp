@@ -53,10 +53,8 @@ class FileDescriptor {
 // Writes to the temporary file, counting bytes, and fails like a full disk when the test seam says.
 class TempWriter {
  public:
-  TempWriter(const std::string& path, const std::string& temp_path, int fd)
-      : path_(path), temp_path_(temp_path), fd_(fd), fail_after_(detail::safetensors_fail_after_bytes) {
-    detail::safetensors_fail_after_bytes = -1;
-  }
+  TempWriter(const std::string& path, const std::string& temp_path, int fd, std::int64_t fail_after)
+      : path_(path), temp_path_(temp_path), fd_(fd), fail_after_(fail_after) {}
 
   void write(const void* data, std::size_t n) {
     const char* p = static_cast<const char*>(data);
@@ -242,6 +240,7 @@ void check_coverage(std::vector<Entry>& entries, std::uint64_t data_size, const 
 
 void write_safetensors(const std::string& path, const std::vector<std::pair<std::string, const Tensor*>>& tensors,
                        const std::map<std::string, std::string>& metadata) {
+  const std::int64_t fail_after = std::exchange(detail::safetensors_fail_after_bytes, -1);
   const std::string header = make_header(path, tensors, metadata);
   const std::string temp_path = fmt::format("{}.tmp.{}", path, ::getpid());
   FileDescriptor fd(::open(temp_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
@@ -249,7 +248,7 @@ void write_safetensors(const std::string& path, const std::vector<std::pair<std:
     throw std::runtime_error(fmt::format("{}: cannot create the temporary file {}: {}", path, temp_path,
                                          std::strerror(errno)));
   try {
-    TempWriter out(path, temp_path, fd.get());
+    TempWriter out(path, temp_path, fd.get(), fail_after);
     unsigned char length[8];
     for (int i = 0; i < 8; ++i) length[i] = static_cast<unsigned char>(std::uint64_t(header.size()) >> (8 * i));
     out.write(length, 8);

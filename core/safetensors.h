@@ -37,8 +37,8 @@ SafetensorsFile read_safetensors(const std::string& path);
 inline constexpr std::uint64_t kSafetensorsMaxHeaderBytes = 100'000'000;
 
 namespace detail {
-/// Test seam: when >= 0, the next write_safetensors fails as a full disk would (ENOSPC) once it
-/// has written this many bytes of the temporary file, and the seam resets itself to -1. Tests only.
+/// Test seam: when >= 0, the next write_safetensors call resets it to -1 and fails as a full disk
+/// would (ENOSPC) once it has written this many bytes of the temporary file. Tests only.
 extern thread_local std::int64_t safetensors_fail_after_bytes;
 }  // namespace detail
 
