@@ -24,7 +24,7 @@ static_assert(std::endian::native == std::endian::little,
 namespace tapegrad {
 
 namespace detail {
-thread_local std::int64_t safetensors_fail_after_bytes = -1;
+std::int64_t safetensors_fail_after_bytes = -1;
 }  // namespace detail
 
 namespace {

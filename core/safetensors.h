@@ -38,8 +38,9 @@ inline constexpr std::uint64_t kSafetensorsMaxHeaderBytes = 100'000'000;
 
 namespace detail {
 /// Test seam: when >= 0, the next write_safetensors call resets it to -1 and fails as a full disk
-/// would (ENOSPC) once it has written this many bytes of the temporary file. Tests only.
-extern thread_local std::int64_t safetensors_fail_after_bytes;
+/// would (ENOSPC) once it has written this many bytes of the temporary file. Tests only (a plain
+/// global: set it on the thread that writes, with no other write in flight).
+extern std::int64_t safetensors_fail_after_bytes;
 }  // namespace detail
 
 }  // namespace tapegrad
