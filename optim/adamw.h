@@ -1,0 +1,36 @@
+// AdamW: Adam with decoupled weight decay (Loshchilov & Hutter 2019, Algorithm 2), in the update
+// order of torch.optim.AdamW: p *= 1 - lr wd; m = b1 m + (1-b1) g; v = b2 v + (1-b2) g^2;
+// p -= lr (m / (1 - b1^t)) / (sqrt(v / (1 - b2^t)) + eps).
+#pragma once
+
+#include "optim/optimizer.h"
+
+namespace tapegrad::optim {
+
+/// AdamW hyperparameters, torch.optim.AdamW's defaults.
+struct AdamWOptions {
+  float lr = 1e-3f;
+  float beta1 = 0.9f;
+  float beta2 = 0.999f;
+  float eps = 1e-8f;
+  float weight_decay = 0.01f;
+  bool decay_all_params = false;  // false: decay matrices (rank >= 2) only, never norm weights or biases
+};
+
+class AdamW : public Optimizer {
+ public:
+  /// Validates the options (lr, eps, weight_decay finite and >= 0; betas in [0, 1)); the state
+  /// is two slots per parameter, "m" (first moment) and "v" (second moment).
+  AdamW(ParameterList params, AdamWOptions options = {});
+
+  /// One AdamW update (file comment) of every parameter with a gradient, t = steps() after the
+  /// call. The bias corrections use the optimizer's step count, shared by all parameters.
+  void step() override;
+  /// The options given at construction (options().lr is the initial lr; see lr()).
+  const AdamWOptions& options() const { return options_; }
+
+ private:
+  AdamWOptions options_;
+};
+
+}  // namespace tapegrad::optim
