@@ -1,0 +1,136 @@
+// Checkpoint save and load on top of core/safetensors.
+#include "nn/checkpoint.h"
+
+#include <fmt/format.h>
+
+#include <charconv>
+#include <cmath>
+#include <set>
+#include <stdexcept>
+
+namespace tapegrad::nn {
+
+namespace {
+
+std::map<std::string, std::string> model_metadata(const DecoderConfig& c, const CharTokenizer& tokenizer) {
+  return {{"vocab_size", std::to_string(c.vocab)},
+          {"d_model", std::to_string(c.d_model)},
+          {"n_heads", std::to_string(c.n_heads)},
+          {"n_blocks", std::to_string(c.n_blocks)},
+          {"max_len", std::to_string(c.max_len)},
+          {"d_ff", std::to_string(c.ffn_dim())},
+          {"norm_eps", fmt::format("{}", c.norm_eps)},
+          {"rope_theta", fmt::format("{}", c.rope_theta)},
+          {"vocab", tokenizer.vocab()},
+          {"format_version", kCheckpointFormatVersion}};
+}
+
+const std::string& required(const std::map<std::string, std::string>& metadata, const std::string& key) {
+  auto it = metadata.find(key);
+  if (it == metadata.end()) throw std::runtime_error(fmt::format("metadata key '{}' is missing", key));
+  return it->second;
+}
+
+std::size_t parse_size(const std::map<std::string, std::string>& metadata, const std::string& key) {
+  const std::string& text = required(metadata, key);
+  std::size_t value = 0;
+  auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), value);
+  constexpr std::size_t limit = std::size_t(1) << 31;  // far above any model this library trains
+  if (ec != std::errc() || end != text.data() + text.size() || value > limit)
+    throw std::runtime_error(fmt::format("metadata '{}' = '{}' is not an integer in [0, {}]", key, text, limit));
+  return value;
+}
+
+double parse_positive(const std::map<std::string, std::string>& metadata, const std::string& key) {
+  const std::string& text = required(metadata, key);
+  std::size_t used = 0;
+  double value = 0;
+  try {
+    value = std::stod(text, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  if (used != text.size() || !(value > 0) || !std::isfinite(value))
+    throw std::runtime_error(fmt::format("metadata '{}' = '{}' is not a positive number", key, text));
+  return value;
+}
+
+}  // namespace
+
+void save_checkpoint(const std::string& path, const RotaryDecoder& model, const CharTokenizer& tokenizer,
+                     const CheckpointExtras& extras) {
+  if (tokenizer.size() != model.config().vocab)
+    throw std::invalid_argument(fmt::format("save_checkpoint: the tokenizer has {} characters but the model's vocab is {}",
+                                            tokenizer.size(), model.config().vocab));
+  std::map<std::string, std::string> metadata = model_metadata(model.config(), tokenizer);
+  for (const auto& [key, value] : extras.metadata) {
+    if (metadata.count(key)) throw std::invalid_argument(fmt::format("save_checkpoint: metadata key '{}' is reserved", key));
+    metadata[key] = value;
+  }
+  ParameterList params = model.params();
+  std::vector<std::pair<std::string, const Tensor*>> tensors;
+  for (const auto& p : params) tensors.emplace_back(p.name, &p.var.value());
+  for (const auto& [name, tensor] : extras.tensors) {
+    if (name.rfind("optim.", 0) != 0)
+      throw std::invalid_argument(fmt::format("save_checkpoint: extra tensor '{}' must be named optim.*", name));
+    tensors.emplace_back(name, tensor);
+  }
+  write_safetensors(path, tensors, metadata);
+}
+
+LoadedCheckpoint load_checkpoint(const std::string& path, bool remat) {
+  SafetensorsFile file = read_safetensors(path);
+  try {
+    const auto& meta = file.metadata;
+    std::string version = required(meta, "format_version");
+    if (version != kCheckpointFormatVersion)
+      throw std::runtime_error(fmt::format("format_version '{}' is not supported (this build reads '{}')", version,
+                                           kCheckpointFormatVersion));
+    DecoderConfig config;
+    config.vocab = parse_size(meta, "vocab_size");
+    config.d_model = parse_size(meta, "d_model");
+    config.n_heads = parse_size(meta, "n_heads");
+    config.n_blocks = parse_size(meta, "n_blocks");
+    config.max_len = parse_size(meta, "max_len");
+    config.d_ff = parse_size(meta, "d_ff");
+    config.norm_eps = float(parse_positive(meta, "norm_eps"));
+    config.rope_theta = parse_positive(meta, "rope_theta");
+    config.remat = remat;
+    CharTokenizer tokenizer = CharTokenizer::from_vocab(required(meta, "vocab"));
+    if (tokenizer.size() != config.vocab)
+      throw std::runtime_error(fmt::format("the vocabulary has {} characters but vocab_size is {}", tokenizer.size(),
+                                           config.vocab));
+    config.validate();
+    // Check every shape against the metadata before building the model (whose size it sets).
+    std::size_t total = 0;
+    for (const auto& [name, tensor] : file.tensors) total += tensor.size();
+    std::size_t D = config.d_model, F = config.ffn_dim(), V = config.vocab;
+    std::size_t expected_params = V * D + config.n_blocks * (2 * D + 4 * D * D + 3 * D * F) + D + D * V + V;
+    if (expected_params > total)
+      throw std::runtime_error(fmt::format("the metadata describes {} parameters but the file holds {} values",
+                                           expected_params, total));
+    RotaryDecoder model(config);
+    std::set<std::string> seen;
+    for (auto& p : model.params()) {
+      auto it = file.tensors.find(p.name);
+      if (it == file.tensors.end()) throw std::runtime_error(fmt::format("tensor '{}' is missing", p.name));
+      if (it->second.shape() != p.var.shape())
+        throw std::runtime_error(fmt::format("tensor '{}' has shape {} but the metadata implies {}", p.name,
+                                             to_string(it->second.shape()), to_string(p.var.shape())));
+      p.var.mutable_value() = std::move(it->second);
+      seen.insert(p.name);
+    }
+    LoadedCheckpoint out{std::move(model), std::move(tokenizer), {}, meta};
+    for (auto& [name, tensor] : file.tensors) {
+      if (seen.count(name)) continue;
+      if (name.rfind("optim.", 0) != 0)
+        throw std::runtime_error(fmt::format("tensor '{}' is not a parameter of this model", name));
+      out.extra_tensors.emplace(name, std::move(tensor));
+    }
+    return out;
+  } catch (const std::exception& e) {
+    throw std::runtime_error(fmt::format("{}: {}", path, e.what()));
+  }
+}
+
+}  // namespace tapegrad::nn

@@ -1,0 +1,41 @@
+// Model checkpoints in safetensors (SPEC section 5): the parameters under their SPEC names, and
+// the hyperparameters and the character vocabulary in "__metadata__", so that a checkpoint is
+// all that generation needs. Training checkpoints add "optim." tensors and more metadata.
+#pragma once
+
+#include <map>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "core/safetensors.h"
+#include "nn/rotary_decoder.h"
+#include "nn/tokenizer.h"
+
+namespace tapegrad::nn {
+
+inline constexpr const char* kCheckpointFormatVersion = "1";
+
+/// Extra content a training checkpoint carries besides the model.
+struct CheckpointExtras {
+  std::vector<std::pair<std::string, const Tensor*>> tensors;  // names must start with "optim."
+  std::map<std::string, std::string> metadata;                 // e.g. step, rng_state, data_position
+};
+
+/// Writes the model, its vocabulary and extras atomically to path (temporary file, fsync, rename).
+void save_checkpoint(const std::string& path, const RotaryDecoder& model, const CharTokenizer& tokenizer,
+                     const CheckpointExtras& extras = {});
+
+struct LoadedCheckpoint {
+  RotaryDecoder model;
+  CharTokenizer tokenizer;
+  std::map<std::string, Tensor> extra_tensors;         // the "optim." tensors
+  std::map<std::string, std::string> metadata;         // everything in "__metadata__"
+};
+
+/// Reads and checks everything: the file layout (core/safetensors), the metadata (every key
+/// present, integers in range, a vocabulary of vocab_size characters), every parameter present
+/// with its exact shape and no unknown tensor. Errors name the file and the problem.
+LoadedCheckpoint load_checkpoint(const std::string& path, bool remat = false);
+
+}  // namespace tapegrad::nn

@@ -1,0 +1,91 @@
+#include <doctest/doctest.h>
+
+#include <filesystem>
+
+#include "core/safetensors.h"
+#include "nn/checkpoint.h"
+#include "nn/generate.h"
+#include "support/helpers.h"
+
+using namespace tapegrad;
+using namespace tapegrad::nn;
+
+namespace {
+std::string temp_path(const std::string& name) {
+  auto dir = std::filesystem::temp_directory_path() / "tapegrad_test_checkpoint";
+  std::filesystem::create_directories(dir);
+  return (dir / name).string();
+}
+
+// Rewrites a checkpoint with one change, to forge a consistent file with bad content.
+void rewrite(const std::string& from, const std::string& to,
+             const std::function<void(std::map<std::string, Tensor>&, std::map<std::string, std::string>&)>& edit) {
+  SafetensorsFile f = read_safetensors(from);
+  edit(f.tensors, f.metadata);
+  std::vector<std::pair<std::string, const Tensor*>> tensors;
+  for (auto& [name, t] : f.tensors) tensors.emplace_back(name, &t);
+  write_safetensors(to, tensors, f.metadata);
+}
+}  // namespace
+
+TEST_CASE("a checkpoint round-trips the model, its vocabulary and its hyperparameters") {
+  CharTokenizer tok = CharTokenizer::from_text("hello wörld");
+  RotaryDecoder model = rotary_decoder(tok.size(), 16, 2, 2, 24, 40, false, 3);
+  std::string path = temp_path("round_trip.safetensors");
+  save_checkpoint(path, model, tok);
+  LoadedCheckpoint loaded = load_checkpoint(path);
+  CHECK(loaded.tokenizer.vocab() == tok.vocab());
+  CHECK(loaded.model.config().ffn_dim() == 40);
+  CHECK(loaded.model.config().max_len == 24);
+  auto a = model.params(), b = loaded.model.params();
+  REQUIRE(a.size() == b.size());
+  for (std::size_t i = 0; i < a.size(); ++i) CHECK(max_abs_diff(a[i].var.value(), b[i].var.value()) == 0.0f);
+  CHECK(loaded.metadata.at("format_version") == "1");
+  CHECK(loaded.metadata.at("vocab") == tok.vocab());
+  CHECK(loaded.metadata.at("norm_eps") == "1e-05");
+  std::vector<std::int32_t> prompt = tok.encode("he");
+  GenerateOptions options{.max_new = 10, .seed = 4};
+  CHECK(generate(model, prompt, options).tokens == generate(loaded.model, prompt, options).tokens);
+  CHECK(load_checkpoint(path, /*remat=*/true).model.config().remat);
+}
+
+TEST_CASE("training extras travel under optim. names and in the metadata") {
+  CharTokenizer tok = CharTokenizer::from_text("abc");
+  RotaryDecoder model = rotary_decoder(3, 8, 2, 1, 8);
+  Tensor m({8, 8}, 0.5f);
+  std::string path = temp_path("extras.safetensors");
+  save_checkpoint(path, model, tok, {{{"optim.embed.weight.m", &m}}, {{"step", "12"}}});
+  LoadedCheckpoint loaded = load_checkpoint(path);
+  CHECK(loaded.metadata.at("step") == "12");
+  CHECK(loaded.extra_tensors.at("optim.embed.weight.m").at({1, 1}) == 0.5f);
+  CHECK(test::contains(test::error_of([&] { save_checkpoint(path, model, tok, {{{"embed.m", &m}}, {}}); }),
+                       "must be named optim.*"));
+  CHECK(test::contains(test::error_of([&] { save_checkpoint(path, model, tok, {{}, {{"d_model", "9"}}}); }),
+                       "metadata key 'd_model' is reserved"));
+}
+
+TEST_CASE("checkpoints whose content disagrees with their metadata are refused, naming the file") {
+  CharTokenizer tok = CharTokenizer::from_text("abcd");
+  RotaryDecoder model = rotary_decoder(4, 8, 2, 1, 8);
+  std::string good = temp_path("good.safetensors"), bad = temp_path("bad.safetensors");
+  save_checkpoint(good, model, tok);
+  auto refused = [&](auto edit) {
+    rewrite(good, bad, edit);
+    return test::error_of([&] { load_checkpoint(bad); });
+  };
+  using T = std::map<std::string, Tensor>;
+  using M = std::map<std::string, std::string>;
+  CHECK(refused([](T&, M& m) { m.erase("n_heads"); }) == bad + ": metadata key 'n_heads' is missing");
+  CHECK(refused([](T&, M& m) { m["d_model"] = "8x"; }) == bad + ": metadata 'd_model' = '8x' is not an integer in [0, 2147483648]");
+  CHECK(refused([](T&, M& m) { m["d_model"] = "16"; }) ==
+        bad + ": the metadata describes 2740 parameters but the file holds 1116 values");
+  CHECK(test::contains(refused([](T&, M& m) { m["n_heads"] = "3"; }), "d_model 8 is not divisible by n_heads 3"));
+  CHECK(refused([](T&, M& m) { m["vocab"] = "abc"; }) == bad + ": the vocabulary has 3 characters but vocab_size is 4");
+  CHECK(refused([](T&, M& m) { m["norm_eps"] = "-1"; }) == bad + ": metadata 'norm_eps' = '-1' is not a positive number");
+  CHECK(refused([](T&, M& m) { m["format_version"] = "7"; }) ==
+        bad + ": format_version '7' is not supported (this build reads '1')");
+  CHECK(refused([](T& t, M&) { t.erase("head.bias"); t["optim.pad"] = Tensor({4}); }) == bad + ": tensor 'head.bias' is missing");
+  CHECK(refused([](T& t, M&) { t["head.bias"] = Tensor({2, 2}); }) ==
+        bad + ": tensor 'head.bias' has shape [2, 2] but the metadata implies [4]");
+  CHECK(refused([](T& t, M&) { t["extra.weight"] = Tensor({1}); }) == bad + ": tensor 'extra.weight' is not a parameter of this model");
+}
