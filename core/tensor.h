@@ -18,8 +18,15 @@ std::string to_string(const Shape& shape);
 /// Product of the dimensions (1 for a scalar shape []).
 std::size_t numel(const Shape& shape);
 
+/// Deleter of tensor storage: returns it to the storage cache (see tensor.cpp).
+struct StorageDeleter {
+  std::size_t bytes = 0;
+  void operator()(float* p) const;
+};
+
 class Tensor {
  public:
+
   Tensor() = default;
   /// Zero-filled tensor of the given shape.
   explicit Tensor(Shape shape);
@@ -58,15 +65,16 @@ class Tensor {
   Tensor reshaped(Shape shape) &&;
 
  private:
-  struct Free {
-    void operator()(float* p) const;
-  };
   std::size_t offset_of(std::initializer_list<std::size_t> index) const;
 
   Shape shape_;
   std::size_t size_ = 0;
-  std::unique_ptr<float[], Free> data_;
+  std::unique_ptr<float[], StorageDeleter> data_;
 };
+
+/// Bytes of freed tensor storage kept for reuse, and a way to hand it back to the system.
+std::size_t cached_storage_bytes();
+void release_cached_storage();
 
 /// Throws std::invalid_argument "<op>: expected <what> to be [..], got [..]" when shapes differ.
 void expect_shape(const char* op, const char* what, const Shape& actual, const Shape& expected);

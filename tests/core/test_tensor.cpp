@@ -78,3 +78,19 @@ TEST_CASE("the rng state round-trips through text and rejects malformed states")
   CHECK(contains(error_of([&] { b.set_state("1 2 x"); }), "malformed state"));
   CHECK(contains(error_of([&] { b.set_state("0 0 0 0"); }), "all-zero"));
 }
+
+TEST_CASE("freed large storage is cached by size and handed out again") {
+  release_cached_storage();
+  const float* first;
+  {
+    Tensor big({256, 1024});
+    first = big.data();
+  }
+  CHECK(cached_storage_bytes() == 256 * 1024 * sizeof(float));
+  Tensor again = Tensor::uninitialized({1024, 256});  // same byte size
+  CHECK(again.data() == first);
+  CHECK(cached_storage_bytes() == 0);
+  { Tensor small({4}); }
+  CHECK(cached_storage_bytes() == 0);  // small blocks go straight back to malloc
+  release_cached_storage();
+}
