@@ -35,53 +35,26 @@ static void blas_gemm(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int M, int N, int 
   cblas_dgemm(CblasRowMajor, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
 }
 
-// A few rows of C (decoding one token, attention scores of one query): OpenBLAS would pack the
-// whole of B on every call, which measured as a third of the decoding time, so these go
-// through plain loops: rows of B scaled and added (axpy) or dot products with rows of B.
+// A few rows of C (decoding one token): OpenBLAS would pack the whole of B on every call, which
+// measured as a third of the decoding time, so these go through register-blocked row loops.
 template <class T>
 static void small_gemm(bool trans_a, bool trans_b, std::size_t M, std::size_t N, std::size_t K, T alpha,
                        const T* A, std::size_t lda, const T* B, std::size_t ldb, T beta, T* C, std::size_t ldc) {
   for (std::size_t i = 0; i < M; ++i) {
     T* c = C + i * ldc;
-    if (beta == T(0)) std::fill_n(c, N, T(0));
-    else if (beta != T(1)) for (std::size_t n = 0; n < N; ++n) c[n] *= beta;
-    auto a = [&](std::size_t k) { return trans_a ? A[k * lda + i] : A[i * lda + k]; };
-    if (trans_b) {
-      if (trans_a) {
-        for (std::size_t n = 0; n < N; ++n) {
-          T sum = 0;
-          for (std::size_t k = 0; k < K; ++k) sum += a(k) * B[n * ldb + k];
-          c[n] += alpha * sum;
-        }
-      } else {
-        for (std::size_t n = 0; n < N; ++n) c[n] += alpha * detail::dot(A + i * lda, B + n * ldb, K);
-      }
-    } else {
-      // c[n0:n0+4W] stays in registers across every k (register blocking over columns).
-      using Batch = detail::Batch<T>;
-      constexpr std::size_t W = Batch::size;
-      std::size_t n0 = 0;
-      for (; n0 + 4 * W <= N; n0 += 4 * W) {
-        Batch c0 = Batch::load_unaligned(c + n0), c1 = Batch::load_unaligned(c + n0 + W);
-        Batch c2 = Batch::load_unaligned(c + n0 + 2 * W), c3 = Batch::load_unaligned(c + n0 + 3 * W);
-        for (std::size_t k = 0; k < K; ++k) {
-          Batch s(alpha * a(k));
-          const T* b = B + k * ldb + n0;
-          c0 = xsimd::fma(s, Batch::load_unaligned(b), c0);
-          c1 = xsimd::fma(s, Batch::load_unaligned(b + W), c1);
-          c2 = xsimd::fma(s, Batch::load_unaligned(b + 2 * W), c2);
-          c3 = xsimd::fma(s, Batch::load_unaligned(b + 3 * W), c3);
-        }
-        c0.store_unaligned(c + n0);
-        c1.store_unaligned(c + n0 + W);
-        c2.store_unaligned(c + n0 + 2 * W);
-        c3.store_unaligned(c + n0 + 3 * W);
-      }
-      for (std::size_t k = 0; k < K; ++k) {
-        T scale = alpha * a(k);
-        const T* b = B + k * ldb;
-        for (std::size_t n = n0; n < N; ++n) c[n] += scale * b[n];
-      }
+    if (beta != T(0) && beta != T(1))
+      for (std::size_t n = 0; n < N; ++n) c[n] *= beta;
+    const T* a = trans_a ? A + i : A + i * lda;
+    std::size_t a_stride = trans_a ? lda : 1;
+    if (!trans_b) {
+      detail::row_times_matrix(c, a, a_stride, B, ldb, K, N, alpha, beta != T(0));
+      continue;
+    }
+    for (std::size_t n = 0; n < N; ++n) {  // c[n] = a . row n of B
+      T sum = trans_a ? T(0) : detail::dot(a, B + n * ldb, K);
+      if (trans_a)
+        for (std::size_t k = 0; k < K; ++k) sum += a[k * a_stride] * B[n * ldb + k];
+      c[n] = alpha * sum + (beta != T(0) ? c[n] : T(0));
     }
   }
 }

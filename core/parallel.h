@@ -70,4 +70,60 @@ T exp_shifted_sum(T* x, std::size_t n, T shift) {
   return sum;
 }
 
+// c[0:V*W] = alpha * sum_k a[k * a_stride] * b[k * ldb + 0:V*W] (+ c when accumulating), with the
+// V column vectors in registers across all of k, and U independent chains over k so that short
+// rows still keep the FMA units busy (FMA latency is 4-5 cycles).
+template <class T, std::size_t V>
+inline void row_block(T* c, const T* a, std::size_t a_stride, const T* b, std::size_t ldb, std::size_t K, T alpha,
+                      bool accumulate) {
+  using B = Batch<T>;
+  constexpr std::size_t W = B::size, U = V >= 4 ? 1 : 4 / V;
+  B sum[U][V];
+  for (auto& chain : sum)
+    for (auto& s : chain) s = B(T(0));
+  std::size_t k = 0;
+  for (; k + U <= K; k += U)
+    for (std::size_t u = 0; u < U; ++u) {
+      B scale(a[(k + u) * a_stride]);
+      const T* row = b + (k + u) * ldb;
+      for (std::size_t v = 0; v < V; ++v) sum[u][v] = xsimd::fma(scale, B::load_unaligned(row + v * W), sum[u][v]);
+    }
+  for (; k < K; ++k) {
+    B scale(a[k * a_stride]);
+    for (std::size_t v = 0; v < V; ++v) sum[0][v] = xsimd::fma(scale, B::load_unaligned(b + k * ldb + v * W), sum[0][v]);
+  }
+  for (std::size_t v = 0; v < V; ++v) {
+    B total = sum[0][v];
+    for (std::size_t u = 1; u < U; ++u) total += sum[u][v];
+    total *= B(alpha);
+    if (accumulate) total += B::load_unaligned(c + v * W);
+    total.store_unaligned(c + v * W);
+  }
+}
+
+/// One row of a matrix product without BLAS: c[0:n] (+)= alpha * sum_k a[k * a_stride] * b[k * ldb + 0:n].
+/// For the small products BLAS handles badly (its packing dominates): decoding and attention.
+template <class T>
+void row_times_matrix(T* c, const T* a, std::size_t a_stride, const T* b, std::size_t ldb, std::size_t K,
+                      std::size_t n, T alpha, bool accumulate) {
+  constexpr std::size_t W = Batch<T>::size;
+  std::size_t j = 0;
+  for (; j + 8 * W <= n; j += 8 * W) row_block<T, 8>(c + j, a, a_stride, b + j, ldb, K, alpha, accumulate);
+  if (j + 4 * W <= n) row_block<T, 4>(c + j, a, a_stride, b + j, ldb, K, alpha, accumulate), j += 4 * W;
+  if (j + 2 * W <= n) row_block<T, 2>(c + j, a, a_stride, b + j, ldb, K, alpha, accumulate), j += 2 * W;
+  if (j + W <= n) row_block<T, 1>(c + j, a, a_stride, b + j, ldb, K, alpha, accumulate), j += W;
+  for (; j < n; ++j) {
+    T sum = 0;
+    for (std::size_t k = 0; k < K; ++k) sum += a[k * a_stride] * b[k * ldb + j];
+    c[j] = alpha * sum + (accumulate ? c[j] : T(0));
+  }
+}
+
+/// dst (cols, rows) = src (rows, cols) with row stride ld_src, transposed into a packed buffer.
+template <class T>
+void transpose_into(T* dst, const T* src, std::size_t rows, std::size_t cols, std::size_t ld_src) {
+  for (std::size_t r = 0; r < rows; ++r)
+    for (std::size_t c = 0; c < cols; ++c) dst[c * rows + r] = src[r * ld_src + c];
+}
+
 }  // namespace tapegrad::detail
