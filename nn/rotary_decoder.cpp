@@ -18,6 +18,13 @@ void DecoderConfig::validate() const {
   if (vocab == 0 || d_model == 0 || n_heads == 0 || n_blocks == 0 || max_len == 0 || ffn_dim() == 0)
     fail("every size must be positive");
   if (vocab > std::size_t(INT32_MAX)) fail("vocab must fit in int32 token ids");
+  // Bounds on the buffers that scale with max_len (RoPE table, KV cache: max_len x d_model per
+  // block), so that no configuration, e.g. one read from a forged checkpoint, asks for gigabytes.
+  constexpr std::size_t max_positions = 1 << 20, max_cache_floats = std::size_t(1) << 28;
+  if (max_len > max_positions) fail(fmt::format("max_len {} exceeds the supported {}", max_len, max_positions));
+  if (max_len * d_model > max_cache_floats)
+    fail(fmt::format("max_len x d_model = {} exceeds the supported {} (a 1 GiB cache per block)", max_len * d_model,
+                     max_cache_floats));
   if (d_model % n_heads != 0) fail(fmt::format("d_model {} is not divisible by n_heads {}", d_model, n_heads));
   if (head_dim() % 2 != 0) fail(fmt::format("head size d_model / n_heads = {} must be even for RoPE", head_dim()));
   if (!(norm_eps > 0) || !(rope_theta > 0)) fail(fmt::format("norm_eps {} and rope_theta {} must be positive", norm_eps, rope_theta));

@@ -1,8 +1,20 @@
 #!/usr/bin/env bash
-# The whole test suite: installs dependencies, builds (Release), runs every doctest case.
+# The whole test suite: installs dependencies, builds (Release), runs every doctest case; then
+# (unless TAPEGRAD_QUICK=1) the same suite under AddressSanitizer + UndefinedBehaviorSanitizer
+# and each fuzzer for 60 seconds.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/deps.sh
+jobs=$(nproc)
 cmake -S . -B build -DCMAKE_BUILD_TYPE=Release >/dev/null
-cmake --build build -j"$(nproc)"
-cd build && ./tapegrad_tests
+cmake --build build -j"$jobs"
+(cd build && ./tapegrad_tests)
+[ "${TAPEGRAD_QUICK:-0}" = 1 ] && exit 0
+
+echo "== the suite again under ASan + UBSan"
+cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DTAPEGRAD_SANITIZE=ON -DTAPEGRAD_BUILD_BENCH=OFF >/dev/null
+cmake --build build-asan -j"$jobs"
+(cd build-asan && ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 ./tapegrad_tests)
+
+echo "== fuzzing"
+bash scripts/fuzz.sh 60

@@ -80,6 +80,8 @@ TEST_CASE("checkpoints whose content disagrees with their metadata are refused, 
   CHECK(refused([](T&, M& m) { m["d_model"] = "16"; }) ==
         bad + ": the metadata describes 2740 parameters but the file holds 1116 values");
   CHECK(test::contains(refused([](T&, M& m) { m["n_heads"] = "3"; }), "d_model 8 is not divisible by n_heads 3"));
+  // Found by fuzzing: a forged max_len would size the RoPE table in gigabytes.
+  CHECK(test::contains(refused([](T&, M& m) { m["max_len"] = "2147483648"; }), "max_len 2147483648 exceeds the supported"));
   CHECK(refused([](T&, M& m) { m["vocab"] = "abc"; }) == bad + ": the vocabulary has 3 characters but vocab_size is 4");
   CHECK(refused([](T&, M& m) { m["norm_eps"] = "-1"; }) == bad + ": metadata 'norm_eps' = '-1' is not a positive number");
   CHECK(refused([](T&, M& m) { m["format_version"] = "7"; }) ==

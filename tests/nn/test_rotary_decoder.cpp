@@ -101,6 +101,10 @@ TEST_CASE("impossible configurations are refused naming the values") {
                        "rotary_decoder(vocab=0, d_model=64, n_heads=4, n_blocks=2, max_len=256, d_ff=256): every size must be positive"));
   CHECK(test::contains(test::error_of([] { rotary_decoder(65, 64, 0, 2, 256); }), "every size must be positive"));
   CHECK(test::contains(test::error_of([] { rotary_decoder(65, 64, 4, 2, 256, 0); }), "d_ff=0): every size must be positive"));
+  CHECK(test::contains(test::error_of([] { rotary_decoder(65, 4, 1, 1, std::size_t(1) << 31); }),
+                       "max_len 2147483648 exceeds the supported 1048576"));
+  CHECK(test::contains(test::error_of([] { rotary_decoder(65, 1024, 1, 1, 1 << 20); }),
+                       "max_len x d_model = 1073741824 exceeds the supported 268435456"));
 }
 
 TEST_CASE("forward refuses sequences longer than max_len and ids outside the vocabulary") {
