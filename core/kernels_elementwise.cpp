@@ -8,14 +8,21 @@
 
 namespace tapegrad::kernels {
 
+// Runs f(begin, count) over blocks of [0, n), on threads for big n.
+template <class F> static void in_blocks(std::size_t n, F f) {
+  constexpr std::size_t block = 16384;
+  detail::parallel_for((n + block - 1) / block, block, [&](std::size_t b) {
+    f(b * block, std::min(block, n - b * block));
+  });
+}
 template <class T> void add_forward(T* y, const T* a, const T* b, std::size_t n) {
-  xt::noalias(flat_view(y, n)) = flat_view(a, n) + flat_view(b, n);
+  in_blocks(n, [&](std::size_t i, std::size_t m) { xt::noalias(flat_view(y + i, m)) = flat_view(a + i, m) + flat_view(b + i, m); });
 }
 template <class T> void accumulate(T* dst, const T* src, std::size_t n) {
-  xt::noalias(flat_view(dst, n)) += flat_view(src, n);
+  in_blocks(n, [&](std::size_t i, std::size_t m) { xt::noalias(flat_view(dst + i, m)) += flat_view(src + i, m); });
 }
 template <class T> void mul_forward(T* y, const T* a, const T* b, std::size_t n) {
-  xt::noalias(flat_view(y, n)) = flat_view(a, n) * flat_view(b, n);
+  in_blocks(n, [&](std::size_t i, std::size_t m) { xt::noalias(flat_view(y + i, m)) = flat_view(a + i, m) * flat_view(b + i, m); });
 }
 template <class T> void mul_backward(T* da, T* db, const T* dy, const T* a, const T* b, std::size_t n) {
   if (da) xt::noalias(flat_view(da, n)) += flat_view(dy, n) * flat_view(b, n);

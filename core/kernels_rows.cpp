@@ -12,7 +12,7 @@ namespace tapegrad::kernels {
 // ---- embedding ----
 
 template <class T> void embedding_forward(T* y, const T* table, const std::int32_t* ids, std::size_t n, std::size_t dim) {
-  for (std::size_t i = 0; i < n; ++i) std::copy_n(table + std::size_t(ids[i]) * dim, dim, y + i * dim);
+  detail::parallel_for(n, dim, [&](std::size_t i) { std::copy_n(table + std::size_t(ids[i]) * dim, dim, y + i * dim); });
 }
 
 template <class T>
@@ -47,19 +47,33 @@ void rms_norm_backward(T* dx, T* dw, const T* dy, const T* x, const T* w, const 
       const T* xr = x + r * dim;
       const T* gr = dy + r * dim;
       T* dxr = dx + r * dim;
-      T s = rstd[r], gx = 0;
-      for (std::size_t j = 0; j < dim; ++j) gx += gr[j] * w[j] * xr[j];
+      using B = detail::Batch<T>;
+      constexpr std::size_t W = B::size;
+      T s = rstd[r];
+      B acc0(T(0)), acc1(T(0));
+      std::size_t j = 0;
+      for (; j + 2 * W <= dim; j += 2 * W) {
+        acc0 = xsimd::fma(B::load_unaligned(gr + j) * B::load_unaligned(w + j), B::load_unaligned(xr + j), acc0);
+        acc1 = xsimd::fma(B::load_unaligned(gr + j + W) * B::load_unaligned(w + j + W), B::load_unaligned(xr + j + W), acc1);
+      }
+      T gx = xsimd::hadd(acc0 + acc1);
+      for (; j < dim; ++j) gx += gr[j] * w[j] * xr[j];
       T c = s * s * s * gx / T(dim);
       for (std::size_t j = 0; j < dim; ++j) dxr[j] += s * gr[j] * w[j] - c * xr[j];
     });
   }
   if (dw) {
-    for (std::size_t r = 0; r < rows; ++r) {
-      const T* xr = x + r * dim;
-      const T* gr = dy + r * dim;
-      T s = rstd[r];
-      for (std::size_t j = 0; j < dim; ++j) dw[j] += gr[j] * xr[j] * s;
-    }
+    // Threads own column slices and walk the rows in order: the same sums for every thread count.
+    constexpr std::size_t slice = 64;
+    detail::parallel_for((dim + slice - 1) / slice, rows * slice * 3, [&](std::size_t part) {
+      std::size_t j0 = part * slice, j1 = std::min(dim, j0 + slice);
+      for (std::size_t r = 0; r < rows; ++r) {
+        const T* xr = x + r * dim;
+        const T* gr = dy + r * dim;
+        T s = rstd[r];
+        for (std::size_t j = j0; j < j1; ++j) dw[j] += gr[j] * xr[j] * s;
+      }
+    });
   }
 }
 
@@ -134,9 +148,8 @@ template <class T>
 T cross_entropy_forward(T* lse, const T* logits, const std::int32_t* targets, std::size_t n, std::size_t vocab) {
   detail::parallel_for(n, vocab * 8, [&](std::size_t r) {
     const T* xr = logits + r * vocab;
-    T m = detail::max_of(xr, vocab), sum = 0;
-    for (std::size_t j = 0; j < vocab; ++j) sum += std::exp(xr[j] - m);
-    lse[r] = m + std::log(sum);
+    T m = detail::max_of(xr, vocab);
+    lse[r] = m + std::log(detail::sum_exp_shifted(xr, vocab, m));
   });
   double total = 0;  // summed in row order for thread-count independence
   for (std::size_t r = 0; r < n; ++r) total += double(lse[r]) - double(logits[r * vocab + std::size_t(targets[r])]);
@@ -151,7 +164,12 @@ void cross_entropy_backward(T* dlogits, T dloss, const T* logits, const T* lse, 
   detail::parallel_for(n, vocab * 8, [&](std::size_t r) {
     const T* xr = logits + r * vocab;
     T* dr = dlogits + r * vocab;
-    for (std::size_t j = 0; j < vocab; ++j) dr[j] += g * std::exp(xr[j] - lse[r]);
+    using B = detail::Batch<T>;
+    constexpr std::size_t W = B::size;
+    std::size_t j = 0;
+    for (; j + W <= vocab; j += W)
+      xsimd::fma(B(g), xsimd::exp(B::load_unaligned(xr + j) - B(lse[r])), B::load_unaligned(dr + j)).store_unaligned(dr + j);
+    for (; j < vocab; ++j) dr[j] += g * std::exp(xr[j] - lse[r]);
     dr[targets[r]] -= g;
   });
 }

@@ -46,9 +46,30 @@ T dot(const T* a, const T* b, std::size_t n) {
 
 template <class T>
 T max_of(const T* x, std::size_t n) {
+  constexpr std::size_t W = Batch<T>::size;
   T m = x[0];
-  for (std::size_t i = 1; i < n; ++i) m = std::max(m, x[i]);
+  std::size_t i = 0;
+  if (n >= W) {
+    Batch<T> acc = Batch<T>::load_unaligned(x);
+    for (i = W; i + W <= n; i += W) acc = xsimd::max(acc, Batch<T>::load_unaligned(x + i));
+    alignas(64) T lanes[W];
+    acc.store_aligned(lanes);
+    m = *std::max_element(lanes, lanes + W);
+  }
+  for (; i < n; ++i) m = std::max(m, x[i]);
   return m;
+}
+
+/// sum(exp(x[i] - shift)), x unchanged.
+template <class T>
+T sum_exp_shifted(const T* x, std::size_t n, T shift) {
+  constexpr std::size_t W = Batch<T>::size;
+  Batch<T> acc(T(0)), s(shift);
+  std::size_t i = 0;
+  for (; i + W <= n; i += W) acc += xsimd::exp(Batch<T>::load_unaligned(x + i) - s);
+  T sum = xsimd::hadd(acc);
+  for (; i < n; ++i) sum += std::exp(x[i] - shift);
+  return sum;
 }
 
 /// x[i] = exp(x[i] - shift) in place; returns the sum of the new values.
