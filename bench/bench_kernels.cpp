@@ -1,0 +1,426 @@
+// Kernel throughput: the sgemm peak and memcpy bandwidth as references, then tapegrad::kernels matmuls
+// and attention (GFLOP/s, % of the peak) and elementwise/row kernels (GB/s, % of the same-size
+// memcpy), at 1 and 2 threads. Every kernel is checked against a naive reference before it is timed.
+#include <charconv>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+
+#include "bench/bench_support.h"
+#include "core/kernels.h"
+
+namespace kernels = tapegrad::kernels;
+using namespace tapegrad::bench;
+
+namespace {
+
+struct Options {
+  std::vector<int> threads{1, 2};
+  int repeats = 20;
+  double min_sample_s = 2e-3;  // calls are batched into samples this long, so the timer adds no noise
+  std::string out = (std::filesystem::path(__FILE__).parent_path() / "results" / "kernels_cpu.json").string();
+};
+
+struct Operand {  // a row-major matrix used as op(X) in a product
+  const float* data;
+  std::size_t ld;
+  bool transposed;
+  double at(std::size_t r, std::size_t c) const { return transposed ? data[c * ld + r] : data[r * ld + c]; }
+};
+
+/// Checks sampled entries of C (M, N) against initial + sum_k a(i, k) b(k, j) in double.
+void verify_product(const std::string& what, const float* C, std::size_t M, std::size_t N, std::size_t K,
+                    Operand a, Operand b, double initial = 0) {
+  verify_samples(what, C, M * N, [&](std::size_t index) {
+    double sum = initial;
+    for (std::size_t k = 0; k < K; ++k) sum += a.at(index / N, k) * b.at(k, index % N);
+    return sum;
+  }, 1e-4);
+}
+
+// References in double for the checks.
+double sigmoid(double x) { return 1 / (1 + std::exp(-x)); }
+
+double logsumexp(const float* row, std::size_t n) {
+  double m = *std::max_element(row, row + n), sum = 0;
+  for (std::size_t j = 0; j < n; ++j) sum += std::exp(row[j] - m);
+  return m + std::log(sum);
+}
+
+// ---- cases ----
+
+enum class Unit { flops, bytes };
+
+struct Case {
+  std::string group, name, shape;
+  Unit unit;
+  double work;                   // flops, or bytes read + written, per call
+  std::function<void()> verify;  // runs on fresh outputs and throws on a mismatch with the reference
+  std::function<void()> call;    // the timed call (accumulated gradients keep growing; harmless)
+  bool work_per_thread = false;  // the peak: one independent sgemm per thread
+};
+
+std::string dims(std::size_t r, std::size_t c) { return fmt::format("({}x{})", r, c); }
+
+/// The machine's sgemm peak: a single-threaded cblas_sgemm (n^3) on each thread, each on its own data.
+Case peak_case(std::size_t n, int max_threads) {
+  struct Data { std::vector<Buffer> a, b, c; };
+  auto d = std::make_shared<Data>();
+  for (int t = 0; t < max_threads; ++t)
+    d->a.push_back(random_buffer(n * n, 10 + t)), d->b.push_back(random_buffer(n * n, 20 + t)), d->c.emplace_back(n * n);
+  auto run = [d, n] {
+#pragma omp parallel num_threads(tapegrad::num_threads())
+    {
+      int t = omp_get_thread_num(), m = int(n);
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, m, m, m, 1.0f, d->a[t].data(), m, d->b[t].data(), m,
+                  0.0f, d->c[t].data(), m);
+    }
+  };
+  auto verify = [d, n, run] {
+    run();
+    verify_product("cblas_sgemm", d->c[0].data(), n, n, n, {d->a[0].data(), n, false}, {d->b[0].data(), n, false});
+  };
+  return {"reference", "cblas_sgemm peak", fmt::format("{}^3 per thread", n), Unit::flops, 2.0 * n * n * n, verify, run,
+          true};
+}
+
+/// memcpy of n floats split over the kernel threads: the memory-bandwidth reference (bytes = 2 n 4).
+Case copy_case(std::size_t n, const std::string& label) {
+  auto src = std::make_shared<Buffer>(random_buffer(n, 3)), dst = std::make_shared<Buffer>(n);
+  auto run = [src, dst, n] {
+    int threads = tapegrad::num_threads();
+#pragma omp parallel for num_threads(threads) schedule(static)
+    for (int p = 0; p < threads; ++p) {
+      std::size_t begin = n * p / threads, end = n * (p + 1) / threads;
+      std::memcpy(dst->data() + begin, src->data() + begin, (end - begin) * sizeof(float));
+    }
+  };
+  auto verify = [src, dst, run] {
+    run();
+    if (*src != *dst) throw std::runtime_error("memcpy: the copy differs from its source");
+  };
+  return {"reference", fmt::format("memcpy {}", label), fmt::format("{} MiB", n * 4 >> 20), Unit::bytes, 8.0 * n,
+          verify, run};
+}
+
+// Outputs are filled with ones before a checked call, so that overwriting where the kernel should
+// accumulate (or the reverse) fails the check.
+void fill_ones(Buffer& x) { std::fill(x.begin(), x.end(), 1.0f); }
+
+/// C (M, N) = op(A) op(B) + beta C, computed by product(A, B, C).
+Case product_case(std::string name, bool trans_a, bool trans_b, std::size_t M, std::size_t N, std::size_t K, float beta,
+                  std::function<void(const float*, const float*, float*)> product) {
+  auto a = std::make_shared<Buffer>(random_buffer(M * K, 1)), b = std::make_shared<Buffer>(random_buffer(K * N, 2));
+  auto c = std::make_shared<Buffer>(M * N);
+  auto run = [=] { product(a->data(), b->data(), c->data()); };
+  auto verify = [=] {
+    fill_ones(*c);
+    run();
+    Operand op_a{a->data(), trans_a ? M : K, trans_a}, op_b{b->data(), trans_b ? K : N, trans_b};
+    verify_product(name, c->data(), M, N, K, op_a, op_b, beta);
+  };
+  std::string shape = fmt::format("{}{}{}{}", trans_a ? dims(K, M) : dims(M, K), trans_a ? "^T" : "",
+                                  trans_b ? dims(N, K) : dims(K, N), trans_b ? "^T" : "");
+  return {"matmul", std::move(name), shape, Unit::flops, 2.0 * M * N * K, verify, run};
+}
+
+/// matmul_backward of y = x w, x (M, K), w (K, N): dx += dy w^T and dw += x^T dy.
+Case matmul_backward_case(std::size_t M, std::size_t K, std::size_t N) {
+  struct Data { Buffer x, w, dy, dx, dw; };
+  auto d = std::make_shared<Data>(Data{random_buffer(M * K, 4), random_buffer(K * N, 5), random_buffer(M * N, 6),
+                                       Buffer(M * K), Buffer(K * N)});
+  auto run = [=] { kernels::matmul_backward(d->dx.data(), d->dw.data(), d->dy.data(), d->x.data(), d->w.data(), M, K, N); };
+  auto verify = [=] {
+    fill_ones(d->dx), fill_ones(d->dw);
+    run();
+    verify_product("matmul_backward dx", d->dx.data(), M, K, N, {d->dy.data(), N, false}, {d->w.data(), N, true}, 1);
+    verify_product("matmul_backward dw", d->dw.data(), K, N, M, {d->x.data(), K, true}, {d->dy.data(), N, false}, 1);
+  };
+  return {"matmul", "matmul_backward", fmt::format("x{} w{}", dims(M, K), dims(K, N)), Unit::flops, 4.0 * M * N * K,
+          verify, run};
+}
+
+std::vector<Case> matmul_cases() {
+  auto forward = [](std::size_t M, std::size_t K, std::size_t N) {
+    return product_case("matmul_forward", false, false, M, N, K, 0.0f,
+                        [=](const float* x, const float* w, float* y) { kernels::matmul_forward(y, x, w, M, K, N); });
+  };
+  auto gemm = [](std::string name, bool ta, bool tb, std::size_t M, std::size_t N, std::size_t K, float beta) {
+    return product_case(std::move(name), ta, tb, M, N, K, beta, [=](const float* a, const float* b, float* c) {
+      kernels::gemm(ta, tb, M, N, K, 1.0f, a, ta ? M : K, b, tb ? K : N, beta, c, N);
+    });
+  };
+  return {gemm("gemm NN", false, false, 1024, 1024, 1024, 0.0f), forward(2048, 128, 512), forward(2048, 512, 128),
+          gemm("gemm TN b=1 (dW = X^T dY)", true, false, 128, 512, 2048, 1.0f),
+          gemm("gemm NT b=1 (dX = dY W^T)", false, true, 2048, 128, 512, 1.0f), matmul_backward_case(2048, 128, 512),
+          matmul_backward_case(2048, 512, 128)};
+}
+
+// ---- attention ----
+
+struct AttentionData {
+  kernels::AttentionShape s;
+  Buffer q, k, v, dout, out, probs, dq, dk, dv;
+  double at(const Buffer& x, std::size_t b, std::size_t t, std::size_t h, std::size_t d) const {
+    return x[(b * s.q_len + t) * s.model_dim() + h * s.head_dim + d];
+  }
+  /// Reference probabilities of query i over keys 0..i of (b, h), and dS_ij = P_ij (dP_ij - sum_l
+  /// P_il dP_il) / sqrt(Dh) with dP_ij = dout_i . v_j.
+  void reference_row(std::size_t b, std::size_t h, std::size_t i, std::vector<double>& p, std::vector<double>& ds) const {
+    p.assign(i + 1, 0.0), ds.assign(i + 1, 0.0);
+    double scale = 1 / std::sqrt(double(s.head_dim)), sum = 0, centre = 0;
+    for (std::size_t j = 0; j <= i; ++j)
+      for (std::size_t d = 0; d < s.head_dim; ++d)
+        p[j] += at(q, b, i, h, d) * at(k, b, j, h, d) * scale, ds[j] += at(dout, b, i, h, d) * at(v, b, j, h, d);
+    double m = *std::max_element(p.begin(), p.end());
+    for (auto& x : p) sum += (x = std::exp(x - m));
+    for (std::size_t j = 0; j <= i; ++j) p[j] /= sum, centre += p[j] * ds[j];
+    for (std::size_t j = 0; j <= i; ++j) ds[j] = p[j] * (ds[j] - centre) * scale;
+  }
+  void forward() { kernels::attention_forward(out.data(), probs.data(), q.data(), k.data(), v.data(), s); }
+  void backward() {
+    kernels::attention_backward(dq.data(), dk.data(), dv.data(), dout.data(), probs.data(), q.data(), k.data(),
+                                v.data(), s);
+  }
+  /// Runs forward and backward on fresh outputs and checks out, probs, dq, dk and dv on one (b, h).
+  void verify() {
+    for (Buffer* g : {&out, &dq, &dk, &dv}) fill_ones(*g);  // out is overwritten, the gradients accumulate
+    forward();
+    backward();
+    const std::size_t T = s.q_len, b = s.batch - 1, h = s.n_heads / 2;
+    std::vector<std::vector<double>> p(T), ds(T);
+    for (std::size_t i = 0; i < T; ++i) reference_row(b, h, i, p[i], ds[i]);
+    for (std::size_t t : {std::size_t(0), T / 3, T - 1}) {
+      for (std::size_t j = 0; j < T; ++j)
+        expect_close("attention_forward probs", t, probs[((b * s.n_heads + h) * T + t) * T + j], j <= t ? p[t][j] : 0, 1e-5);
+      for (std::size_t d = 0; d < s.head_dim; ++d) {
+        double o = 0, dq_ref = 1, dk_ref = 1, dv_ref = 1;
+        for (std::size_t j = 0; j <= t; ++j) o += p[t][j] * at(v, b, j, h, d), dq_ref += ds[t][j] * at(k, b, j, h, d);
+        for (std::size_t i = t; i < T; ++i) dk_ref += ds[i][t] * at(q, b, i, h, d), dv_ref += p[i][t] * at(dout, b, i, h, d);
+        expect_close("attention_forward out", t, at(out, b, t, h, d), o, 1e-4);
+        expect_close("attention_backward dq", t, at(dq, b, t, h, d), dq_ref, 1e-4);
+        expect_close("attention_backward dk", t, at(dk, b, t, h, d), dk_ref, 1e-4);
+        expect_close("attention_backward dv", t, at(dv, b, t, h, d), dv_ref, 1e-4);
+      }
+    }
+  }
+};
+
+/// Flops of the causal half only: forward = QK^T and PV over the T(T+1)/2 visible (query, key)
+/// pairs, 2 flops per multiply-add: 2 * 2 * B*H*Dh * T(T+1)/2; backward (dV, dP, dQ, dK) is twice that.
+std::vector<Case> attention_cases(std::size_t B, std::size_t T, std::size_t H, std::size_t Dh) {
+  std::size_t n = B * T * H * Dh;
+  auto a = std::make_shared<AttentionData>(AttentionData{{B, T, T, H, Dh, 0}, random_buffer(n, 7), random_buffer(n, 8),
+                                                         random_buffer(n, 9), random_buffer(n, 11), Buffer(n),
+                                                         Buffer(B * H * T * T), Buffer(n), Buffer(n), Buffer(n)});
+  double forward_flops = 2.0 * 2.0 * double(B * H * Dh) * double(T * (T + 1) / 2);
+  std::string shape = fmt::format("B{} T{} H{} Dh{}", B, T, H, Dh);
+  return {{"attention", "attention_forward", shape, Unit::flops, forward_flops, [a] { a->verify(); }, [a] { a->forward(); }},
+          {"attention", "attention_backward", shape, Unit::flops, 2 * forward_flops, [a] { a->verify(); },
+           [a] { a->backward(); }}};
+}
+
+// ---- elementwise and row kernels on (rows, dim) ----
+
+/// Bytes are the compulsory traffic: every input read once, every output written once (an
+/// accumulated output read and written), 4 bytes a float. Like memcpy's 2 bytes per byte copied, this
+/// leaves out the read a store miss costs, so kernels that read more than they write can pass 100%.
+std::vector<Case> row_cases(std::size_t rows, std::size_t dim) {
+  const std::size_t n = rows * dim, vocab = 65, seq_len = 256, head_dim = 32;
+  struct Data { Buffer a, b, c, dy, w, logits65, table, y, da, db, dw, rstd, lse, loss; std::vector<std::int32_t> ids; };
+  auto d = std::make_shared<Data>(Data{random_buffer(n, 12), random_buffer(n, 13), random_buffer(n, 14),
+                                       random_buffer(n, 15), random_buffer(dim, 16), random_buffer(rows * vocab, 17),
+                                       random_buffer(vocab * dim, 18), Buffer(n), Buffer(n), Buffer(n), Buffer(dim),
+                                       Buffer(rows), Buffer(rows), Buffer(1), {}});
+  tapegrad::Rng rng(19);
+  for (std::size_t r = 0; r < rows; ++r) d->ids.push_back(std::int32_t(rng.below(vocab)));  // also the targets
+  auto rope = std::make_shared<kernels::RopeTable<float>>(kernels::make_rope_table<float>(seq_len, head_dim));
+  auto rstd = [d, dim](std::size_t r) {  // 1 / sqrt(mean(x^2) + eps) of row r of a
+    double sum = 0;
+    for (std::size_t j = 0; j < dim; ++j) sum += double(d->a[r * dim + j]) * d->a[r * dim + j];
+    return 1 / std::sqrt(sum / double(dim) + 1e-5);
+  };
+  struct Expected {
+    const Buffer* output;
+    std::function<double(std::size_t)> want;
+    std::size_t size = 0;  // elements checked; 0 = the whole buffer
+  };
+  std::vector<Case> cases;
+  // prepare() sets the outputs up (default: y filled with ones); after one call every output must
+  // match its reference.
+  auto add = [&](std::string name, std::string shape, double floats, std::function<void()> run,
+                 std::vector<Expected> expected, std::function<void()> prepare = nullptr) {
+    auto verify = [=] {
+      prepare ? prepare() : fill_ones(d->y);
+      run();
+      for (const Expected& e : expected)
+        verify_samples(name, e.output->data(), e.size ? e.size : e.output->size(), e.want, 1e-4);
+    };
+    cases.push_back({"rows", std::move(name), std::move(shape), Unit::bytes, 4 * floats, verify, run});
+  };
+  const std::string shape = dims(rows, dim);
+  const float *a = d->a.data(), *b = d->b.data(), *c = d->c.data(), *dy = d->dy.data(), *w = d->w.data();
+  float *y = d->y.data(), *da = d->da.data();
+  add("add_forward", shape, 3.0 * n, [=] { kernels::add_forward(y, a, b, n); },
+      {{&d->y, [=](auto i) { return double(a[i]) + b[i]; }}});
+  add("accumulate", shape, 3.0 * n, [=] { kernels::accumulate(y, a, n); },
+      {{&d->y, [=](auto i) { return double(c[i]) + a[i]; }}}, [=] { std::copy_n(c, n, y); });
+  add("mul_forward", shape, 3.0 * n, [=] { kernels::mul_forward(y, a, b, n); },
+      {{&d->y, [=](auto i) { return double(a[i]) * b[i]; }}});
+  add("silu_forward", shape, 2.0 * n, [=] { kernels::silu_forward(y, a, n); },
+      {{&d->y, [=](auto i) { return a[i] * sigmoid(a[i]); }}});
+  add("swiglu_forward", shape, 3.0 * n, [=] { kernels::swiglu_forward(y, a, b, n); },
+      {{&d->y, [=](auto i) { return a[i] * sigmoid(a[i]) * b[i]; }}});
+  add("swiglu_backward", shape, 7.0 * n, [=] { kernels::swiglu_backward(da, d->db.data(), dy, a, b, n); },
+      {{&d->da, [=](auto i) { return 1 + dy[i] * b[i] * sigmoid(a[i]) * (1 + a[i] * (1 - sigmoid(a[i]))); }},
+       {&d->db, [=](auto i) { return 1 + dy[i] * a[i] * sigmoid(a[i]); }}},
+      [=] { fill_ones(d->da), fill_ones(d->db); });
+  add("rms_norm_forward", shape, 2.0 * n + dim + rows,
+      [=] { kernels::rms_norm_forward(y, d->rstd.data(), a, w, rows, dim, 1e-5f); },
+      {{&d->y, [=](auto i) { return a[i] * rstd(i / dim) * w[i % dim]; }}, {&d->rstd, rstd}});
+  // dx_j = r g_j - x_j r^3 sum_k(g_k x_k) / D with g = dy w; dw_j = sum over rows of dy_j x_j r.
+  auto rms_dx = [=](std::size_t i) {
+    std::size_t row = i / dim;
+    double r = rstd(row), gx = 0;
+    for (std::size_t k = 0; k < dim; ++k) gx += double(dy[row * dim + k]) * w[k] * a[row * dim + k];
+    return 1 + r * dy[i] * w[i % dim] - a[i] * r * r * r * gx / double(dim);
+  };
+  auto rms_dw = [=](std::size_t j) {
+    double sum = 1;
+    for (std::size_t row = 0; row < rows; ++row) sum += double(dy[row * dim + j]) * a[row * dim + j] * rstd(row);
+    return sum;
+  };
+  add("rms_norm_backward", shape, 4.0 * n + 3.0 * dim + rows,
+      [=] { kernels::rms_norm_backward(da, d->dw.data(), dy, a, w, d->rstd.data(), rows, dim); },
+      {{&d->da, rms_dx}, {&d->dw, rms_dw}}, [=] { fill_ones(d->da), fill_ones(d->dw); });
+  add("rope_forward", fmt::format("{} H{} Dh{}", shape, dim / head_dim, head_dim), 2.0 * n + 2.0 * rope->cos.size(),
+      [=] { kernels::rope_forward(y, a, *rope, rows / seq_len, seq_len, dim / head_dim, head_dim, 0); },
+      {{&d->y, [=](std::size_t i) {
+          std::size_t pos = i / dim % seq_len, pair = i % head_dim / 2, even = i & ~std::size_t(1);
+          double angle = double(pos) * std::pow(10000.0, -2.0 * double(pair) / double(head_dim));
+          double x0 = a[even], x1 = a[even + 1];
+          return i % 2 ? x0 * std::sin(angle) + x1 * std::cos(angle) : x0 * std::cos(angle) - x1 * std::sin(angle);
+        }}});
+  add("softmax_rows (in place)", shape, 2.0 * n, [=] { kernels::softmax_rows(y, rows, dim); },
+      {{&d->y, [=](auto i) { return std::exp(a[i] - logsumexp(a + i / dim * dim, dim)); }}},
+      [=] { std::copy_n(a, n, y); });
+  for (std::size_t cols : {vocab, dim}) {
+    const float* logits = cols == vocab ? d->logits65.data() : a;
+    const std::int32_t* targets = d->ids.data();
+    auto lse = [=](std::size_t r) { return logsumexp(logits + r * cols, cols); };
+    auto mean_loss = [=](std::size_t) {
+      double sum = 0;
+      for (std::size_t r = 0; r < rows; ++r) sum += lse(r) - logits[r * cols + targets[r]];
+      return sum / double(rows);
+    };
+    add("cross_entropy_forward", dims(rows, cols), double(rows * cols) + 2.0 * rows,
+        [=] { d->loss[0] = kernels::cross_entropy_forward(d->lse.data(), logits, targets, rows, cols); },
+        {{&d->lse, lse}, {&d->loss, mean_loss}});
+    // dloss = N, so dlogits += softmax - onehot(targets).
+    add("cross_entropy_backward", dims(rows, cols), 3.0 * double(rows * cols) + 2.0 * rows,
+        [=] { kernels::cross_entropy_backward(da, float(rows), logits, d->lse.data(), targets, rows, cols); },
+        {{&d->da, [=](std::size_t i) {
+            return 1 + std::exp(logits[i] - lse(i / cols)) - (std::size_t(targets[i / cols]) == i % cols ? 1.0 : 0.0);
+          }, rows * cols}},
+        [=] { fill_ones(d->da), kernels::cross_entropy_forward(d->lse.data(), logits, targets, rows, cols); });
+  }
+  add("embedding_forward", fmt::format("{} V{}", shape, vocab), 2.0 * n + rows,
+      [=] { kernels::embedding_forward(y, d->table.data(), d->ids.data(), rows, dim); },
+      {{&d->y, [=](auto i) { return d->table[d->ids[i / dim] * dim + i % dim]; }}});
+  return cases;
+}
+
+// ---- report ----
+
+Options parse_options(int argc, char** argv) {
+  Options options;
+  for (int i = 1; i < argc; ++i) {
+    std::string flag = argv[i];
+    auto value = [&] {
+      if (i + 1 >= argc) throw std::invalid_argument(fmt::format("{} needs a value", flag));
+      return std::string(argv[++i]);
+    };
+    auto positive = [&](const std::string& text) {
+      int n = 0;
+      auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), n);
+      if (error != std::errc() || end != text.data() + text.size() || n < 1)
+        throw std::invalid_argument(fmt::format("{} takes positive integers, not '{}'", flag, text));
+      return n;
+    };
+    if (flag == "--threads") {  // a comma-separated list
+      options.threads.clear();
+      std::string list = value();
+      for (std::size_t begin = 0; begin <= list.size();) {
+        std::size_t comma = std::min(list.find(',', begin), list.size());
+        options.threads.push_back(positive(list.substr(begin, comma - begin)));
+        begin = comma + 1;
+      }
+    } else if (flag == "--repeats") {
+      options.repeats = positive(value());
+    } else if (flag == "--quick") {
+      options.repeats = 3, options.min_sample_s = 2e-4;
+    } else if (flag == "--out") {
+      options.out = value();
+    } else {
+      throw std::invalid_argument(fmt::format("unknown flag {}; flags: --threads 1,2 --repeats N --quick --out PATH", flag));
+    }
+  }
+  return options;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) try {
+  Options options = parse_options(argc, argv);
+  tapegrad::set_num_threads(1);  // also pins OpenBLAS to one thread before its first call
+  std::vector<Case> cases{peak_case(1024, *std::max_element(options.threads.begin(), options.threads.end())),
+                          copy_case(2048 * 512, "(= one row operand)"), copy_case(std::size_t(16) << 20, "(> L3)")};
+  for (auto more : {matmul_cases(), attention_cases(8, 256, 8, 32), attention_cases(12, 64, 4, 32), row_cases(2048, 512)})
+    cases.insert(cases.end(), more.begin(), more.end());
+
+  nlohmann::json json = run_header();
+  fmt::print("tapegrad kernels on {} ({} cpus, OpenBLAS core {}); {} samples, median per call\n",
+             json["machine"]["cpu"].get<std::string>(), omp_get_num_procs(), openblas_get_corename(), options.repeats);
+  nlohmann::json results = nlohmann::json::array(), peak, copy;  // references by thread count: median and best rate
+  for (int threads : options.threads) {
+    tapegrad::set_num_threads(threads);
+    fmt::print("\n{:<27} {:<27} {:>3} {:>11} {:>23} {:>14} {:>6} {:>6}\n", "kernel", "shape", "thr", "median",
+               "min - max", "rate (median)", "% ref", "best");
+    for (const Case& c : cases) {
+      c.verify();
+      Timing timing = time_calls(c.call, options.repeats, options.min_sample_s);
+      bool flops = c.unit == Unit::flops;
+      double work = c.work * (c.work_per_thread ? threads : 1);
+      double rate = work / timing.median_s / 1e9, best_rate = work / timing.min_s / 1e9;
+      nlohmann::json& reference = (flops ? peak : copy)[std::to_string(threads)];
+      if (reference.is_null()) reference = {{"median", rate}, {"best", best_rate}};  // each unit's first reference
+      double fraction = rate / reference["median"].get<double>(), best = best_rate / reference["best"].get<double>();
+      fmt::print("{:<27} {:<27} {:>3} {:>11} {:>23} {:>7.1f} {:<6} {:>5.0f}% {:>5.0f}%\n", c.name, c.shape, threads,
+                 format_seconds(timing.median_s), format_seconds(timing.min_s) + " - " + format_seconds(timing.max_s),
+                 rate, flops ? "GF/s" : "GB/s", 100 * fraction, 100 * best);
+      results.push_back({{"group", c.group}, {"kernel", c.name}, {"shape", c.shape}, {"threads", threads},
+                         {"median_s", timing.median_s}, {"min_s", timing.min_s}, {"max_s", timing.max_s},
+                         {flops ? "flops_per_call" : "bytes_per_call", work}, {flops ? "gflops" : "gbytes_per_s", rate},
+                         {"fraction_of_reference", fraction}, {"fraction_of_reference_best", best}});
+    }
+  }
+  json.update({
+      {"samples", options.repeats},
+      {"loadavg_after", shell_output("cat /proc/loadavg")},
+      {"fractions", "fraction_of_reference: median rate / the reference's median rate (sgemm peak for GF/s, the "
+                    "4 MiB memcpy for GB/s); _best: the same from the fastest samples (less sensitive to neighbours)"},
+      {"flop_count", "matmul 2MNK (matmul_backward 4MNK); attention causal half only: forward 4*B*H*Dh*T(T+1)/2, "
+                     "backward twice that"},
+      {"byte_count", "compulsory traffic: inputs read once, outputs written once, accumulated outputs read and "
+                     "written; memcpy counts 2 bytes per byte copied; neither counts write-allocate reads, so a "
+                     "kernel reading more than it writes can exceed 100% of memcpy"},
+      {"sgemm_peak_gflops", peak}, {"memcpy_gbytes_per_s", copy}, {"results", results}});
+  if (auto dir = std::filesystem::path(options.out).parent_path(); !dir.empty()) std::filesystem::create_directories(dir);
+  std::ofstream(options.out) << json.dump(2) << "\n";
+  fmt::print("\nwrote {}\n", options.out);
+  return 0;
+} catch (const std::exception& e) {
+  fmt::print(stderr, "bench_kernels: {}\n", e.what());
+  return 1;
+}
