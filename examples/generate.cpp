@@ -18,21 +18,23 @@ int main(int argc, char** argv) {
   std::string checkpoint, prompt;
   nn::GenerateOptions options{.max_new = 200, .sampling = {.temperature = 0.8f}};
   bool no_cache = false;
-  app.add_option("--checkpoint", checkpoint, "A checkpoint from train_char")->required();
+  // Required options are checked after parsing, so that an unknown flag is the error reported first.
+  app.add_option("--checkpoint", checkpoint, "A checkpoint from train_char (required)");
   app.add_option("--prompt", prompt, "Text to continue (default: a newline if the vocabulary has one, else its "
                                      "first character)");
-  app.add_option("--max-new", options.max_new, "Characters to generate (fewer when the text reaches max_len)")
+  app.add_option("--max-new", options.max_new, "Characters to generate (fewer when the text reaches max_len)")->check(non_negative())
       ->capture_default_str();
   app.add_option("--temperature", options.sampling.temperature, "Softmax temperature (0: greedy)")
       ->capture_default_str();
-  app.add_option("--top-k", options.sampling.top_k, "Keep the k most probable characters (0: all)")
+  app.add_option("--top-k", options.sampling.top_k, "Keep the k most probable characters (0: all)")->check(non_negative())
       ->capture_default_str();
   app.add_option("--top-p", options.sampling.top_p, "Keep the smallest most probable set reaching p (1: all)")
       ->capture_default_str();
-  app.add_option("--seed", options.seed, "Seed of the sampler")->capture_default_str();
+  app.add_option("--seed", options.seed, "Seed of the sampler")->check(non_negative())->capture_default_str();
   app.add_flag("--no-cache", no_cache, "Run the full forward for every character instead of the KV cache (same text)");
 
   return run_program(app, argc, argv, [&] {
+    if (checkpoint.empty()) throw UsageError("--checkpoint is required");
     try {
       options.sampling.validate();
     } catch (const std::invalid_argument& e) {

@@ -18,13 +18,13 @@ int main(int argc, char** argv) {
   app.add_option("--data", o.data, "Training text, UTF-8 (default: the DATA environment variable)")->envname("DATA");
   app.add_option("--out", o.out, "Checkpoint written atomically (periodically, at the end, on Ctrl-C)")
       ->capture_default_str();
-  app.add_option("--d-model", d_model, "Model width")->capture_default_str();
-  app.add_option("--heads", heads, "Attention heads")->capture_default_str();
-  app.add_option("--blocks", blocks, "Decoder blocks")->capture_default_str();
-  app.add_option("--max-len", max_len, "Longest context the model accepts")->capture_default_str();
-  app.add_option("--d-ff", d_ff, "SwiGLU hidden width (default: 4 * d-model)");
-  app.add_option("--seq", o.seq, "Tokens per training window")->capture_default_str();
-  app.add_option("--batch", o.batch, "Windows per step")->capture_default_str();
+  app.add_option("--d-model", d_model, "Model width")->check(non_negative())->capture_default_str();
+  app.add_option("--heads", heads, "Attention heads")->check(non_negative())->capture_default_str();
+  app.add_option("--blocks", blocks, "Decoder blocks")->check(non_negative())->capture_default_str();
+  app.add_option("--max-len", max_len, "Longest context the model accepts")->check(non_negative())->capture_default_str();
+  app.add_option("--d-ff", d_ff, "SwiGLU hidden width (default: 4 * d-model)")->check(non_negative());
+  app.add_option("--seq", o.seq, "Tokens per training window")->check(non_negative())->capture_default_str();
+  app.add_option("--batch", o.batch, "Windows per step")->check(non_negative())->capture_default_str();
   app.add_option("--steps", o.steps, "Optimizer steps in total (a resumed run continues to this step)")
       ->capture_default_str();
   app.add_option("--decay-steps", decay_steps, "Step at which the cosine decay reaches --min-lr (default: --steps)");
@@ -34,13 +34,13 @@ int main(int argc, char** argv) {
   app.add_option("--weight-decay", o.weight_decay, "AdamW decoupled weight decay, on matrices only")
       ->capture_default_str();
   app.add_option("--clip", o.clip, "Clip the global gradient norm to this (0: no clipping)")->capture_default_str();
-  app.add_option("--seed", o.seed, "Seed of the initialisation, the batches and the validation windows")
+  app.add_option("--seed", o.seed, "Seed of the initialisation, the batches and the validation windows")->check(non_negative())
       ->capture_default_str();
   app.add_flag("--remat", o.remat, "Recompute each block in backward (less memory, same result)");
   app.add_option("--threads", o.threads, "Threads (0: all cores)")->capture_default_str();
   app.add_option("--eval-every", o.eval_every, "Validation loss every N steps (0: only at the end)")
       ->capture_default_str();
-  app.add_option("--eval-batches", o.eval_batches, "Batches of validation windows per evaluation")
+  app.add_option("--eval-batches", o.eval_batches, "Batches of validation windows per evaluation")->check(non_negative())
       ->capture_default_str();
   app.add_option("--save-every", o.save_every, "Checkpoint every N steps (0: only at the end)")->capture_default_str();
   app.add_option("--resume", o.resume, "Continue from a training checkpoint (its model shape, these training flags)");

@@ -33,6 +33,15 @@ void print_error(const CLI::App& app, const std::string& message) {
 
 }  // namespace
 
+CLI::Validator non_negative() {
+  return CLI::Validator(
+      [](std::string& value) {
+        return value.find('-') != std::string::npos ? fmt::format("must be a whole number >= 0, got {}", value)
+                                                    : std::string();
+      },
+      "");
+}
+
 int run_program(CLI::App& app, int argc, char** argv, const std::function<int()>& body) {
   try {
     app.parse(argc, argv);

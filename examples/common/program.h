@@ -16,6 +16,9 @@ class UsageError : public std::invalid_argument {
   using std::invalid_argument::invalid_argument;
 };
 
+/// A CLI11 check for unsigned options: CLI11 would wrap "-3" around to a huge count.
+CLI::Validator non_negative();
+
 /// Parses argv with app and runs body, turning every outcome into an exit status: --help prints
 /// the help and returns 0; a parse error or UsageError prints "<program>: <message>" as one line
 /// on stderr and returns 2; any other exception prints the same way and returns 1.

@@ -269,18 +269,19 @@ TrainOutcome train(const TrainOptions& o, const std::atomic<int>& stop_signal) {
   }
   const double wall_before = metrics.last_wall_s();
   auto wall = [&] { return wall_before + progress.elapsed_s(); };
-  auto validate_now = [&](double train_mean) {
+  auto validate_now = [&](double train_sum, std::int64_t train_count) {
     double val = sampled_loss(run.model, data.validation(), o.batch, o.seq, o.eval_batches,
                               stream_seed(o.seed, kValidationStream));
     metrics.set_val_loss(run.step, val, wall());
-    std::string train_part = std::isfinite(train_mean) ? fmt::format("train loss {:.4f} (mean of the last {} steps), ", train_mean, train_count)
-                                                       : std::string();
+    std::string train_part =
+        train_count > 0 ? fmt::format("train loss {:.4f} (mean of {} steps), ", train_sum / double(train_count), train_count)
+                        : std::string();
     progress.log(fmt::format("step {}/{}: {}val loss {:.4f} ({:.3f} bits/char)", run.step, o.steps, train_part, val,
                              val / std::log(2.0)));
     metrics.write();
     return val;
   };
-  if (o.resume.empty() && o.eval_every > 0) validate_now(NAN);
+  if (o.resume.empty() && o.eval_every > 0) validate_now(0, 0);
 
   double train_sum = 0;
   std::int64_t train_count = 0;
@@ -319,7 +320,7 @@ TrainOutcome train(const TrainOptions& o, const std::atomic<int>& stop_signal) {
     progress.step(run.step, loss, lr, seconds);
     if (run.step < o.steps) {
       if (o.eval_every > 0 && run.step % o.eval_every == 0) {
-        validate_now(train_sum / double(train_count));
+        validate_now(train_sum, train_count);
         train_sum = 0, train_count = 0;
       } else if (run.step % write_every == 0) {
         metrics.write();
@@ -330,7 +331,7 @@ TrainOutcome train(const TrainOptions& o, const std::atomic<int>& stop_signal) {
       }
     }
   }
-  const double val = validate_now(train_count > 0 ? train_sum / double(train_count) : NAN);
+  const double val = validate_now(train_sum, train_count);
   run.save();
   metrics.write();
   progress.log(fmt::format("done: step {} in {} ({:.0f} tokens/s); final val loss {:.4f} ({:.3f} bits/char)", run.step,
