@@ -13,6 +13,10 @@ class Progress {
   /// live: rewrite one status line on stderr (a terminal); else print a plain line to stdout
   /// every `every` steps. tokens_per_step = batch * seq_len.
   Progress(bool live, std::int64_t every, std::int64_t start_step, std::int64_t total_steps, double tokens_per_step);
+  /// Clears the live line, so that an error printed while unwinding starts on a clean line.
+  ~Progress() { clear(); }
+  Progress(const Progress&) = delete;
+  Progress& operator=(const Progress&) = delete;
 
   /// After step `step` (completed steps) with its loss, lr and the seconds its compute took.
   void step(std::int64_t step, double loss, double lr, double step_seconds);

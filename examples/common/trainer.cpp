@@ -136,9 +136,9 @@ struct Run {
 
 [[noreturn]] void diverged(const char* what, double value, const Run& run, MetricsLog& metrics) {
   metrics.write();
-  std::string kept = run.saved_step >= 0 || !run.o.resume.empty()
-                         ? fmt::format("the last good checkpoint, {}, is kept", run.o.out)
-                         : std::string("no checkpoint was written");
+  std::string kept = run.saved_step >= 0 ? fmt::format("the checkpoint of step {}, {}, is kept", run.saved_step, run.o.out)
+                     : !run.o.resume.empty() ? fmt::format("the checkpoint it resumed from, {}, is kept", run.o.resume)
+                                             : std::string("no checkpoint was written");
   throw std::runtime_error(fmt::format("the {} is {} at step {}; stopped without saving ({})", what, value,
                                        run.step + 1, kept));
 }
@@ -209,6 +209,7 @@ TrainOutcome train(const TrainOptions& o, const std::atomic<int>& stop_signal) {
                     double(o.batch * o.seq));
 
   Corpus corpus = load_corpus(o.data);
+  create_parent_directories(o.out);  // fail now rather than at the first save
   std::optional<nn::LoadedCheckpoint> ckpt;
   nn::DecoderConfig config;
   if (!o.resume.empty()) {
