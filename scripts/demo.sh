@@ -15,7 +15,7 @@ while [ $# -gt 0 ]; do
   case "$1" in
     --data) [ $# -ge 2 ] || { echo "demo.sh: --data needs a file" >&2; exit 2; }; data="$2"; shift 2 ;;
     --data=*) data="${1#--data=}"; shift ;;
-    -h|--help) sed -n '2,7p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,6p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "demo.sh: unknown argument '$1' (usage: bash scripts/demo.sh [--data FILE])" >&2; exit 2 ;;
   esac
 done
