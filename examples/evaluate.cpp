@@ -1,10 +1,10 @@
 // evaluate: the mean next-character cross-entropy of a checkpoint over a text file, in windows
 // of max_len (SPEC section 6); prints one JSON line {"loss", "bits_per_char", "tokens"}.
 #include <fmt/format.h>
-#include <nlohmann/json.hpp>
 
 #include <cmath>
 #include <cstdio>
+#include <nlohmann/json.hpp>
 
 #include "common/batches.h"
 #include "common/corpus.h"
@@ -15,15 +15,18 @@ using namespace tapegrad;
 using namespace tapegrad::examples;
 
 int main(int argc, char** argv) {
-  CLI::App app{"Evaluates a checkpoint on a text: mean next-character cross-entropy over windows of max_len, "
-               "printed as one JSON line.",
-               "evaluate"};
+  CLI::App app{
+      "Evaluates a checkpoint on a text: mean next-character cross-entropy over windows of max_len, "
+      "printed as one JSON line.",
+      "evaluate"};
   std::string checkpoint, data;
   std::size_t limit = 0;
   // Required options are checked after parsing, so that an unknown flag is the error reported first.
   app.add_option("--checkpoint", checkpoint, "A checkpoint from train_char (required)");
   app.add_option("--data", data, "Text to evaluate on: UTF-8, characters of the checkpoint's vocabulary (required)");
-  app.add_option("--limit", limit, "Use only the first N characters (0: all)")->check(non_negative())->capture_default_str();
+  app.add_option("--limit", limit, "Use only the first N characters (0: all)")
+      ->check(non_negative())
+      ->capture_default_str();
 
   return run_program(app, argc, argv, [&] {
     if (checkpoint.empty()) throw UsageError("--checkpoint is required");

@@ -1,32 +1,37 @@
 // generate: streams text from a train_char checkpoint (SPEC section 6). Standard output carries
 // the prompt and then each generated character as it comes; notes go to standard error.
+#include "nn/generate.h"
+
 #include <fmt/format.h>
 
 #include <cstdio>
 
 #include "common/program.h"
 #include "nn/checkpoint.h"
-#include "nn/generate.h"
 
 using namespace tapegrad;
 using namespace tapegrad::examples;
 
 int main(int argc, char** argv) {
-  CLI::App app{"Generates text from a checkpoint written by train_char. Standard output carries the prompt "
-               "followed by the generated characters and nothing else; notes go to standard error.",
-               "generate"};
+  CLI::App app{
+      "Generates text from a checkpoint written by train_char. Standard output carries the prompt "
+      "followed by the generated characters and nothing else; notes go to standard error.",
+      "generate"};
   std::string checkpoint, prompt;
   nn::GenerateOptions options{.max_new = 200, .sampling = {.temperature = 0.8f}};
   bool no_cache = false;
   // Required options are checked after parsing, so that an unknown flag is the error reported first.
   app.add_option("--checkpoint", checkpoint, "A checkpoint from train_char (required)");
-  app.add_option("--prompt", prompt, "Text to continue (default: a newline if the vocabulary has one, else its "
-                                     "first character)");
-  app.add_option("--max-new", options.max_new, "Characters to generate (fewer when the text reaches max_len)")->check(non_negative())
+  app.add_option("--prompt", prompt,
+                 "Text to continue (default: a newline if the vocabulary has one, else its "
+                 "first character)");
+  app.add_option("--max-new", options.max_new, "Characters to generate (fewer when the text reaches max_len)")
+      ->check(non_negative())
       ->capture_default_str();
   app.add_option("--temperature", options.sampling.temperature, "Softmax temperature (0: greedy)")
       ->capture_default_str();
-  app.add_option("--top-k", options.sampling.top_k, "Keep the k most probable characters (0: all)")->check(non_negative())
+  app.add_option("--top-k", options.sampling.top_k, "Keep the k most probable characters (0: all)")
+      ->check(non_negative())
       ->capture_default_str();
   app.add_option("--top-p", options.sampling.top_p, "Keep the smallest most probable set reaching p (1: all)")
       ->capture_default_str();

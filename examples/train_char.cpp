@@ -8,10 +8,11 @@
 using namespace tapegrad::examples;
 
 int main(int argc, char** argv) {
-  CLI::App app{"Trains a character-level transformer language model on a UTF-8 text file.\n"
-               "Progress goes to stdout (a live line on stderr when it is a terminal); Ctrl-C saves a checkpoint "
-               "and exits with status 130; --resume continues bit-identically.",
-               "train_char"};
+  CLI::App app{
+      "Trains a character-level transformer language model on a UTF-8 text file.\n"
+      "Progress goes to stdout (a live line on stderr when it is a terminal); Ctrl-C saves a checkpoint "
+      "and exits with status 130; --resume continues bit-identically.",
+      "train_char"};
   TrainOptions o;
   std::size_t d_model = 64, heads = 4, blocks = 2, max_len = 256, d_ff = 0;
   std::int64_t decay_steps = 0, warmup = 100;
@@ -21,7 +22,9 @@ int main(int argc, char** argv) {
   app.add_option("--d-model", d_model, "Model width")->check(non_negative())->capture_default_str();
   app.add_option("--heads", heads, "Attention heads")->check(non_negative())->capture_default_str();
   app.add_option("--blocks", blocks, "Decoder blocks")->check(non_negative())->capture_default_str();
-  app.add_option("--max-len", max_len, "Longest context the model accepts")->check(non_negative())->capture_default_str();
+  app.add_option("--max-len", max_len, "Longest context the model accepts")
+      ->check(non_negative())
+      ->capture_default_str();
   app.add_option("--d-ff", d_ff, "SwiGLU hidden width (default: 4 * d-model)")->check(non_negative());
   app.add_option("--seq", o.seq, "Tokens per training window")->check(non_negative())->capture_default_str();
   app.add_option("--batch", o.batch, "Windows per step")->check(non_negative())->capture_default_str();
@@ -34,18 +37,21 @@ int main(int argc, char** argv) {
   app.add_option("--weight-decay", o.weight_decay, "AdamW decoupled weight decay, on matrices only")
       ->capture_default_str();
   app.add_option("--clip", o.clip, "Clip the global gradient norm to this (0: no clipping)")->capture_default_str();
-  app.add_option("--seed", o.seed, "Seed of the initialisation, the batches and the validation windows")->check(non_negative())
+  app.add_option("--seed", o.seed, "Seed of the initialisation, the batches and the validation windows")
+      ->check(non_negative())
       ->capture_default_str();
   app.add_flag("--remat", o.remat, "Recompute each block in backward (less memory, same result)");
   app.add_option("--threads", o.threads, "Threads (0: all cores)")->capture_default_str();
   app.add_option("--eval-every", o.eval_every, "Validation loss every N steps (0: only at the end)")
       ->capture_default_str();
-  app.add_option("--eval-batches", o.eval_batches, "Batches of validation windows per evaluation")->check(non_negative())
+  app.add_option("--eval-batches", o.eval_batches, "Batches of validation windows per evaluation")
+      ->check(non_negative())
       ->capture_default_str();
   app.add_option("--save-every", o.save_every, "Checkpoint every N steps (0: only at the end)")->capture_default_str();
   app.add_option("--resume", o.resume, "Continue from a training checkpoint (its model shape, these training flags)");
-  app.add_option("--metrics", o.metrics, "Metrics CSV (default: beside --out, <out>.metrics.csv; the loss curve "
-                                         "goes to <out>.loss.svg)");
+  app.add_option("--metrics", o.metrics,
+                 "Metrics CSV (default: beside --out, <out>.metrics.csv; the loss curve "
+                 "goes to <out>.loss.svg)");
 
   return run_program(app, argc, argv, [&] {
     auto given = [&](const char* flag, std::size_t value) {

@@ -12,8 +12,8 @@ namespace tapegrad::examples {
 
 Batch sample_batch(std::span<const std::int32_t> ids, std::size_t batch, std::size_t seq_len, Rng& rng) {
   if (seq_len == 0 || ids.size() < seq_len + 1)
-    throw std::invalid_argument(
-        fmt::format("sample_batch: windows of {} tokens need at least {} tokens, got {}", seq_len, seq_len + 1, ids.size()));
+    throw std::invalid_argument(fmt::format("sample_batch: windows of {} tokens need at least {} tokens, got {}",
+                                            seq_len, seq_len + 1, ids.size()));
   Batch out{std::vector<std::int32_t>(batch * seq_len), std::vector<std::int32_t>(batch * seq_len), batch, seq_len};
   for (std::size_t b = 0; b < batch; ++b) {
     const std::size_t start = rng.below(ids.size() - seq_len);
@@ -38,7 +38,8 @@ double sampled_loss(const nn::RotaryDecoder& model, std::span<const std::int32_t
 
 WindowedLoss windowed_loss(const nn::RotaryDecoder& model, std::span<const std::int32_t> ids, std::size_t group) {
   const std::size_t n = ids.size(), max_len = model.config().max_len;
-  if (n < 2) throw std::invalid_argument(fmt::format("windowed_loss: the text has {} characters; at least 2 are needed", n));
+  if (n < 2)
+    throw std::invalid_argument(fmt::format("windowed_loss: the text has {} characters; at least 2 are needed", n));
   NoGradScope no_grad;
   WindowedLoss out;
   double sum = 0;  // sum of per-token losses, in double

@@ -14,10 +14,10 @@ namespace tapegrad::examples {
 
 struct Corpus {
   std::string path;
-  nn::CharTokenizer tokenizer;     // the sorted distinct characters of the whole text
-  std::vector<std::int32_t> ids;   // the whole text, one id per character
-  std::size_t train_size = 0;      // ids[0, train_size) trains, ids[train_size, end) validates
-  std::uint64_t fingerprint = 0;   // FNV-1a 64 of the file's bytes: a resume checks it is the same text
+  nn::CharTokenizer tokenizer;    // the sorted distinct characters of the whole text
+  std::vector<std::int32_t> ids;  // the whole text, one id per character
+  std::size_t train_size = 0;     // ids[0, train_size) trains, ids[train_size, end) validates
+  std::uint64_t fingerprint = 0;  // FNV-1a 64 of the file's bytes: a resume checks it is the same text
 
   std::span<const std::int32_t> train() const { return std::span(ids).first(train_size); }
   std::span<const std::int32_t> validation() const { return std::span(ids).subspan(train_size); }

@@ -34,11 +34,16 @@ double nice_step(double span, int count) {
 std::string escape_xml(const std::string& text) {
   std::string out;
   for (char c : text) {
-    if (c == '<') out += "&lt;";
-    else if (c == '>') out += "&gt;";
-    else if (c == '&') out += "&amp;";
-    else if (c == '"') out += "&quot;";
-    else out += c;
+    if (c == '<')
+      out += "&lt;";
+    else if (c == '>')
+      out += "&gt;";
+    else if (c == '&')
+      out += "&amp;";
+    else if (c == '"')
+      out += "&quot;";
+    else
+      out += c;
   }
   return out;
 }
@@ -64,7 +69,7 @@ bool MetricsLog::load_until(std::int64_t step) {
       if (!line.empty() && line.back() == ',') fields.emplace_back();
       if (fields.size() != 6) return false;
       MetricsRow row{std::stoll(fields[0]), parse_optional(fields[1]), parse_optional(fields[2]),
-                     std::stod(fields[3]), std::stod(fields[4]), std::stod(fields[5])};
+                     std::stod(fields[3]),  std::stod(fields[4]),      std::stod(fields[5])};
       if (row.step > step) break;
       rows.push_back(row);
     }
@@ -153,7 +158,8 @@ std::string loss_curve_svg(const std::vector<MetricsRow>& rows, const std::strin
   // Legend.
   const double lx = left + plot_w - 150, ly = top + 14;
   svg += fmt::format(
-      "<line x1=\"{0}\" y1=\"{1}\" x2=\"{2}\" y2=\"{1}\" stroke=\"#4c78a8\"/><text x=\"{3}\" y=\"{4}\">train (batch)</text>\n"
+      "<line x1=\"{0}\" y1=\"{1}\" x2=\"{2}\" y2=\"{1}\" stroke=\"#4c78a8\"/><text x=\"{3}\" y=\"{4}\">train "
+      "(batch)</text>\n"
       "<line x1=\"{0}\" y1=\"{5}\" x2=\"{2}\" y2=\"{5}\" stroke=\"#e45756\" stroke-width=\"2\"/><text x=\"{3}\" "
       "y=\"{6}\">validation</text>\n",
       lx, ly, lx + 24, lx + 30, ly + 4, ly + 18, ly + 22);

@@ -10,12 +10,12 @@
 namespace tapegrad::examples {
 
 struct MetricsRow {
-  std::int64_t step = 0;                // steps completed (0: before training)
-  std::optional<double> train_loss;     // the loss of this step's batch
-  std::optional<double> val_loss;       // when the validation loss was measured after this step
-  double lr = 0;                        // the lr this step used
-  double tokens_per_s = 0;              // this step's training throughput
-  double wall_s = 0;                    // seconds since the run began (across resumes)
+  std::int64_t step = 0;             // steps completed (0: before training)
+  std::optional<double> train_loss;  // the loss of this step's batch
+  std::optional<double> val_loss;    // when the validation loss was measured after this step
+  double lr = 0;                     // the lr this step used
+  double tokens_per_s = 0;           // this step's training throughput
+  double wall_s = 0;                 // seconds since the run began (across resumes)
 };
 
 class MetricsLog {

@@ -20,8 +20,10 @@ std::string one_line(std::string text) {
   while (!text.empty() && (text.back() == '\n' || text.back() == ' ')) text.pop_back();
   std::string out;
   for (char c : text) {
-    if (c == '\n') out += "; ";
-    else out += c;
+    if (c == '\n')
+      out += "; ";
+    else
+      out += c;
   }
   return out;
 }
@@ -66,7 +68,8 @@ int run_program(CLI::App& app, int argc, char** argv, const std::function<int()>
 
 std::string read_file(const std::string& path) {
   std::error_code ec;
-  if (std::filesystem::is_directory(path, ec)) throw std::runtime_error(fmt::format("{}: is a directory, not a file", path));
+  if (std::filesystem::is_directory(path, ec))
+    throw std::runtime_error(fmt::format("{}: is a directory, not a file", path));
   std::ifstream in(path, std::ios::binary);
   if (!in) throw std::runtime_error(fmt::format("{}: cannot open: {}", path, std::strerror(errno)));
   std::ostringstream bytes;

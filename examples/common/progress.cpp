@@ -17,8 +17,13 @@ std::string format_duration(double seconds) {
 
 Progress::Progress(bool live, std::int64_t every, std::int64_t start_step, std::int64_t total_steps,
                    double tokens_per_step)
-    : live_(live), every_(every), start_step_(start_step), total_steps_(total_steps), tokens_per_step_(tokens_per_step),
-      start_(std::chrono::steady_clock::now()), last_draw_(start_) {}
+    : live_(live),
+      every_(every),
+      start_step_(start_step),
+      total_steps_(total_steps),
+      tokens_per_step_(tokens_per_step),
+      start_(std::chrono::steady_clock::now()),
+      last_draw_(start_) {}
 
 double Progress::elapsed_s() const {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();

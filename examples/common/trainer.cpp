@@ -7,6 +7,7 @@
 #include <charconv>
 #include <cmath>
 #include <csignal>
+#include <filesystem>
 #include <cstdio>
 #include <limits>
 #include <map>
@@ -33,7 +34,9 @@ std::uint64_t stream_seed(std::uint64_t seed, std::uint64_t stream) { return see
 
 std::string str(float v) { return fmt::format("{}", v); }
 template <class T>
-std::string str(T v) requires std::integral<T> { return std::to_string(v); }
+std::string str(T v) requires std::integral<T> {
+  return std::to_string(v);
+}
 
 std::int64_t parse_int(const std::map<std::string, std::string>& metadata, const std::string& key) {
   auto it = metadata.find(key);
@@ -47,17 +50,25 @@ std::int64_t parse_int(const std::map<std::string, std::string>& metadata, const
 
 /// The hyperparameters a resume compares with its command line (flag name -> value as text).
 std::map<std::string, std::string> hyperparameters(const TrainOptions& o, std::int64_t decay_steps) {
-  return {{"seq", str(o.seq)},           {"batch", str(o.batch)},         {"seed", str(o.seed)},
-          {"lr", str(o.lr)},             {"min-lr", str(o.min_lr)},       {"warmup", str(o.warmup_steps())},
-          {"decay-steps", str(decay_steps)}, {"weight-decay", str(o.weight_decay)}, {"clip", str(o.clip)},
-          {"beta1", str(o.beta1)},       {"beta2", str(o.beta2)}};
+  return {{"seq", str(o.seq)},
+          {"batch", str(o.batch)},
+          {"seed", str(o.seed)},
+          {"lr", str(o.lr)},
+          {"min-lr", str(o.min_lr)},
+          {"warmup", str(o.warmup_steps())},
+          {"decay-steps", str(decay_steps)},
+          {"weight-decay", str(o.weight_decay)},
+          {"clip", str(o.clip)},
+          {"beta1", str(o.beta1)},
+          {"beta2", str(o.beta2)}};
 }
 
 void check_flag(const char* flag, const std::optional<std::size_t>& given, std::size_t saved, const std::string& path) {
   if (given && *given != saved)
-    throw UsageError(fmt::format("--{} {} disagrees with --resume {}, whose model has {} {} (the shape comes from the "
-                                 "checkpoint; drop the flag)",
-                                 flag, *given, path, flag, saved));
+    throw UsageError(
+        fmt::format("--{} {} disagrees with --resume {}, whose model has {} {} (the shape comes from the "
+                    "checkpoint; drop the flag)",
+                    flag, *given, path, flag, saved));
 }
 
 void validate_model(const nn::DecoderConfig& config) {
@@ -77,11 +88,15 @@ struct Run {
   ParameterList params;
   optim::AdamW optimizer;
   Rng batch_rng;
-  std::int64_t step = 0;           // steps completed
-  std::int64_t saved_step = -1;    // the step of the checkpoint at o.out written by this run
+  std::int64_t step = 0;         // steps completed
+  std::int64_t saved_step = -1;  // the step of the checkpoint at o.out written by this run
 
   Run(const TrainOptions& options, std::int64_t decay, Corpus&& text, nn::RotaryDecoder&& m)
-      : o(options), decay_steps(decay), corpus(std::move(text)), model(std::move(m)), params(model.params()),
+      : o(options),
+        decay_steps(decay),
+        corpus(std::move(text)),
+        model(std::move(m)),
+        params(model.params()),
         optimizer(params, {.lr = o.lr, .beta1 = o.beta1, .beta2 = o.beta2, .weight_decay = o.weight_decay}),
         batch_rng(stream_seed(o.seed, kBatchStream)) {}
 
@@ -107,8 +122,9 @@ struct Run {
     const auto& meta = ckpt.metadata;
     try {
       if (!meta.count("step"))
-        throw std::runtime_error("it is not a training checkpoint (no 'step' in its metadata); train from scratch "
-                                 "without --resume");
+        throw std::runtime_error(
+            "it is not a training checkpoint (no 'step' in its metadata); train from scratch "
+            "without --resume");
       step = parse_int(meta, "step");
       batch_rng.set_state(meta.at("rng_state"));
       optim::OptimizerState state{{}, parse_int(meta, "optimizer_steps")};
@@ -117,30 +133,32 @@ struct Run {
       const std::string fingerprint = fmt::format("fnv1a64:{:016x}", corpus.fingerprint);
       auto saved_fingerprint = meta.find("data_fingerprint");
       if (saved_fingerprint == meta.end() || saved_fingerprint->second != fingerprint)
-        throw std::runtime_error(fmt::format("it was trained on another text than {} (fingerprint {} here, {} there); "
-                                             "resume with the same --data",
-                                             corpus.path, fingerprint,
-                                             saved_fingerprint == meta.end() ? "none" : saved_fingerprint->second));
+        throw std::runtime_error(fmt::format(
+            "it was trained on another text than {} (fingerprint {} here, {} there); "
+            "resume with the same --data",
+            corpus.path, fingerprint, saved_fingerprint == meta.end() ? "none" : saved_fingerprint->second));
     } catch (const std::exception& e) {
       throw std::runtime_error(fmt::format("--resume {}: {}", o.resume, e.what()));
     }
     for (const auto& [flag, value] : hyperparameters(o, decay_steps)) {
       auto it = meta.find("train." + flag);
       if (it != meta.end() && it->second != value)
-        log->log(fmt::format("note: --{} {} differs from the checkpoint's {}; continuing with {} (the result will "
-                             "differ from an uninterrupted run)",
-                             flag, value, it->second, value));
+        log->log(
+            fmt::format("note: --{} {} differs from the checkpoint's {}; continuing with {} (the result will "
+                        "differ from an uninterrupted run)",
+                        flag, value, it->second, value));
     }
   }
 };
 
 [[noreturn]] void diverged(const char* what, double value, const Run& run, MetricsLog& metrics) {
   metrics.write();
-  std::string kept = run.saved_step >= 0 ? fmt::format("the checkpoint of step {}, {}, is kept", run.saved_step, run.o.out)
+  std::string kept = run.saved_step >= 0
+                         ? fmt::format("the checkpoint of step {}, {}, is kept", run.saved_step, run.o.out)
                      : !run.o.resume.empty() ? fmt::format("the checkpoint it resumed from, {}, is kept", run.o.resume)
                                              : std::string("no checkpoint was written");
-  throw std::runtime_error(fmt::format("the {} is {} at step {}; stopped without saving ({})", what, value,
-                                       run.step + 1, kept));
+  throw std::runtime_error(
+      fmt::format("the {} is {} at step {}; stopped without saving ({})", what, value, run.step + 1, kept));
 }
 
 std::atomic<int> g_stop_signal{0};
@@ -162,10 +180,13 @@ void TrainOptions::validate() const {
   };
   require(!data.empty(), "no training text: pass --data FILE or set the DATA environment variable");
   require(!out.empty(), "--out must not be empty");
+  std::error_code ec;
+  require(!std::filesystem::is_directory(out, ec), fmt::format("--out {} is a folder; give a file name", out));
   require(seq >= 1, fmt::format("--seq must be at least 1, got {}", seq));
   require(batch >= 1, fmt::format("--batch must be at least 1, got {}", batch));
   require(steps >= 1, fmt::format("--steps must be at least 1, got {}", steps));
-  require(!decay_steps || *decay_steps >= 1, fmt::format("--decay-steps must be at least 1, got {}", decay_steps.value_or(0)));
+  require(!decay_steps || *decay_steps >= 1,
+          fmt::format("--decay-steps must be at least 1, got {}", decay_steps.value_or(0)));
   require(warmup_steps() >= 0 && warmup_steps() <= decay(),
           fmt::format("--warmup must be in [0, decay steps {}], got {}", decay(), warmup_steps()));
   require(std::isfinite(lr) && lr > 0, fmt::format("--lr must be a positive number, got {}", lr));
@@ -178,9 +199,11 @@ void TrainOptions::validate() const {
   require(eval_every >= 0, fmt::format("--eval-every must be >= 0 (0: only at the end), got {}", eval_every));
   require(eval_batches >= 1, fmt::format("--eval-batches must be at least 1, got {}", eval_batches));
   require(save_every >= 0, fmt::format("--save-every must be >= 0 (0: only at the end), got {}", save_every));
-  require(progress_every >= 0, fmt::format("progress interval must be >= 0, got {}", progress_every));
-  for (const auto& [flag, value] : {std::pair{"d-model", model.d_model}, {"heads", model.heads},
-                                    {"blocks", model.blocks}, {"max-len", model.max_len}, {"d-ff", model.d_ff}})
+  for (const auto& [flag, value] : {std::pair{"d-model", model.d_model},
+                                    {"heads", model.heads},
+                                    {"blocks", model.blocks},
+                                    {"max-len", model.max_len},
+                                    {"d-ff", model.d_ff}})
     require(!value || *value >= 1, fmt::format("--{} must be at least 1, got {}", flag, value.value_or(0)));
 }
 
@@ -205,7 +228,7 @@ TrainOutcome train(const TrainOptions& o, const std::atomic<int>& stop_signal) {
   MetricsLog metrics(o.metrics.empty() ? stem + ".metrics.csv" : o.metrics, stem + ".loss.svg",
                      fmt::format("train_char: {}", o.out));
   const bool live = ::isatty(::fileno(stderr)) == 1;
-  Progress progress(live, o.progress_every > 0 ? o.progress_every : std::max<std::int64_t>(1, o.steps / 20), 0, o.steps,
+  Progress progress(live, std::max<std::int64_t>(1, o.steps / 20), 0, o.steps,
                     double(o.batch * o.seq));
 
   Corpus corpus = load_corpus(o.data);
@@ -221,31 +244,40 @@ TrainOutcome train(const TrainOptions& o, const std::atomic<int>& stop_signal) {
     check_flag("max-len", o.model.max_len, config.max_len, o.resume);
     check_flag("d-ff", o.model.d_ff, config.ffn_dim(), o.resume);
     if (ckpt->tokenizer.vocab() != corpus.tokenizer.vocab())
-      throw std::runtime_error(fmt::format("--resume {}: its vocabulary ({} characters) differs from that of {} ({} "
-                                           "characters); resume with the same --data",
-                                           o.resume, ckpt->tokenizer.size(), o.data, corpus.tokenizer.size()));
+      throw std::runtime_error(
+          fmt::format("--resume {}: its vocabulary ({} characters) differs from that of {} ({} "
+                      "characters); resume with the same --data",
+                      o.resume, ckpt->tokenizer.size(), o.data, corpus.tokenizer.size()));
   } else {
-    config = {.vocab = corpus.tokenizer.size(), .d_model = o.model.d_model.value_or(64),
-              .n_heads = o.model.heads.value_or(4), .n_blocks = o.model.blocks.value_or(2),
-              .max_len = o.model.max_len.value_or(256), .d_ff = o.model.d_ff, .remat = o.remat, .seed = o.seed};
+    config = {.vocab = corpus.tokenizer.size(),
+              .d_model = o.model.d_model.value_or(64),
+              .n_heads = o.model.heads.value_or(4),
+              .n_blocks = o.model.blocks.value_or(2),
+              .max_len = o.model.max_len.value_or(256),
+              .d_ff = o.model.d_ff,
+              .remat = o.remat,
+              .seed = o.seed};
     validate_model(config);
   }
   if (o.seq > config.max_len)
     throw UsageError(fmt::format("--seq {} is longer than the model's max_len {}", o.seq, config.max_len));
   if (corpus.train().size() < o.seq + 1)
-    throw std::runtime_error(fmt::format("{}: the training split (the first 90%) has {} characters; --seq {} needs at "
-                                         "least {} (use a longer text or a smaller --seq)",
-                                         o.data, corpus.train().size(), o.seq, o.seq + 1));
+    throw std::runtime_error(
+        fmt::format("{}: the training split (the first 90%) has {} characters; --seq {} needs at "
+                    "least {} (use a longer text or a smaller --seq)",
+                    o.data, corpus.train().size(), o.seq, o.seq + 1));
   if (corpus.validation().size() < 2)
-    throw std::runtime_error(fmt::format("{}: the validation split (the last 10%) has {} characters; at least 2 are "
-                                         "needed (use a longer text)",
-                                         o.data, corpus.validation().size()));
+    throw std::runtime_error(
+        fmt::format("{}: the validation split (the last 10%) has {} characters; at least 2 are "
+                    "needed (use a longer text)",
+                    o.data, corpus.validation().size()));
 
   Run run(o, decay_steps, std::move(corpus), ckpt ? std::move(ckpt->model) : nn::RotaryDecoder(config));
   if (ckpt) run.restore(*ckpt, &progress);
   ckpt.reset();
   if (run.step > o.steps)
-    throw UsageError(fmt::format("--steps {} is below the step {} that --resume {} reached", o.steps, run.step, o.resume));
+    throw UsageError(
+        fmt::format("--steps {} is below the step {} that --resume {} reached", o.steps, run.step, o.resume));
   const auto schedule = optim::LrSchedule::warmup_cosine(o.lr, o.warmup_steps(), decay_steps, o.min_lr);
   const float clip = o.clip > 0 ? o.clip : std::numeric_limits<float>::max();
 
@@ -254,10 +286,11 @@ TrainOutcome train(const TrainOptions& o, const std::atomic<int>& stop_signal) {
                            data.ids.size(), data.tokenizer.size(), data.train().size(), data.validation().size()));
   progress.log(fmt::format("model: {}", run.model));
   progress.log(fmt::format("parameters: {}", run.model.num_params()));
-  progress.log(fmt::format("training: {} steps of {} x {} tokens; AdamW lr {} (warmup {}, cosine to {} at step {}), "
-                           "betas {}/{}, weight decay {}, clip {}; {} threads",
-                           o.steps, o.batch, o.seq, o.lr, o.warmup_steps(), o.min_lr, decay_steps, o.beta1, o.beta2,
-                           o.weight_decay, o.clip > 0 ? str(o.clip) : std::string("off"), num_threads()));
+  progress.log(
+      fmt::format("training: {} steps of {} x {} tokens; AdamW lr {} (warmup {}, cosine to {} at step {}), "
+                  "betas {}/{}, weight decay {}, clip {}; {} threads",
+                  o.steps, o.batch, o.seq, o.lr, o.warmup_steps(), o.min_lr, decay_steps, o.beta1, o.beta2,
+                  o.weight_decay, o.clip > 0 ? str(o.clip) : std::string("off"), num_threads()));
   if (!o.resume.empty()) {
     if (!metrics.load_until(run.step))
       progress.log(fmt::format("note: {} is missing or not from this run; it restarts at step {}", metrics.csv_path(),
@@ -274,9 +307,9 @@ TrainOutcome train(const TrainOptions& o, const std::atomic<int>& stop_signal) {
     double val = sampled_loss(run.model, data.validation(), o.batch, o.seq, o.eval_batches,
                               stream_seed(o.seed, kValidationStream));
     metrics.set_val_loss(run.step, val, wall());
-    std::string train_part =
-        train_count > 0 ? fmt::format("train loss {:.4f} (mean of {} steps), ", train_sum / double(train_count), train_count)
-                        : std::string();
+    std::string train_part = train_count > 0 ? fmt::format("train loss {:.4f} (mean of {} steps), ",
+                                                           train_sum / double(train_count), train_count)
+                                             : std::string();
     progress.log(fmt::format("step {}/{}: {}val loss {:.4f} ({:.3f} bits/char)", run.step, o.steps, train_part, val,
                              val / std::log(2.0)));
     metrics.write();

@@ -18,24 +18,23 @@ struct ModelFlags {
 };
 
 struct TrainOptions {
-  std::string data;                   // the training text (UTF-8)
+  std::string data;  // the training text (UTF-8)
   std::string out = "out/char.safetensors";
-  std::string metrics;                // default: <out without .safetensors>.metrics.csv
-  std::string resume;                 // a training checkpoint to continue from
+  std::string metrics;  // default: <out without .safetensors>.metrics.csv
+  std::string resume;   // a training checkpoint to continue from
   ModelFlags model;
   std::size_t seq = 128, batch = 16;
   std::int64_t steps = 1000;
-  std::optional<std::int64_t> decay_steps;  // default: steps
+  std::optional<std::int64_t> decay_steps;                             // default: steps
   float lr = 1e-3f, min_lr = 1e-4f, weight_decay = 0.1f, clip = 1.0f;  // clip 0: no clipping
-  float beta1 = 0.9f, beta2 = 0.95f;  // nanoGPT's betas (0.95: steadier with small batches)
+  float beta1 = 0.9f, beta2 = 0.95f;   // nanoGPT's betas (0.95: steadier with small batches)
   std::optional<std::int64_t> warmup;  // default: 100, capped at a tenth of the decay steps
   std::uint64_t seed = 0;
   bool remat = false;
-  int threads = 0;                    // 0: all cores
-  std::int64_t eval_every = 100;      // 0: validate only at the end
+  int threads = 0;                // 0: all cores
+  std::int64_t eval_every = 100;  // 0: validate only at the end
   std::size_t eval_batches = 20;
-  std::int64_t save_every = 500;      // 0: save only at the end (and on a signal)
-  std::int64_t progress_every = 0;    // plain progress lines; 0: max(1, steps / 20)
+  std::int64_t save_every = 500;              // 0: save only at the end (and on a signal)
   std::optional<std::int64_t> inject_nan_at;  // test seam: poison the model before this step
 
   /// Throws UsageError naming the first bad value (the model shape is checked when it is built).

@@ -2,9 +2,8 @@
 // (from TAPEGRAD_BINARY_DIR) on a small generated corpus in a temporary folder; the tests check
 // their output, exit status and files, including resume, Ctrl-C and NaN handling.
 #include <doctest/doctest.h>
-#include <fmt/format.h>
-#include <nlohmann/json.hpp>
 #include <fcntl.h>
+#include <fmt/format.h>
 #include <signal.h>
 #include <spawn.h>
 #include <sys/wait.h>
@@ -14,6 +13,7 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <sstream>
 #include <thread>
 
@@ -53,14 +53,15 @@ fs::path work_dir(const std::string& name) {
 
 /// About 6 KB of made-up sentences (with one non-ASCII character), the same on every run.
 fs::path write_corpus(const fs::path& dir) {
-  const char* words[] = {"the", "cat", "sat", "on", "a", "mat", "and", "dog", "ran", "to", "café", "with", "her",
-                         "old", "friend", "who", "was", "not", "there", "yet", "so", "they", "left", "home"};
+  const char* words[] = {"the", "cat", "sat",    "on",  "a",   "mat", "and",   "dog", "ran", "to",   "café", "with",
+                         "her", "old", "friend", "who", "was", "not", "there", "yet", "so",  "they", "left", "home"};
   Rng rng(7);
   std::string text;
   while (text.size() < 6000) {
     std::string sentence;
     const std::uint64_t length = 4 + rng.below(8);
-    for (std::uint64_t i = 0; i < length; ++i) sentence += std::string(i ? " " : "") + words[rng.below(std::size(words))];
+    for (std::uint64_t i = 0; i < length; ++i)
+      sentence += std::string(i ? " " : "") + words[rng.below(std::size(words))];
     sentence[0] = char(sentence[0] - 'a' + 'A');
     text += sentence + (rng.below(3) == 0 ? ".\n" : ". ");
   }
@@ -70,9 +71,17 @@ fs::path write_corpus(const fs::path& dir) {
 
 /// The tiny model and run every training test uses (a step takes about a millisecond).
 std::vector<std::string> tiny(const fs::path& data, const fs::path& out, int steps) {
-  return {"--data", data.string(), "--out", out.string(), "--d-model", "16", "--heads", "2", "--blocks", "1",
-          "--max-len", "32", "--seq", "16", "--batch", "4", "--threads", "1", "--eval-batches", "2", "--steps",
-          std::to_string(steps)};
+  return {"--data",         data.string(),
+          "--out",          out.string(),
+          "--d-model",      "16",
+          "--heads",        "2",
+          "--blocks",       "1",
+          "--max-len",      "32",
+          "--seq",          "16",
+          "--batch",        "4",
+          "--threads",      "1",
+          "--eval-batches", "2",
+          "--steps",        std::to_string(steps)};
 }
 
 std::vector<std::string> operator+(std::vector<std::string> a, const std::vector<std::string>& b) {
@@ -182,8 +191,8 @@ TEST_CASE("train_char trains a tiny model and writes its checkpoint, metrics CSV
     ++rows;
     val_rows += !test::contains(line, ",,");
   }
-  CHECK(rows == 21);      // step 0 (validation only) and steps 1..20
-  CHECK(val_rows == 2);   // steps 10 and 20 have both losses; step 0 has no train loss
+  CHECK(rows == 21);     // step 0 (validation only) and steps 1..20
+  CHECK(val_rows == 2);  // steps 10 and 20 have both losses; step 0 has no train loss
   std::string svg = read_bytes(dir / "run" / "tiny.loss.svg");
   CHECK(svg.starts_with("<svg"));
   CHECK(test::contains(svg, "validation"));
@@ -196,9 +205,11 @@ TEST_CASE("a run stopped halfway and resumed ends bit-identical to a straight ru
   fs::path straight = dir / "straight.safetensors", halves = dir / "halves.safetensors";
   const std::vector<std::string> common = {"--eval-every", "4", "--save-every", "3"};
   REQUIRE(run("train_char", tiny(data, straight, 12) + common).status == 0);
-  REQUIRE(run("train_char", tiny(data, halves, 6) + common + std::vector<std::string>{"--decay-steps", "12"}).status == 0);
+  REQUIRE(run("train_char", tiny(data, halves, 6) + common + std::vector<std::string>{"--decay-steps", "12"}).status ==
+          0);
   CHECK(nn::load_checkpoint(halves.string()).metadata.at("step") == "6");
-  Result resumed = run("train_char", tiny(data, halves, 12) + common + std::vector<std::string>{"--resume", halves.string()});
+  Result resumed =
+      run("train_char", tiny(data, halves, 12) + common + std::vector<std::string>{"--resume", halves.string()});
   REQUIRE_MESSAGE(resumed.status == 0, resumed.err);
   CHECK(test::contains(resumed.out, "resumed from"));
   check_same_tensors(straight, halves);
@@ -219,8 +230,8 @@ TEST_CASE("train_char --remat writes the same checkpoint as without") {
 TEST_CASE("generate streams exactly the prompt and the new characters, the same with and without the cache") {
   fs::path dir = work_dir("generate"), data = write_corpus(dir), ckpt = dir / "g.safetensors";
   REQUIRE(run("train_char", tiny(data, ckpt, 10)).status == 0);
-  const std::vector<std::string> args = {"--checkpoint", ckpt.string(), "--prompt", "The café", "--max-new", "20",
-                                         "--seed", "3"};
+  const std::vector<std::string> args = {"--checkpoint", ckpt.string(), "--prompt", "The café",
+                                         "--max-new",    "20",          "--seed",   "3"};
   Result cached = run("generate", args);
   REQUIRE_MESSAGE(cached.status == 0, cached.err);
   CHECK(cached.err.empty());
@@ -268,7 +279,8 @@ TEST_CASE("evaluate prints one JSON line whose loss matches a direct windowed co
   NoGradScope no_grad;
   for (std::size_t s = 0; s + 1 < ids.size();) {
     std::size_t L = std::min<std::size_t>(32, ids.size() - 1 - s);
-    std::vector<std::int32_t> in(ids.begin() + s, ids.begin() + s + L), target(ids.begin() + s + 1, ids.begin() + s + L + 1);
+    std::vector<std::int32_t> in(ids.begin() + s, ids.begin() + s + L),
+        target(ids.begin() + s + 1, ids.begin() + s + L + 1);
     sum += double(loaded.model.loss(in, target, 1, L).value().item()) * double(L);
     tokens += L;
     s += L;
@@ -291,9 +303,14 @@ TEST_CASE("bad arguments exit with status 2 and one line on stderr; --help exits
     CHECK(help.status == 0);
     CHECK(test::contains(help.out, "Usage:"));
   }
-  for (const auto& bad : std::vector<std::vector<std::string>>{
-           {"--seq", "0"}, {"--seq", "-3"}, {"--batch", "x"}, {"--lr", "nan"}, {"--heads", "3"}, {"--seq", "64"},
-           {"--warmup", "50"}, {"--clip", "-1"}}) {
+  for (const auto& bad : std::vector<std::vector<std::string>>{{"--seq", "0"},
+                                                               {"--seq", "-3"},
+                                                               {"--batch", "x"},
+                                                               {"--lr", "nan"},
+                                                               {"--heads", "3"},
+                                                               {"--seq", "64"},
+                                                               {"--warmup", "50"},
+                                                               {"--clip", "-1"}}) {
     CAPTURE(bad[0] + " " + bad[1]);
     Result r = run("train_char", tiny(data, ckpt, 10) + bad);
     CHECK(r.status == 2);
@@ -304,7 +321,7 @@ TEST_CASE("bad arguments exit with status 2 and one line on stderr; --help exits
   Result no_data = run("train_char", {"--steps", "1"});
   CHECK(no_data.status == 2);
   CHECK(test::contains(no_data.err, "--data"));
-  Result from_env = run("train_char", tiny(data, ckpt, 2) , {"DATA=" + data.string()});
+  Result from_env = run("train_char", tiny(data, ckpt, 2), {"DATA=" + data.string()});
   CHECK(from_env.status == 0);
 }
 
@@ -353,10 +370,10 @@ TEST_CASE("a truncated checkpoint is refused by generate, evaluate and train_cha
   const std::string bytes = read_bytes(ckpt);
   fs::path damaged = dir / "damaged.safetensors";
   write_bytes(damaged, bytes.substr(0, bytes.size() - 100));
-  std::vector<Result> results = {
-      run("generate", {"--checkpoint", damaged.string()}),
-      run("evaluate", {"--checkpoint", damaged.string(), "--data", data.string()}),
-      run("train_char", tiny(data, dir / "next.safetensors", 4) + std::vector<std::string>{"--resume", damaged.string()})};
+  std::vector<Result> results = {run("generate", {"--checkpoint", damaged.string()}),
+                                 run("evaluate", {"--checkpoint", damaged.string(), "--data", data.string()}),
+                                 run("train_char", tiny(data, dir / "next.safetensors", 4) +
+                                                       std::vector<std::string>{"--resume", damaged.string()})};
   for (const Result& r : results) {
     CHECK(r.status == 1);
     CHECK(r.err.find(": " + damaged.string() + ": ") != std::string::npos);
@@ -382,7 +399,9 @@ TEST_CASE("Ctrl-C saves a checkpoint that resumes, and exits with status 130") {
   nn::LoadedCheckpoint saved = nn::load_checkpoint(ckpt.string());
   const long step = std::stol(saved.metadata.at("step"));
   CHECK(step > 0);
-  Result resumed = run("train_char", tiny(data, ckpt, int(step) + 3) + std::vector<std::string>{"--resume", ckpt.string(), "--decay-steps", "1000000"});
+  Result resumed =
+      run("train_char", tiny(data, ckpt, int(step) + 3) +
+                            std::vector<std::string>{"--resume", ckpt.string(), "--decay-steps", "1000000"});
   REQUIRE_MESSAGE(resumed.status == 0, resumed.err);
   CHECK(nn::load_checkpoint(ckpt.string()).metadata.at("step") == std::to_string(step + 3));
   CHECK(!has_temporary_files(dir));
