@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# The whole test suite: installs dependencies, builds (Release), runs every doctest case; then
-# (unless TAPEGRAD_QUICK=1) the same suite under AddressSanitizer + UndefinedBehaviorSanitizer
-# and each fuzzer for 60 seconds.
+# The whole test suite: installs dependencies, builds (Release), runs every doctest case (the
+# example programs' end-to-end tests among them) and checks that an installed tapegrad works from
+# another CMake project; then (unless TAPEGRAD_QUICK=1) the same suite under AddressSanitizer +
+# UndefinedBehaviorSanitizer, and each fuzzer for 60 seconds.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/deps.sh
@@ -9,6 +10,7 @@ jobs=$(nproc)
 cmake -S . -B build -DCMAKE_BUILD_TYPE=Release >/dev/null
 cmake --build build -j"$jobs"
 (cd build && ./tapegrad_tests)
+bash scripts/check_install.sh build
 [ "${TAPEGRAD_QUICK:-0}" = 1 ] && exit 0
 
 echo "== the suite again under ASan + UBSan"

@@ -1,0 +1,64 @@
+// Random training windows and windowed evaluation.
+#include "common/batches.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <stdexcept>
+
+#include "core/tape.h"
+
+namespace tapegrad::examples {
+
+Batch sample_batch(std::span<const std::int32_t> ids, std::size_t batch, std::size_t seq_len, Rng& rng) {
+  if (seq_len == 0 || ids.size() < seq_len + 1)
+    throw std::invalid_argument(fmt::format("sample_batch: windows of {} tokens need at least {} tokens, got {}",
+                                            seq_len, seq_len + 1, ids.size()));
+  Batch out{std::vector<std::int32_t>(batch * seq_len), std::vector<std::int32_t>(batch * seq_len), batch, seq_len};
+  for (std::size_t b = 0; b < batch; ++b) {
+    const std::size_t start = rng.below(ids.size() - seq_len);
+    std::copy_n(ids.begin() + start, seq_len, out.inputs.begin() + b * seq_len);
+    std::copy_n(ids.begin() + start + 1, seq_len, out.targets.begin() + b * seq_len);
+  }
+  return out;
+}
+
+double sampled_loss(const nn::RotaryDecoder& model, std::span<const std::int32_t> ids, std::size_t batch,
+                    std::size_t seq_len, std::size_t n_batches, std::uint64_t seed) {
+  NoGradScope no_grad;
+  Rng rng(seed);
+  const std::size_t window = std::min(seq_len, ids.size() - 1);
+  double sum = 0;
+  for (std::size_t i = 0; i < n_batches; ++i) {
+    Batch b = sample_batch(ids, batch, window, rng);
+    sum += model.loss(b.inputs, b.targets, b.batch, b.seq_len).value().item();
+  }
+  return sum / double(n_batches);
+}
+
+WindowedLoss windowed_loss(const nn::RotaryDecoder& model, std::span<const std::int32_t> ids, std::size_t group) {
+  const std::size_t n = ids.size(), max_len = model.config().max_len;
+  if (n < 2)
+    throw std::invalid_argument(fmt::format("windowed_loss: the text has {} characters; at least 2 are needed", n));
+  NoGradScope no_grad;
+  WindowedLoss out;
+  double sum = 0;  // sum of per-token losses, in double
+  std::size_t s = 0;
+  std::vector<std::int32_t> inputs, targets;
+  while (s + 1 < n) {
+    // Full windows of max_len, up to `group` of them in one (B, T) batch; then the short tail.
+    const std::size_t length = std::min(max_len, n - 1 - s);
+    std::size_t count = 1;
+    if (length == max_len) count = std::min(group, (n - 1 - s) / max_len);
+    inputs.assign(ids.begin() + s, ids.begin() + s + count * length);
+    targets.assign(ids.begin() + s + 1, ids.begin() + s + 1 + count * length);
+    const double mean = model.loss(inputs, targets, count, length).value().item();
+    sum += mean * double(count * length);
+    out.tokens += count * length;
+    s += count * length;
+  }
+  out.loss = sum / double(out.tokens);
+  return out;
+}
+
+}  // namespace tapegrad::examples

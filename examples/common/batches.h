@@ -1,0 +1,40 @@
+// Training and evaluation inputs for a language model: random windows of a token stream
+// (nanoGPT's get_batch) and the windowed cross-entropy of a whole text (SPEC section 6).
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "core/random.h"
+#include "nn/rotary_decoder.h"
+
+namespace tapegrad::examples {
+
+/// batch windows of seq_len tokens, row-major (B, T): inputs ids[s:s+T], targets ids[s+1:s+T+1].
+struct Batch {
+  std::vector<std::int32_t> inputs, targets;
+  std::size_t batch = 0, seq_len = 0;
+};
+
+/// Draws each window's start s uniformly from [0, n - T - 1] with rng.below (the project's own
+/// distribution, so a seed gives the same batches everywhere). Requires n >= seq_len + 1.
+Batch sample_batch(std::span<const std::int32_t> ids, std::size_t batch, std::size_t seq_len, Rng& rng);
+
+/// Mean loss of the model over n_batches random batches of ids drawn from a fresh Rng(seed), so
+/// every call with the same seed sees the same windows. Windows are min(seq_len, n - 1) long.
+/// Runs without a tape.
+double sampled_loss(const nn::RotaryDecoder& model, std::span<const std::int32_t> ids, std::size_t batch,
+                    std::size_t seq_len, std::size_t n_batches, std::uint64_t seed);
+
+struct WindowedLoss {
+  double loss = 0;         // mean next-token cross-entropy over every predicted token, in nats
+  std::size_t tokens = 0;  // tokens predicted
+};
+
+/// SPEC section 6: for s = 0, L, 2L, ... while s + 1 < n: inputs ids[s:s+L], targets
+/// ids[s+1:s+L+1], L = min(max_len, n-1-s); the mean over all predicted tokens (each window
+/// weighted by its length). Full windows go through the model `group` at a time. n >= 2.
+WindowedLoss windowed_loss(const nn::RotaryDecoder& model, std::span<const std::int32_t> ids, std::size_t group = 16);
+
+}  // namespace tapegrad::examples

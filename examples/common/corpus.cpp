@@ -1,0 +1,57 @@
+// Reading, checking, tokenizing and splitting a text file.
+#include "common/corpus.h"
+
+#include <fmt/format.h>
+
+#include <stdexcept>
+
+#include "common/program.h"
+
+namespace tapegrad::examples {
+
+namespace {
+std::u32string decode_file(const std::string& path, const std::string& bytes) {
+  if (bytes.empty()) throw std::runtime_error(fmt::format("{}: the file is empty; a text to read is needed", path));
+  try {
+    return nn::decode_utf8(bytes);
+  } catch (const std::exception& e) {
+    throw std::runtime_error(fmt::format("{}: {}", path, e.what()));
+  }
+}
+
+std::string encode_utf8(std::u32string_view chars) {
+  std::string out;
+  for (char32_t c : chars) nn::append_utf8(out, c);
+  return out;
+}
+}  // namespace
+
+std::uint64_t fnv1a64(std::string_view bytes) {
+  std::uint64_t h = 0xcbf29ce484222325ULL;
+  for (unsigned char b : bytes) {
+    h ^= b;
+    h *= 0x100000001b3ULL;
+  }
+  return h;
+}
+
+Corpus load_corpus(const std::string& path) {
+  std::string bytes = read_file(path);
+  decode_file(path, bytes);  // checks before the tokenizer sees it, so errors name the file
+  Corpus corpus{path, nn::CharTokenizer::from_text(bytes), {}, 0, fnv1a64(bytes)};
+  corpus.ids = corpus.tokenizer.encode(bytes);
+  corpus.train_size = corpus.ids.size() * 9 / 10;
+  return corpus;
+}
+
+std::vector<std::int32_t> encode_file(const std::string& path, const nn::CharTokenizer& tokenizer, std::size_t limit) {
+  std::u32string chars = decode_file(path, read_file(path));
+  if (limit > 0 && chars.size() > limit) chars.resize(limit);
+  try {
+    return tokenizer.encode(encode_utf8(chars));
+  } catch (const std::exception& e) {
+    throw std::runtime_error(fmt::format("{}: {} of the checkpoint", path, e.what()));
+  }
+}
+
+}  // namespace tapegrad::examples

@@ -1,0 +1,37 @@
+// A training text as the example programs use it: read, checked as UTF-8, tokenized by its own
+// characters (SPEC section 3), and split into the first 90% (training) and the last 10%
+// (validation) of its characters.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "nn/tokenizer.h"
+
+namespace tapegrad::examples {
+
+struct Corpus {
+  std::string path;
+  nn::CharTokenizer tokenizer;    // the sorted distinct characters of the whole text
+  std::vector<std::int32_t> ids;  // the whole text, one id per character
+  std::size_t train_size = 0;     // ids[0, train_size) trains, ids[train_size, end) validates
+  std::uint64_t fingerprint = 0;  // FNV-1a 64 of the file's bytes: a resume checks it is the same text
+
+  std::span<const std::int32_t> train() const { return std::span(ids).first(train_size); }
+  std::span<const std::int32_t> validation() const { return std::span(ids).subspan(train_size); }
+};
+
+/// Reads and tokenizes a training text. A missing, unreadable or empty file, or invalid UTF-8,
+/// throws std::runtime_error naming the file (and the byte offset of bad UTF-8).
+Corpus load_corpus(const std::string& path);
+
+/// The first `limit` characters of a file (all of them when limit is 0) as ids of an existing
+/// vocabulary; a character outside it throws naming the file, the character and its position.
+std::vector<std::int32_t> encode_file(const std::string& path, const nn::CharTokenizer& tokenizer, std::size_t limit);
+
+/// FNV-1a, 64 bits, over bytes (a cheap fingerprint, not a cryptographic hash).
+std::uint64_t fnv1a64(std::string_view bytes);
+
+}  // namespace tapegrad::examples

@@ -1,0 +1,111 @@
+// Exit-status rules and file helpers for the example programs.
+#include "common/program.h"
+
+#include <fmt/format.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+namespace tapegrad::examples {
+
+namespace {
+
+/// Messages are printed as one line: any newline inside becomes "; ".
+std::string one_line(std::string text) {
+  while (!text.empty() && (text.back() == '\n' || text.back() == ' ')) text.pop_back();
+  std::string out;
+  for (char c : text) {
+    if (c == '\n')
+      out += "; ";
+    else
+      out += c;
+  }
+  return out;
+}
+
+void print_error(const CLI::App& app, const std::string& message) {
+  std::fflush(stdout);
+  fmt::print(stderr, "{}: {}\n", app.get_name(), one_line(message));
+}
+
+}  // namespace
+
+CLI::Validator non_negative() {
+  return CLI::Validator(
+      [](std::string& value) {
+        return value.find('-') != std::string::npos ? fmt::format("must be a whole number >= 0, got {}", value)
+                                                    : std::string();
+      },
+      "");
+}
+
+int run_program(CLI::App& app, int argc, char** argv, const std::function<int()>& body) {
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    if (e.get_exit_code() == 0) return app.exit(e);  // --help
+    print_error(app, fmt::format("{} (see --help)", e.what()));
+    return 2;
+  }
+  try {
+    return body();
+  } catch (const UsageError& e) {
+    print_error(app, fmt::format("{} (see --help)", e.what()));
+    return 2;
+  } catch (const std::exception& e) {
+    print_error(app, e.what());
+    return 1;
+  } catch (...) {
+    print_error(app, "unexpected error of unknown type");
+    return 1;
+  }
+}
+
+std::string read_file(const std::string& path) {
+  std::error_code ec;
+  if (std::filesystem::is_directory(path, ec))
+    throw std::runtime_error(fmt::format("{}: is a directory, not a file", path));
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw std::runtime_error(fmt::format("{}: cannot open: {}", path, std::strerror(errno)));
+  std::ostringstream bytes;
+  bytes << in.rdbuf();
+  if (in.bad()) throw std::runtime_error(fmt::format("{}: read error", path));
+  return bytes.str();
+}
+
+void write_file_atomically(const std::string& path, const std::string& text) {
+  create_parent_directories(path);
+  const std::string tmp = fmt::format("{}.tmp.{}", path, ::getpid());
+  {
+    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
+    out << text;
+    out.flush();
+    if (!out) {
+      std::error_code ignored;
+      std::filesystem::remove(tmp, ignored);
+      throw std::runtime_error(fmt::format("{}: cannot write: {}", tmp, std::strerror(errno)));
+    }
+  }
+  std::error_code ec;
+  std::filesystem::rename(tmp, path, ec);
+  if (ec) {
+    std::error_code ignored;
+    std::filesystem::remove(tmp, ignored);
+    throw std::runtime_error(fmt::format("{}: cannot rename {} over it: {}", path, tmp, ec.message()));
+  }
+}
+
+void create_parent_directories(const std::string& path) {
+  auto parent = std::filesystem::path(path).parent_path();
+  if (parent.empty()) return;
+  std::error_code ec;
+  std::filesystem::create_directories(parent, ec);
+  if (ec) throw std::runtime_error(fmt::format("{}: cannot create the folder: {}", parent.string(), ec.message()));
+}
+
+}  // namespace tapegrad::examples

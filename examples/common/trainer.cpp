@@ -1,0 +1,377 @@
+// The training loop of train_char, its checkpoints (model + AdamW state + metadata) and resume.
+#include "common/trainer.h"
+
+#include <fmt/format.h>
+#include <unistd.h>
+
+#include <charconv>
+#include <cmath>
+#include <csignal>
+#include <filesystem>
+#include <cstdio>
+#include <limits>
+#include <map>
+
+#include "common/batches.h"
+#include "common/corpus.h"
+#include "common/metrics.h"
+#include "common/program.h"
+#include "common/progress.h"
+#include "core/kernels.h"
+#include "nn/checkpoint.h"
+#include "optim/adamw.h"
+#include "optim/clip.h"
+#include "optim/schedule.h"
+
+namespace tapegrad::examples {
+
+namespace {
+
+// Independent random streams from one --seed (Rng's splitmix64 seeding decorrelates them):
+// the model's initialisation uses the seed itself.
+constexpr std::uint64_t kBatchStream = 1, kValidationStream = 2;
+std::uint64_t stream_seed(std::uint64_t seed, std::uint64_t stream) { return seed ^ (stream * 0x9e3779b97f4a7c15ULL); }
+
+std::string str(float v) { return fmt::format("{}", v); }
+template <class T>
+std::string str(T v) requires std::integral<T> {
+  return std::to_string(v);
+}
+
+std::int64_t parse_int(const std::map<std::string, std::string>& metadata, const std::string& key) {
+  auto it = metadata.find(key);
+  if (it == metadata.end()) throw std::runtime_error(fmt::format("metadata key '{}' is missing", key));
+  std::int64_t value = -1;
+  auto [end, ec] = std::from_chars(it->second.data(), it->second.data() + it->second.size(), value);
+  if (ec != std::errc() || end != it->second.data() + it->second.size() || value < 0)
+    throw std::runtime_error(fmt::format("metadata '{}' = '{}' is not a non-negative integer", key, it->second));
+  return value;
+}
+
+/// The hyperparameters a resume compares with its command line (flag name -> value as text).
+std::map<std::string, std::string> hyperparameters(const TrainOptions& o, std::int64_t decay_steps) {
+  return {{"seq", str(o.seq)},
+          {"batch", str(o.batch)},
+          {"seed", str(o.seed)},
+          {"lr", str(o.lr)},
+          {"min-lr", str(o.min_lr)},
+          {"warmup", str(o.warmup_steps())},
+          {"decay-steps", str(decay_steps)},
+          {"weight-decay", str(o.weight_decay)},
+          {"clip", str(o.clip)},
+          {"beta1", str(o.beta1)},
+          {"beta2", str(o.beta2)}};
+}
+
+void check_flag(const char* flag, const std::optional<std::size_t>& given, std::size_t saved, const std::string& path) {
+  if (given && *given != saved)
+    throw UsageError(
+        fmt::format("--{} {} disagrees with --resume {}, whose model has {} {} (the shape comes from the "
+                    "checkpoint; drop the flag)",
+                    flag, *given, path, flag, saved));
+}
+
+void validate_model(const nn::DecoderConfig& config) {
+  try {
+    config.validate();
+  } catch (const std::invalid_argument& e) {
+    throw UsageError(e.what());
+  }
+}
+
+/// The live state of one run.
+struct Run {
+  const TrainOptions& o;
+  std::int64_t decay_steps;
+  Corpus corpus;
+  nn::RotaryDecoder model;
+  ParameterList params;
+  optim::AdamW optimizer;
+  Rng batch_rng;
+  std::int64_t step = 0;         // steps completed
+  std::int64_t saved_step = -1;  // the step of the checkpoint at o.out written by this run
+
+  Run(const TrainOptions& options, std::int64_t decay, Corpus&& text, nn::RotaryDecoder&& m)
+      : o(options),
+        decay_steps(decay),
+        corpus(std::move(text)),
+        model(std::move(m)),
+        params(model.params()),
+        optimizer(params, {.lr = o.lr, .beta1 = o.beta1, .beta2 = o.beta2, .weight_decay = o.weight_decay}),
+        batch_rng(stream_seed(o.seed, kBatchStream)) {}
+
+  void save() {
+    optim::OptimizerState state = optimizer.state();
+    nn::CheckpointExtras extras;
+    for (const auto& t : state.tensors) extras.tensors.emplace_back(t.name, &t.value);
+    for (const auto& [flag, value] : hyperparameters(o, decay_steps)) extras.metadata["train." + flag] = value;
+    extras.metadata["train.steps"] = str(o.steps);
+    extras.metadata["step"] = str(step);
+    extras.metadata["optimizer_steps"] = str(state.step);
+    extras.metadata["rng_state"] = batch_rng.state();
+    // Windows start at random offsets drawn from rng_state; data_position counts the windows drawn.
+    extras.metadata["data_position"] = str(std::int64_t(step) * std::int64_t(o.batch));
+    extras.metadata["data_fingerprint"] = fmt::format("fnv1a64:{:016x}", corpus.fingerprint);
+    extras.metadata["data_chars"] = str(corpus.ids.size());
+    nn::save_checkpoint(o.out, model, corpus.tokenizer, extras);
+    saved_step = step;
+  }
+
+  /// Restores the optimizer, the batch stream and the step from a training checkpoint.
+  void restore(const nn::LoadedCheckpoint& ckpt, Progress* log) {
+    const auto& meta = ckpt.metadata;
+    try {
+      if (!meta.count("step"))
+        throw std::runtime_error(
+            "it is not a training checkpoint (no 'step' in its metadata); train from scratch "
+            "without --resume");
+      step = parse_int(meta, "step");
+      batch_rng.set_state(meta.at("rng_state"));
+      optim::OptimizerState state{{}, parse_int(meta, "optimizer_steps")};
+      for (const auto& [name, tensor] : ckpt.extra_tensors) state.tensors.push_back({name, tensor});
+      optimizer.load_state(state);
+      const std::string fingerprint = fmt::format("fnv1a64:{:016x}", corpus.fingerprint);
+      auto saved_fingerprint = meta.find("data_fingerprint");
+      if (saved_fingerprint == meta.end() || saved_fingerprint->second != fingerprint)
+        throw std::runtime_error(fmt::format(
+            "it was trained on another text than {} (fingerprint {} here, {} there); "
+            "resume with the same --data",
+            corpus.path, fingerprint, saved_fingerprint == meta.end() ? "none" : saved_fingerprint->second));
+    } catch (const std::exception& e) {
+      throw std::runtime_error(fmt::format("--resume {}: {}", o.resume, e.what()));
+    }
+    for (const auto& [flag, value] : hyperparameters(o, decay_steps)) {
+      auto it = meta.find("train." + flag);
+      if (it != meta.end() && it->second != value)
+        log->log(
+            fmt::format("note: --{} {} differs from the checkpoint's {}; continuing with {} (the result will "
+                        "differ from an uninterrupted run)",
+                        flag, value, it->second, value));
+    }
+  }
+};
+
+[[noreturn]] void diverged(const char* what, double value, const Run& run, MetricsLog& metrics) {
+  metrics.write();
+  std::string kept = run.saved_step >= 0
+                         ? fmt::format("the checkpoint of step {}, {}, is kept", run.saved_step, run.o.out)
+                     : !run.o.resume.empty() ? fmt::format("the checkpoint it resumed from, {}, is kept", run.o.resume)
+                                             : std::string("no checkpoint was written");
+  throw std::runtime_error(
+      fmt::format("the {} is {} at step {}; stopped without saving ({})", what, value, run.step + 1, kept));
+}
+
+std::atomic<int> g_stop_signal{0};
+
+extern "C" void on_stop_signal(int signal) {
+  if (g_stop_signal.load() != 0) {
+    std::signal(signal, SIG_DFL);
+    std::raise(signal);
+    return;
+  }
+  g_stop_signal.store(signal);
+}
+
+}  // namespace
+
+void TrainOptions::validate() const {
+  auto require = [](bool ok, const std::string& message) {
+    if (!ok) throw UsageError(message);
+  };
+  require(!data.empty(), "no training text: pass --data FILE or set the DATA environment variable");
+  require(!out.empty(), "--out must not be empty");
+  std::error_code ec;
+  require(!std::filesystem::is_directory(out, ec), fmt::format("--out {} is a folder; give a file name", out));
+  require(seq >= 1, fmt::format("--seq must be at least 1, got {}", seq));
+  require(batch >= 1, fmt::format("--batch must be at least 1, got {}", batch));
+  require(steps >= 1, fmt::format("--steps must be at least 1, got {}", steps));
+  require(!decay_steps || *decay_steps >= 1,
+          fmt::format("--decay-steps must be at least 1, got {}", decay_steps.value_or(0)));
+  require(warmup_steps() >= 0 && warmup_steps() <= decay(),
+          fmt::format("--warmup must be in [0, decay steps {}], got {}", decay(), warmup_steps()));
+  require(std::isfinite(lr) && lr > 0, fmt::format("--lr must be a positive number, got {}", lr));
+  require(std::isfinite(min_lr) && min_lr >= 0 && min_lr <= lr,
+          fmt::format("--min-lr must be in [0, --lr {}], got {}", lr, min_lr));
+  require(std::isfinite(weight_decay) && weight_decay >= 0,
+          fmt::format("--weight-decay must be a number >= 0, got {}", weight_decay));
+  require(std::isfinite(clip) && clip >= 0, fmt::format("--clip must be a number >= 0 (0: no clipping), got {}", clip));
+  require(threads >= 0, fmt::format("--threads must be >= 0 (0: all cores), got {}", threads));
+  require(eval_every >= 0, fmt::format("--eval-every must be >= 0 (0: only at the end), got {}", eval_every));
+  require(eval_batches >= 1, fmt::format("--eval-batches must be at least 1, got {}", eval_batches));
+  require(save_every >= 0, fmt::format("--save-every must be >= 0 (0: only at the end), got {}", save_every));
+  for (const auto& [flag, value] : {std::pair{"d-model", model.d_model},
+                                    {"heads", model.heads},
+                                    {"blocks", model.blocks},
+                                    {"max-len", model.max_len},
+                                    {"d-ff", model.d_ff}})
+    require(!value || *value >= 1, fmt::format("--{} must be at least 1, got {}", flag, value.value_or(0)));
+}
+
+std::string output_stem(const std::string& out) {
+  constexpr std::string_view ext = ".safetensors";
+  if (out.size() > ext.size() && out.compare(out.size() - ext.size(), ext.size(), ext) == 0)
+    return out.substr(0, out.size() - ext.size());
+  return out;
+}
+
+const std::atomic<int>& install_stop_handlers() {
+  std::signal(SIGINT, on_stop_signal);
+  std::signal(SIGTERM, on_stop_signal);
+  return g_stop_signal;
+}
+
+TrainOutcome train(const TrainOptions& o, const std::atomic<int>& stop_signal) {
+  o.validate();
+  set_num_threads(o.threads);
+  const std::int64_t decay_steps = o.decay();
+  const std::string stem = output_stem(o.out);
+  MetricsLog metrics(o.metrics.empty() ? stem + ".metrics.csv" : o.metrics, stem + ".loss.svg",
+                     fmt::format("train_char: {}", o.out));
+  const bool live = ::isatty(::fileno(stderr)) == 1;
+  Progress progress(live, std::max<std::int64_t>(1, o.steps / 20), 0, o.steps,
+                    double(o.batch * o.seq));
+
+  Corpus corpus = load_corpus(o.data);
+  create_parent_directories(o.out);  // fail now rather than at the first save
+  std::optional<nn::LoadedCheckpoint> ckpt;
+  nn::DecoderConfig config;
+  if (!o.resume.empty()) {
+    ckpt.emplace(nn::load_checkpoint(o.resume, o.remat));
+    config = ckpt->model.config();
+    check_flag("d-model", o.model.d_model, config.d_model, o.resume);
+    check_flag("heads", o.model.heads, config.n_heads, o.resume);
+    check_flag("blocks", o.model.blocks, config.n_blocks, o.resume);
+    check_flag("max-len", o.model.max_len, config.max_len, o.resume);
+    check_flag("d-ff", o.model.d_ff, config.ffn_dim(), o.resume);
+    if (ckpt->tokenizer.vocab() != corpus.tokenizer.vocab())
+      throw std::runtime_error(
+          fmt::format("--resume {}: its vocabulary ({} characters) differs from that of {} ({} "
+                      "characters); resume with the same --data",
+                      o.resume, ckpt->tokenizer.size(), o.data, corpus.tokenizer.size()));
+  } else {
+    config = {.vocab = corpus.tokenizer.size(),
+              .d_model = o.model.d_model.value_or(64),
+              .n_heads = o.model.heads.value_or(4),
+              .n_blocks = o.model.blocks.value_or(2),
+              .max_len = o.model.max_len.value_or(256),
+              .d_ff = o.model.d_ff,
+              .remat = o.remat,
+              .seed = o.seed};
+    validate_model(config);
+  }
+  if (o.seq > config.max_len)
+    throw UsageError(fmt::format("--seq {} is longer than the model's max_len {}", o.seq, config.max_len));
+  if (corpus.train().size() < o.seq + 1)
+    throw std::runtime_error(
+        fmt::format("{}: the training split (the first 90%) has {} characters; --seq {} needs at "
+                    "least {} (use a longer text or a smaller --seq)",
+                    o.data, corpus.train().size(), o.seq, o.seq + 1));
+  if (corpus.validation().size() < 2)
+    throw std::runtime_error(
+        fmt::format("{}: the validation split (the last 10%) has {} characters; at least 2 are "
+                    "needed (use a longer text)",
+                    o.data, corpus.validation().size()));
+
+  Run run(o, decay_steps, std::move(corpus), ckpt ? std::move(ckpt->model) : nn::RotaryDecoder(config));
+  if (ckpt) run.restore(*ckpt, &progress);
+  ckpt.reset();
+  if (run.step > o.steps)
+    throw UsageError(
+        fmt::format("--steps {} is below the step {} that --resume {} reached", o.steps, run.step, o.resume));
+  const auto schedule = optim::LrSchedule::warmup_cosine(o.lr, o.warmup_steps(), decay_steps, o.min_lr);
+  const float clip = o.clip > 0 ? o.clip : std::numeric_limits<float>::max();
+
+  const Corpus& data = run.corpus;
+  progress.log(fmt::format("data: {}: {} characters, vocabulary of {}; train {} (first 90%), validation {}", o.data,
+                           data.ids.size(), data.tokenizer.size(), data.train().size(), data.validation().size()));
+  progress.log(fmt::format("model: {}", run.model));
+  progress.log(fmt::format("parameters: {}", run.model.num_params()));
+  progress.log(
+      fmt::format("training: {} steps of {} x {} tokens; AdamW lr {} (warmup {}, cosine to {} at step {}), "
+                  "betas {}/{}, weight decay {}, clip {}; {} threads",
+                  o.steps, o.batch, o.seq, o.lr, o.warmup_steps(), o.min_lr, decay_steps, o.beta1, o.beta2,
+                  o.weight_decay, o.clip > 0 ? str(o.clip) : std::string("off"), num_threads()));
+  if (!o.resume.empty()) {
+    if (!metrics.load_until(run.step))
+      progress.log(fmt::format("note: {} is missing or not from this run; it restarts at step {}", metrics.csv_path(),
+                               run.step));
+    progress.log(fmt::format("resumed from {} at step {}", o.resume, run.step));
+  }
+  if (run.step == o.steps) {
+    progress.log(fmt::format("nothing to do: the checkpoint is already at step {} of --steps {}", run.step, o.steps));
+    return TrainOutcome::finished;
+  }
+  const double wall_before = metrics.last_wall_s();
+  auto wall = [&] { return wall_before + progress.elapsed_s(); };
+  auto validate_now = [&](double train_sum, std::int64_t train_count) {
+    double val = sampled_loss(run.model, data.validation(), o.batch, o.seq, o.eval_batches,
+                              stream_seed(o.seed, kValidationStream));
+    metrics.set_val_loss(run.step, val, wall());
+    std::string train_part = train_count > 0 ? fmt::format("train loss {:.4f} (mean of {} steps), ",
+                                                           train_sum / double(train_count), train_count)
+                                             : std::string();
+    progress.log(fmt::format("step {}/{}: {}val loss {:.4f} ({:.3f} bits/char)", run.step, o.steps, train_part, val,
+                             val / std::log(2.0)));
+    metrics.write();
+    return val;
+  };
+  if (o.resume.empty() && o.eval_every > 0) validate_now(0, 0);
+
+  double train_sum = 0;
+  std::int64_t train_count = 0;
+  const std::int64_t write_every = std::max<std::int64_t>(1, o.steps / 20);
+  while (run.step < o.steps) {
+    if (stop_signal.load() != 0) {
+      run.save();
+      metrics.write();
+      progress.log(fmt::format("interrupted by signal {} at step {}/{}: saved {}; continue with --resume {}",
+                               stop_signal.load(), run.step, o.steps, o.out, o.out));
+      return TrainOutcome::interrupted;
+    }
+    const float lr = schedule.at(run.step);
+    run.optimizer.set_lr(lr);
+    Batch batch = sample_batch(data.train(), o.batch, o.seq, run.batch_rng);
+    const auto started = std::chrono::steady_clock::now();
+    if (o.inject_nan_at && *o.inject_nan_at == run.step + 1)
+      run.model.head.bias.mutable_value()[0] = std::numeric_limits<float>::quiet_NaN();
+    double loss;
+    {
+      Tape tape;
+      Var l = run.model.loss(batch.inputs, batch.targets, batch.batch, batch.seq_len);
+      loss = l.value().item();
+      if (!std::isfinite(loss)) diverged("loss", loss, run, metrics);
+      tape.backward(l);
+    }
+    const float norm = optim::clip_grad_norm(run.params, clip);
+    if (!std::isfinite(norm)) diverged("gradient norm", norm, run, metrics);
+    run.optimizer.step();
+    run.optimizer.zero_grad();
+    ++run.step;
+    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+    metrics.add({run.step, loss, std::nullopt, lr, double(o.batch * o.seq) / seconds, wall()});
+    train_sum += loss;
+    ++train_count;
+    progress.step(run.step, loss, lr, seconds);
+    if (run.step < o.steps) {
+      if (o.eval_every > 0 && run.step % o.eval_every == 0) {
+        validate_now(train_sum, train_count);
+        train_sum = 0, train_count = 0;
+      } else if (run.step % write_every == 0) {
+        metrics.write();
+      }
+      if (o.save_every > 0 && run.step % o.save_every == 0) {
+        run.save();
+        progress.log(fmt::format("step {}/{}: saved {}", run.step, o.steps, o.out));
+      }
+    }
+  }
+  const double val = validate_now(train_sum, train_count);
+  run.save();
+  metrics.write();
+  progress.log(fmt::format("done: step {} in {} ({:.0f} tokens/s); final val loss {:.4f} ({:.3f} bits/char)", run.step,
+                           format_duration(progress.elapsed_s()), progress.tokens_per_s(), val, val / std::log(2.0)));
+  progress.log(fmt::format("saved {}; metrics {} and {}", o.out, metrics.csv_path(), metrics.svg_path()));
+  return TrainOutcome::finished;
+}
+
+}  // namespace tapegrad::examples

@@ -1,0 +1,61 @@
+// The char-level training run behind train_char (SPEC section 6): random-window batches, AdamW
+// with warmup and cosine decay, clipping, periodic validation, metrics, atomic checkpoints that
+// resume bit-identically, a clean stop on a signal, and a refusal to save a diverged model.
+#pragma once
+
+#include <algorithm>
+#include <atomic>
+#include <cstdint>
+#include <optional>
+#include <string>
+
+namespace tapegrad::examples {
+
+/// Model shape flags; nullopt when the command line did not give one (defaults for a new model,
+/// the checkpoint's value on --resume, where a given value must agree with the checkpoint).
+struct ModelFlags {
+  std::optional<std::size_t> d_model, heads, blocks, max_len, d_ff;
+};
+
+struct TrainOptions {
+  std::string data;  // the training text (UTF-8)
+  std::string out = "out/char.safetensors";
+  std::string metrics;  // default: <out without .safetensors>.metrics.csv
+  std::string resume;   // a training checkpoint to continue from
+  ModelFlags model;
+  std::size_t seq = 128, batch = 16;
+  std::int64_t steps = 1000;
+  std::optional<std::int64_t> decay_steps;                             // default: steps
+  float lr = 1e-3f, min_lr = 1e-4f, weight_decay = 0.1f, clip = 1.0f;  // clip 0: no clipping
+  float beta1 = 0.9f, beta2 = 0.95f;   // nanoGPT's betas (0.95: steadier with small batches)
+  std::optional<std::int64_t> warmup;  // default: 100, capped at a tenth of the decay steps
+  std::uint64_t seed = 0;
+  bool remat = false;
+  int threads = 0;                // 0: all cores
+  std::int64_t eval_every = 100;  // 0: validate only at the end
+  std::size_t eval_batches = 20;
+  std::int64_t save_every = 500;              // 0: save only at the end (and on a signal)
+  std::optional<std::int64_t> inject_nan_at;  // test seam: poison the model before this step
+
+  /// Throws UsageError naming the first bad value (the model shape is checked when it is built).
+  void validate() const;
+  std::int64_t decay() const { return decay_steps.value_or(steps); }
+  std::int64_t warmup_steps() const { return warmup.value_or(std::min<std::int64_t>(100, decay() / 10)); }
+};
+
+enum class TrainOutcome { finished, interrupted };
+
+/// Runs (or resumes) training. Returns interrupted when stop_signal became non-zero between two
+/// steps (a checkpoint of the current step is saved first). A non-finite loss or gradient norm
+/// throws std::runtime_error naming the step, without touching the last good checkpoint.
+/// Progress and log lines go to stdout (the live line to stderr on a terminal).
+TrainOutcome train(const TrainOptions& options, const std::atomic<int>& stop_signal);
+
+/// Installs SIGINT and SIGTERM handlers that store the signal number in the returned flag; a
+/// second signal while the first is handled ends the process at once (the default action).
+const std::atomic<int>& install_stop_handlers();
+
+/// "out/char.safetensors" -> "out/char" (the stem beside which the metrics files go).
+std::string output_stem(const std::string& out);
+
+}  // namespace tapegrad::examples

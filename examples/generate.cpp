@@ -1,0 +1,78 @@
+// generate: streams text from a train_char checkpoint (SPEC section 6). Standard output carries
+// the prompt and then each generated character as it comes; notes go to standard error.
+#include "nn/generate.h"
+
+#include <fmt/format.h>
+
+#include <cstdio>
+
+#include "common/program.h"
+#include "nn/checkpoint.h"
+
+using namespace tapegrad;
+using namespace tapegrad::examples;
+
+int main(int argc, char** argv) {
+  CLI::App app{
+      "Generates text from a checkpoint written by train_char. Standard output carries the prompt "
+      "followed by the generated characters and nothing else; notes go to standard error.",
+      "generate"};
+  std::string checkpoint, prompt;
+  nn::GenerateOptions options{.max_new = 200, .sampling = {.temperature = 0.8f}};
+  bool no_cache = false;
+  // Required options are checked after parsing, so that an unknown flag is the error reported first.
+  app.add_option("--checkpoint", checkpoint, "A checkpoint from train_char (required)");
+  app.add_option("--prompt", prompt,
+                 "Text to continue (default: a newline if the vocabulary has one, else its "
+                 "first character)");
+  app.add_option("--max-new", options.max_new, "Characters to generate (fewer when the text reaches max_len)")
+      ->check(non_negative())
+      ->capture_default_str();
+  app.add_option("--temperature", options.sampling.temperature, "Softmax temperature (0: greedy)")
+      ->capture_default_str();
+  app.add_option("--top-k", options.sampling.top_k, "Keep the k most probable characters (0: all)")
+      ->check(non_negative())
+      ->capture_default_str();
+  app.add_option("--top-p", options.sampling.top_p, "Keep the smallest most probable set reaching p (1: all)")
+      ->capture_default_str();
+  app.add_option("--seed", options.seed, "Seed of the sampler")->check(non_negative())->capture_default_str();
+  app.add_flag("--no-cache", no_cache, "Run the full forward for every character instead of the KV cache (same text)");
+
+  return run_program(app, argc, argv, [&] {
+    if (checkpoint.empty()) throw UsageError("--checkpoint is required");
+    try {
+      options.sampling.validate();
+    } catch (const std::invalid_argument& e) {
+      throw UsageError(e.what());
+    }
+    options.use_cache = !no_cache;
+    nn::LoadedCheckpoint ckpt = nn::load_checkpoint(checkpoint);
+    const nn::CharTokenizer& tokenizer = ckpt.tokenizer;
+    if (!app.count("--prompt")) {
+      const std::string vocab = tokenizer.vocab();
+      prompt = vocab.find('\n') != std::string::npos ? "\n" : tokenizer.decode(std::vector<std::int32_t>{0});
+    }
+    if (prompt.empty()) throw UsageError("--prompt is empty; give at least one character, or omit --prompt");
+    std::vector<std::int32_t> ids;
+    try {
+      ids = tokenizer.encode(prompt);
+    } catch (const std::exception& e) {
+      throw UsageError(fmt::format("--prompt: {} of {}", e.what(), checkpoint));
+    }
+    const std::size_t max_len = ckpt.model.config().max_len;
+    if (ids.size() > max_len)
+      throw UsageError(fmt::format("--prompt has {} characters, more than the model's max_len {} ({})", ids.size(),
+                                   max_len, checkpoint));
+    std::fwrite(prompt.data(), 1, prompt.size(), stdout);
+    std::fflush(stdout);
+    nn::Generation generation = nn::generate(ckpt.model, ids, options, [&](std::int32_t token) {
+      const std::string piece = tokenizer.decode(std::span(&token, 1));
+      std::fwrite(piece.data(), 1, piece.size(), stdout);
+      std::fflush(stdout);
+    });
+    if (generation.stopped_at_max_len)
+      fmt::print(stderr, "\ngenerate: stopped at max_len {} after {} of {} characters\n", max_len,
+                 generation.tokens.size(), options.max_new);
+    return 0;
+  });
+}

@@ -1,0 +1,69 @@
+// train_char: trains a char-level rotary decoder on a text file (SPEC section 6). Flags become a
+// TrainOptions; the run itself lives in examples/common/trainer.
+#include <cstdlib>
+
+#include "common/program.h"
+#include "common/trainer.h"
+
+using namespace tapegrad::examples;
+
+int main(int argc, char** argv) {
+  CLI::App app{
+      "Trains a character-level transformer language model on a UTF-8 text file.\n"
+      "Progress goes to stdout (a live line on stderr when it is a terminal); Ctrl-C saves a checkpoint "
+      "and exits with status 130; --resume continues bit-identically.",
+      "train_char"};
+  TrainOptions o;
+  std::size_t d_model = 64, heads = 4, blocks = 2, max_len = 256, d_ff = 0;
+  std::int64_t decay_steps = 0, warmup = 100;
+  app.add_option("--data", o.data, "Training text, UTF-8 (default: the DATA environment variable)")->envname("DATA");
+  app.add_option("--out", o.out, "Checkpoint written atomically (periodically, at the end, on Ctrl-C)")
+      ->capture_default_str();
+  app.add_option("--d-model", d_model, "Model width")->check(non_negative())->capture_default_str();
+  app.add_option("--heads", heads, "Attention heads")->check(non_negative())->capture_default_str();
+  app.add_option("--blocks", blocks, "Decoder blocks")->check(non_negative())->capture_default_str();
+  app.add_option("--max-len", max_len, "Longest context the model accepts")
+      ->check(non_negative())
+      ->capture_default_str();
+  app.add_option("--d-ff", d_ff, "SwiGLU hidden width (default: 4 * d-model)")->check(non_negative());
+  app.add_option("--seq", o.seq, "Tokens per training window")->check(non_negative())->capture_default_str();
+  app.add_option("--batch", o.batch, "Windows per step")->check(non_negative())->capture_default_str();
+  app.add_option("--steps", o.steps, "Optimizer steps in total (a resumed run continues to this step)")
+      ->capture_default_str();
+  app.add_option("--decay-steps", decay_steps, "Step at which the cosine decay reaches --min-lr (default: --steps)");
+  app.add_option("--lr", o.lr, "Peak learning rate")->capture_default_str();
+  app.add_option("--warmup", warmup, "Linear warmup steps (default: 100, capped at a tenth of the decay steps)");
+  app.add_option("--min-lr", o.min_lr, "Learning rate at the end of the decay")->capture_default_str();
+  app.add_option("--weight-decay", o.weight_decay, "AdamW decoupled weight decay, on matrices only")
+      ->capture_default_str();
+  app.add_option("--clip", o.clip, "Clip the global gradient norm to this (0: no clipping)")->capture_default_str();
+  app.add_option("--seed", o.seed, "Seed of the initialisation, the batches and the validation windows")
+      ->check(non_negative())
+      ->capture_default_str();
+  app.add_flag("--remat", o.remat, "Recompute each block in backward (less memory, same result)");
+  app.add_option("--threads", o.threads, "Threads (0: all cores)")->capture_default_str();
+  app.add_option("--eval-every", o.eval_every, "Validation loss every N steps (0: only at the end)")
+      ->capture_default_str();
+  app.add_option("--eval-batches", o.eval_batches, "Batches of validation windows per evaluation")
+      ->check(non_negative())
+      ->capture_default_str();
+  app.add_option("--save-every", o.save_every, "Checkpoint every N steps (0: only at the end)")->capture_default_str();
+  app.add_option("--resume", o.resume, "Continue from a training checkpoint (its model shape, these training flags)");
+  app.add_option("--metrics", o.metrics,
+                 "Metrics CSV (default: beside --out, <out>.metrics.csv; the loss curve "
+                 "goes to <out>.loss.svg)");
+
+  return run_program(app, argc, argv, [&] {
+    auto given = [&](const char* flag, std::size_t value) {
+      return app.count(flag) ? std::optional(value) : std::nullopt;
+    };
+    o.model = {given("--d-model", d_model), given("--heads", heads), given("--blocks", blocks),
+               given("--max-len", max_len), given("--d-ff", d_ff)};
+    if (app.count("--decay-steps")) o.decay_steps = decay_steps;
+    if (app.count("--warmup")) o.warmup = warmup;
+    // Test seam (tests/examples/test_programs.cpp): poisons the model before step N to make the loss NaN.
+    if (const char* nan_at = std::getenv("TAPEGRAD_TEST_INJECT_NAN_AT_STEP")) o.inject_nan_at = std::atoll(nan_at);
+    const auto& stop_signal = install_stop_handlers();
+    return train(o, stop_signal) == TrainOutcome::interrupted ? 128 + stop_signal.load() : 0;
+  });
+}

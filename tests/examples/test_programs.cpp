@@ -1,0 +1,431 @@
+// End-to-end tests of the example programs: train_char, generate and evaluate run as built
+// (from TAPEGRAD_BINARY_DIR) on a small generated corpus in a temporary folder; the tests check
+// their output, exit status and files, including resume, Ctrl-C and NaN handling.
+#include <doctest/doctest.h>
+#include <fcntl.h>
+#include <fmt/format.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <thread>
+
+#include "core/random.h"
+#include "core/safetensors.h"
+#include "nn/checkpoint.h"
+#include "support/helpers.h"
+
+extern char** environ;
+
+using namespace tapegrad;
+namespace fs = std::filesystem;
+
+namespace {
+
+struct Result {
+  int status = -1;  // the exit status, or 128 + the signal that ended the process
+  std::string out, err;
+};
+
+std::string read_bytes(const fs::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::ostringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+void write_bytes(const fs::path& path, const std::string& bytes) { std::ofstream(path, std::ios::binary) << bytes; }
+
+/// A fresh folder for one test case.
+fs::path work_dir(const std::string& name) {
+  fs::path dir = fs::temp_directory_path() / fmt::format("tapegrad_test_programs_{}", ::getpid()) / name;
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  return dir;
+}
+
+/// About 6 KB of made-up sentences (with one non-ASCII character), the same on every run.
+fs::path write_corpus(const fs::path& dir) {
+  const char* words[] = {"the", "cat", "sat",    "on",  "a",   "mat", "and",   "dog", "ran", "to",   "café", "with",
+                         "her", "old", "friend", "who", "was", "not", "there", "yet", "so",  "they", "left", "home"};
+  Rng rng(7);
+  std::string text;
+  while (text.size() < 6000) {
+    std::string sentence;
+    const std::uint64_t length = 4 + rng.below(8);
+    for (std::uint64_t i = 0; i < length; ++i)
+      sentence += std::string(i ? " " : "") + words[rng.below(std::size(words))];
+    sentence[0] = char(sentence[0] - 'a' + 'A');
+    text += sentence + (rng.below(3) == 0 ? ".\n" : ". ");
+  }
+  write_bytes(dir / "corpus.txt", text);
+  return dir / "corpus.txt";
+}
+
+/// The tiny model and run every training test uses (a step takes about a millisecond).
+std::vector<std::string> tiny(const fs::path& data, const fs::path& out, int steps) {
+  return {"--data",         data.string(),
+          "--out",          out.string(),
+          "--d-model",      "16",
+          "--heads",        "2",
+          "--blocks",       "1",
+          "--max-len",      "32",
+          "--seq",          "16",
+          "--batch",        "4",
+          "--threads",      "1",
+          "--eval-batches", "2",
+          "--steps",        std::to_string(steps)};
+}
+
+std::vector<std::string> operator+(std::vector<std::string> a, const std::vector<std::string>& b) {
+  a.insert(a.end(), b.begin(), b.end());
+  return a;
+}
+
+/// Starts a built program with stdout and stderr going to files; DATA and the NaN seam are
+/// removed from its environment unless given in env.
+pid_t start(const std::string& program, const std::vector<std::string>& args, const fs::path& out, const fs::path& err,
+            const std::vector<std::string>& env = {}) {
+  const std::string path = (fs::path(TAPEGRAD_BINARY_DIR) / program).string();
+  REQUIRE_MESSAGE(fs::exists(path), path << " is not built (configure with TAPEGRAD_BUILD_EXAMPLES=ON)");
+  std::vector<std::string> argv_text = {path};
+  argv_text.insert(argv_text.end(), args.begin(), args.end());
+  std::vector<char*> argv;
+  for (auto& a : argv_text) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  std::vector<std::string> env_text(env);
+  for (char** e = environ; *e; ++e) {
+    std::string_view entry(*e);
+    if (entry.starts_with("DATA=") || entry.starts_with("TAPEGRAD_TEST_INJECT_NAN_AT_STEP=")) continue;
+    env_text.emplace_back(entry);
+  }
+  std::vector<char*> envp;
+  for (auto& e : env_text) envp.push_back(e.data());
+  envp.push_back(nullptr);
+  posix_spawn_file_actions_t actions;
+  posix_spawn_file_actions_init(&actions);
+  posix_spawn_file_actions_addopen(&actions, 1, out.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  posix_spawn_file_actions_addopen(&actions, 2, err.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  pid_t pid = -1;
+  const int rc = posix_spawn(&pid, path.c_str(), &actions, nullptr, argv.data(), envp.data());
+  posix_spawn_file_actions_destroy(&actions);
+  REQUIRE_MESSAGE(rc == 0, "posix_spawn " << path << " failed: " << rc);
+  return pid;
+}
+
+int wait_for(pid_t pid) {
+  int raw = 0;
+  REQUIRE(::waitpid(pid, &raw, 0) == pid);
+  return WIFEXITED(raw) ? WEXITSTATUS(raw) : 128 + WTERMSIG(raw);
+}
+
+Result run(const std::string& program, const std::vector<std::string>& args, const std::vector<std::string>& env = {}) {
+  const fs::path dir = fs::temp_directory_path() / fmt::format("tapegrad_test_programs_{}", ::getpid());
+  fs::create_directories(dir);
+  const fs::path out = dir / "stdout.txt", err = dir / "stderr.txt";
+  Result r;
+  r.status = wait_for(start(program, args, out, err, env));
+  r.out = read_bytes(out);
+  r.err = read_bytes(err);
+  return r;
+}
+
+/// One line, newline-terminated, naming the program: what every failure prints on stderr.
+bool one_error_line(const Result& r, const std::string& program) {
+  return r.err.starts_with(program + ": ") && r.err.ends_with("\n") &&
+         std::count(r.err.begin(), r.err.end(), '\n') == 1;
+}
+
+/// Every tensor of two safetensors files, compared bit for bit, and their metadata.
+void check_same_tensors(const fs::path& a, const fs::path& b) {
+  SafetensorsFile fa = read_safetensors(a.string()), fb = read_safetensors(b.string());
+  REQUIRE(fa.tensors.size() == fb.tensors.size());
+  std::size_t optimizer_tensors = 0;
+  for (const auto& [name, ta] : fa.tensors) {
+    REQUIRE_MESSAGE(fb.tensors.count(name), name);
+    const Tensor& tb = fb.tensors.at(name);
+    REQUIRE(ta.shape() == tb.shape());
+    CHECK_MESSAGE(std::memcmp(ta.data(), tb.data(), ta.bytes()) == 0, name << " differs");
+    optimizer_tensors += name.starts_with("optim.");
+  }
+  CHECK(optimizer_tensors > 0);
+  CHECK(fa.metadata == fb.metadata);
+}
+
+bool has_temporary_files(const fs::path& dir) {
+  for (const auto& entry : fs::directory_iterator(dir))
+    if (entry.path().string().find(".tmp.") != std::string::npos) return true;
+  return false;
+}
+
+}  // namespace
+
+TEST_CASE("train_char trains a tiny model and writes its checkpoint, metrics CSV and loss curve") {
+  fs::path dir = work_dir("train"), data = write_corpus(dir), ckpt = dir / "run" / "tiny.safetensors";
+  Result r = run("train_char", tiny(data, ckpt, 20) + std::vector<std::string>{"--eval-every", "10"});
+  REQUIRE_MESSAGE(r.status == 0, r.err);
+  CHECK(r.err.empty());  // stderr is not a terminal: no live line, plain lines on stdout
+  CHECK(test::contains(r.out, "model: RotaryDecoder(vocab="));
+  CHECK(test::contains(r.out, "parameters: "));
+  CHECK(test::contains(r.out, "step 20/20 | loss "));
+  CHECK(test::contains(r.out, "final val loss"));
+  nn::LoadedCheckpoint loaded = nn::load_checkpoint(ckpt.string());
+  CHECK(loaded.model.config().d_model == 16);
+  CHECK(loaded.metadata.at("step") == "20");
+  CHECK(loaded.metadata.at("train.seq") == "16");
+  CHECK(loaded.metadata.at("data_position") == "80");
+  CHECK(!loaded.extra_tensors.empty());
+  std::istringstream csv(read_bytes(dir / "run" / "tiny.metrics.csv"));
+  std::string line;
+  std::getline(csv, line);
+  CHECK(line == "step,train_loss,val_loss,lr,tokens_per_s,wall_s");
+  int rows = 0, val_rows = 0;
+  while (std::getline(csv, line)) {
+    ++rows;
+    val_rows += !test::contains(line, ",,");
+  }
+  CHECK(rows == 21);     // step 0 (validation only) and steps 1..20
+  CHECK(val_rows == 2);  // steps 10 and 20 have both losses; step 0 has no train loss
+  std::string svg = read_bytes(dir / "run" / "tiny.loss.svg");
+  CHECK(svg.starts_with("<svg"));
+  CHECK(test::contains(svg, "validation"));
+  CHECK(test::contains(svg, ">step</text>"));
+  CHECK(!has_temporary_files(dir / "run"));
+}
+
+TEST_CASE("a run stopped halfway and resumed ends bit-identical to a straight run") {
+  fs::path dir = work_dir("resume"), data = write_corpus(dir);
+  fs::path straight = dir / "straight.safetensors", halves = dir / "halves.safetensors";
+  const std::vector<std::string> common = {"--eval-every", "4", "--save-every", "3"};
+  REQUIRE(run("train_char", tiny(data, straight, 12) + common).status == 0);
+  REQUIRE(run("train_char", tiny(data, halves, 6) + common + std::vector<std::string>{"--decay-steps", "12"}).status ==
+          0);
+  CHECK(nn::load_checkpoint(halves.string()).metadata.at("step") == "6");
+  Result resumed =
+      run("train_char", tiny(data, halves, 12) + common + std::vector<std::string>{"--resume", halves.string()});
+  REQUIRE_MESSAGE(resumed.status == 0, resumed.err);
+  CHECK(test::contains(resumed.out, "resumed from"));
+  check_same_tensors(straight, halves);
+  CHECK(read_bytes(straight) == read_bytes(halves));
+  // The metrics of the resumed run continue those of the first half.
+  std::string csv = read_bytes(dir / "halves.metrics.csv");
+  CHECK(std::count(csv.begin(), csv.end(), '\n') == 14);  // header, step 0, steps 1..12
+}
+
+TEST_CASE("train_char --remat writes the same checkpoint as without") {
+  fs::path dir = work_dir("remat"), data = write_corpus(dir);
+  fs::path plain = dir / "plain.safetensors", remat = dir / "remat.safetensors";
+  REQUIRE(run("train_char", tiny(data, plain, 8)).status == 0);
+  REQUIRE(run("train_char", tiny(data, remat, 8) + std::vector<std::string>{"--remat"}).status == 0);
+  check_same_tensors(plain, remat);
+}
+
+TEST_CASE("generate streams exactly the prompt and the new characters, the same with and without the cache") {
+  fs::path dir = work_dir("generate"), data = write_corpus(dir), ckpt = dir / "g.safetensors";
+  REQUIRE(run("train_char", tiny(data, ckpt, 10)).status == 0);
+  const std::vector<std::string> args = {"--checkpoint", ckpt.string(), "--prompt", "The café",
+                                         "--max-new",    "20",          "--seed",   "3"};
+  Result cached = run("generate", args);
+  REQUIRE_MESSAGE(cached.status == 0, cached.err);
+  CHECK(cached.err.empty());
+  CHECK(cached.out.starts_with("The café"));
+  CHECK(nn::decode_utf8(cached.out).size() == 8 + 20);
+  Result uncached = run("generate", args + std::vector<std::string>{"--no-cache"});
+  REQUIRE(uncached.status == 0);
+  CHECK(uncached.out == cached.out);
+  SUBCASE("the default prompt is a newline (the corpus has one)") {
+    Result r = run("generate", {"--checkpoint", ckpt.string(), "--max-new", "5"});
+    REQUIRE(r.status == 0);
+    CHECK(r.out.starts_with("\n"));
+    CHECK(nn::decode_utf8(r.out).size() == 6);
+  }
+  SUBCASE("reaching max_len stops early with a note on stderr only") {
+    Result r = run("generate", {"--checkpoint", ckpt.string(), "--prompt", "The", "--max-new", "100"});
+    REQUIRE(r.status == 0);
+    CHECK(nn::decode_utf8(r.out).size() == 32);
+    CHECK(test::contains(r.err, "stopped at max_len 32"));
+  }
+}
+
+TEST_CASE("evaluate prints one JSON line whose loss matches a direct windowed computation") {
+  fs::path dir = work_dir("evaluate"), data = write_corpus(dir), ckpt = dir / "e.safetensors";
+  REQUIRE(run("train_char", tiny(data, ckpt, 10)).status == 0);
+  Result r = run("evaluate", {"--checkpoint", ckpt.string(), "--data", data.string(), "--limit", "1000"});
+  REQUIRE_MESSAGE(r.status == 0, r.err);
+  REQUIRE(std::count(r.out.begin(), r.out.end(), '\n') == 1);
+  nlohmann::json line = nlohmann::json::parse(r.out);
+  CHECK(line.size() == 3);
+  REQUIRE(line.contains("loss"));
+  REQUIRE(line.contains("bits_per_char"));
+  REQUIRE(line.contains("tokens"));
+  CHECK(line["tokens"].get<int>() == 999);
+  // SPEC section 6 by hand: windows of L = min(max_len, n-1-s) at s = 0, L, 2L, ..., one at a
+  // time, weighted by length. The program batches full windows, so float32 means may round
+  // differently: 1e-5 relative is far above that rounding (~1e-7) and far below any real error.
+  nn::LoadedCheckpoint loaded = nn::load_checkpoint(ckpt.string());
+  std::u32string chars = nn::decode_utf8(read_bytes(data)).substr(0, 1000);
+  std::string text;
+  for (char32_t c : chars) nn::append_utf8(text, c);
+  std::vector<std::int32_t> ids = loaded.tokenizer.encode(text);
+  double sum = 0;
+  std::size_t tokens = 0;
+  NoGradScope no_grad;
+  for (std::size_t s = 0; s + 1 < ids.size();) {
+    std::size_t L = std::min<std::size_t>(32, ids.size() - 1 - s);
+    std::vector<std::int32_t> in(ids.begin() + s, ids.begin() + s + L),
+        target(ids.begin() + s + 1, ids.begin() + s + L + 1);
+    sum += double(loaded.model.loss(in, target, 1, L).value().item()) * double(L);
+    tokens += L;
+    s += L;
+  }
+  const double expected = sum / double(tokens);
+  CHECK(tokens == 999);
+  CHECK(line["loss"].get<double>() == doctest::Approx(expected).epsilon(1e-5));
+  CHECK(line["bits_per_char"].get<double>() == doctest::Approx(expected / std::log(2.0)).epsilon(1e-5));
+}
+
+TEST_CASE("bad arguments exit with status 2 and one line on stderr; --help exits 0") {
+  fs::path dir = work_dir("arguments"), data = write_corpus(dir), ckpt = dir / "a.safetensors";
+  for (std::string program : {"train_char", "generate", "evaluate"}) {
+    CAPTURE(program);
+    Result unknown = run(program, {"--no-such-flag"});
+    CHECK(unknown.status == 2);
+    CHECK(one_error_line(unknown, program));
+    CHECK(test::contains(unknown.err, "--no-such-flag"));
+    Result help = run(program, {"--help"});
+    CHECK(help.status == 0);
+    CHECK(test::contains(help.out, "Usage:"));
+  }
+  for (const auto& bad : std::vector<std::vector<std::string>>{{"--seq", "0"},
+                                                               {"--seq", "-3"},
+                                                               {"--batch", "x"},
+                                                               {"--lr", "nan"},
+                                                               {"--heads", "3"},
+                                                               {"--seq", "64"},
+                                                               {"--warmup", "50"},
+                                                               {"--clip", "-1"}}) {
+    CAPTURE(bad[0] + " " + bad[1]);
+    Result r = run("train_char", tiny(data, ckpt, 10) + bad);
+    CHECK(r.status == 2);
+    CHECK(one_error_line(r, "train_char"));
+    CHECK(test::contains(r.err, bad[0]));
+    CHECK(!fs::exists(ckpt));
+  }
+  Result no_data = run("train_char", {"--steps", "1"});
+  CHECK(no_data.status == 2);
+  CHECK(test::contains(no_data.err, "--data"));
+  Result from_env = run("train_char", tiny(data, ckpt, 2), {"DATA=" + data.string()});
+  CHECK(from_env.status == 0);
+}
+
+TEST_CASE("a missing, empty or invalid UTF-8 corpus is one clear error naming the file, and writes nothing") {
+  fs::path dir = work_dir("corpus"), ckpt = dir / "c.safetensors";
+  write_bytes(dir / "empty.txt", "");
+  write_bytes(dir / "latin1.txt", "caf\xe9 au lait");
+  for (const auto& [file, message] : std::vector<std::pair<std::string, std::string>>{
+           {"missing.txt", "cannot open"}, {"empty.txt", "empty"}, {"latin1.txt", "invalid UTF-8 at byte offset 3"}}) {
+    CAPTURE(file);
+    Result r = run("train_char", tiny(dir / file, ckpt, 2));
+    CHECK(r.status == 1);
+    CHECK(one_error_line(r, "train_char"));
+    CHECK(test::contains(r.err, (dir / file).string()));
+    CHECK(test::contains(r.err, message));
+    CHECK(!fs::exists(ckpt));
+    CHECK(!fs::exists(dir / "c.metrics.csv"));
+  }
+}
+
+TEST_CASE("generate refuses a prompt outside the vocabulary or longer than max_len") {
+  fs::path dir = work_dir("prompt"), data = write_corpus(dir), ckpt = dir / "p.safetensors";
+  REQUIRE(run("train_char", tiny(data, ckpt, 2)).status == 0);
+  Result outside = run("generate", {"--checkpoint", ckpt.string(), "--prompt", "The cat#"});
+  CHECK(outside.status == 2);
+  CHECK(one_error_line(outside, "generate"));
+  CHECK(test::contains(outside.err, "'#'"));
+  CHECK(test::contains(outside.err, "position 7"));
+  CHECK(outside.out.empty());
+  Result too_long = run("generate", {"--checkpoint", ckpt.string(), "--prompt", std::string(33, 'a')});
+  CHECK(too_long.status == 2);
+  CHECK(one_error_line(too_long, "generate"));
+  CHECK(test::contains(too_long.err, "33 characters, more than the model's max_len 32"));
+  CHECK(too_long.out.empty());
+  write_bytes(dir / "other.txt", "The cat#");
+  Result evaluate_outside = run("evaluate", {"--checkpoint", ckpt.string(), "--data", (dir / "other.txt").string()});
+  CHECK(evaluate_outside.status == 1);
+  CHECK(one_error_line(evaluate_outside, "evaluate"));
+  CHECK(test::contains(evaluate_outside.err, "'#'"));
+  CHECK(evaluate_outside.out.empty());
+}
+
+TEST_CASE("a truncated checkpoint is refused by generate, evaluate and train_char --resume") {
+  fs::path dir = work_dir("truncated"), data = write_corpus(dir), ckpt = dir / "t.safetensors";
+  REQUIRE(run("train_char", tiny(data, ckpt, 2)).status == 0);
+  const std::string bytes = read_bytes(ckpt);
+  fs::path damaged = dir / "damaged.safetensors";
+  write_bytes(damaged, bytes.substr(0, bytes.size() - 100));
+  std::vector<Result> results = {run("generate", {"--checkpoint", damaged.string()}),
+                                 run("evaluate", {"--checkpoint", damaged.string(), "--data", data.string()}),
+                                 run("train_char", tiny(data, dir / "next.safetensors", 4) +
+                                                       std::vector<std::string>{"--resume", damaged.string()})};
+  for (const Result& r : results) {
+    CHECK(r.status == 1);
+    CHECK(r.err.find(": " + damaged.string() + ": ") != std::string::npos);
+    CHECK(std::count(r.err.begin(), r.err.end(), '\n') == 1);
+    CHECK(r.out.empty());
+  }
+  CHECK(!fs::exists(dir / "next.safetensors"));
+  CHECK(read_bytes(damaged) == bytes.substr(0, bytes.size() - 100));
+}
+
+TEST_CASE("Ctrl-C saves a checkpoint that resumes, and exits with status 130") {
+  fs::path dir = work_dir("interrupt"), data = write_corpus(dir), ckpt = dir / "i.safetensors";
+  const fs::path out = dir / "stdout.txt", err = dir / "stderr.txt";
+  pid_t pid = start("train_char", tiny(data, ckpt, 1000000) + std::vector<std::string>{"--eval-every", "0"}, out, err);
+  // Wait until the run is in its loop (its header is printed after the handler is installed).
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+  while (!test::contains(read_bytes(out), "training: ") && std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  REQUIRE(::kill(pid, SIGINT) == 0);
+  CHECK(wait_for(pid) == 130);
+  CHECK(test::contains(read_bytes(out), "interrupted by signal 2 at step "));
+  nn::LoadedCheckpoint saved = nn::load_checkpoint(ckpt.string());
+  const long step = std::stol(saved.metadata.at("step"));
+  CHECK(step > 0);
+  Result resumed =
+      run("train_char", tiny(data, ckpt, int(step) + 3) +
+                            std::vector<std::string>{"--resume", ckpt.string(), "--decay-steps", "1000000"});
+  REQUIRE_MESSAGE(resumed.status == 0, resumed.err);
+  CHECK(nn::load_checkpoint(ckpt.string()).metadata.at("step") == std::to_string(step + 3));
+  CHECK(!has_temporary_files(dir));
+}
+
+TEST_CASE("a NaN loss stops the run naming the step and keeps the last good checkpoint byte for byte") {
+  fs::path dir = work_dir("nan"), data = write_corpus(dir), ckpt = dir / "n.safetensors";
+  const std::vector<std::string> schedule = {"--decay-steps", "20", "--save-every", "0"};
+  REQUIRE(run("train_char", tiny(data, ckpt, 5) + schedule).status == 0);
+  const std::string good = read_bytes(ckpt);
+  Result r = run("train_char", tiny(data, ckpt, 20) + schedule + std::vector<std::string>{"--resume", ckpt.string()},
+                 {"TAPEGRAD_TEST_INJECT_NAN_AT_STEP=8"});
+  CHECK(r.status == 1);
+  CHECK(one_error_line(r, "train_char"));
+  CHECK(test::contains(r.err, "the loss is nan at step 8"));
+  CHECK(test::contains(r.err, "is kept"));
+  CHECK(read_bytes(ckpt) == good);
+  SUBCASE("within one run, the periodic checkpoint before the NaN survives") {
+    fs::path fresh = dir / "fresh.safetensors";
+    Result in_run = run("train_char", tiny(data, fresh, 20) + std::vector<std::string>{"--save-every", "5"},
+                        {"TAPEGRAD_TEST_INJECT_NAN_AT_STEP=12"});
+    CHECK(in_run.status == 1);
+    CHECK(test::contains(in_run.err, "at step 12"));
+    CHECK(nn::load_checkpoint(fresh.string()).metadata.at("step") == "10");
+    CHECK(!has_temporary_files(dir));
+  }
+}
