@@ -291,6 +291,10 @@ TrainOutcome train(const TrainOptions& o, const std::atomic<int>& stop_signal) {
                   "betas {}/{}, weight decay {}, clip {}; {} threads",
                   o.steps, o.batch, o.seq, o.lr, o.warmup_steps(), o.min_lr, decay_steps, o.beta1, o.beta2,
                   o.weight_decay, o.clip > 0 ? str(o.clip) : std::string("off"), num_threads()));
+  if (o.seq < config.max_len)
+    progress.log(fmt::format("note: windows of --seq {} never train positions {} to {} of max_len {}: text generated "
+                             "past {} characters will degrade (use --max-len {} to match)",
+                             o.seq, o.seq, config.max_len - 1, config.max_len, o.seq, o.seq));
   if (!o.resume.empty()) {
     if (!metrics.load_until(run.step))
       progress.log(fmt::format("note: {} is missing or not from this run; it restarts at step {}", metrics.csv_path(),
