@@ -234,8 +234,6 @@ TrainOutcome train(const TrainOptions& o, const std::atomic<int>& stop_signal) {
   const std::string stem = output_stem(o.out);
   MetricsLog metrics(o.metrics.empty() ? stem + ".metrics.csv" : o.metrics, stem + ".loss.svg",
                      fmt::format("train_char: {}", o.out));
-  const bool live = ::isatty(::fileno(stderr)) == 1;
-  Progress progress(live, std::max<std::int64_t>(1, o.steps / 20), 0, o.steps, double(o.batch * o.seq));
 
   Corpus corpus = load_corpus(o.data);
   create_parent_directories(o.out);  // fail now rather than at the first save
@@ -288,6 +286,8 @@ TrainOutcome train(const TrainOptions& o, const std::atomic<int>& stop_signal) {
   const float clip = o.clip > 0 ? o.clip : std::numeric_limits<float>::max();
 
   const Corpus& data = run.corpus;
+  const bool live = ::isatty(::fileno(stderr)) == 1;
+  Progress progress(live, std::max<std::int64_t>(1, o.steps / 20), run.step, o.steps, double(o.batch * o.seq));
   progress.log(fmt::format("data: {}: {} characters, vocabulary of {}; train {} (first 90%), validation {}", o.data,
                            data.ids.size(), data.tokenizer.size(), data.train().size(), data.validation().size()));
   progress.log(fmt::format("model: {}", run.model));
