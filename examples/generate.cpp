@@ -3,6 +3,7 @@
 #include "nn/generate.h"
 
 #include <fmt/format.h>
+#include <unistd.h>
 
 #include <cstdio>
 
@@ -70,9 +71,12 @@ int main(int argc, char** argv) {
       std::fwrite(piece.data(), 1, piece.size(), stdout);
       std::fflush(stdout);
     });
-    if (generation.stopped_at_max_len)
-      fmt::print(stderr, "\ngenerate: stopped at max_len {} after {} of {} characters\n", max_len,
+    if (generation.stopped_at_max_len) {
+      // On a terminal the note starts on a line of its own (the text ends without a newline).
+      const char* lead = ::isatty(STDOUT_FILENO) && ::isatty(STDERR_FILENO) ? "\n" : "";
+      fmt::print(stderr, "{}generate: stopped at max_len {} after {} of {} characters\n", lead, max_len,
                  generation.tokens.size(), options.max_new);
+    }
     return 0;
   });
 }

@@ -4,11 +4,12 @@
 #include <fmt/format.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <charconv>
 #include <cmath>
 #include <csignal>
-#include <filesystem>
 #include <cstdio>
+#include <filesystem>
 #include <limits>
 #include <map>
 
@@ -48,16 +49,17 @@ std::int64_t parse_int(const std::map<std::string, std::string>& metadata, const
   return value;
 }
 
-/// The hyperparameters a resume compares with its command line (flag name -> value as text).
+/// The hyperparameters a resume compares with its command line: metadata "train.<key>" -> value
+/// as text; the key is the flag's name with _ for - (beta1 and beta2 are fixed, not flags).
 std::map<std::string, std::string> hyperparameters(const TrainOptions& o, std::int64_t decay_steps) {
   return {{"seq", str(o.seq)},
           {"batch", str(o.batch)},
           {"seed", str(o.seed)},
           {"lr", str(o.lr)},
-          {"min-lr", str(o.min_lr)},
+          {"min_lr", str(o.min_lr)},
           {"warmup", str(o.warmup_steps())},
-          {"decay-steps", str(decay_steps)},
-          {"weight-decay", str(o.weight_decay)},
+          {"decay_steps", str(decay_steps)},
+          {"weight_decay", str(o.weight_decay)},
           {"clip", str(o.clip)},
           {"beta1", str(o.beta1)},
           {"beta2", str(o.beta2)}};
@@ -104,7 +106,7 @@ struct Run {
     optim::OptimizerState state = optimizer.state();
     nn::CheckpointExtras extras;
     for (const auto& t : state.tensors) extras.tensors.emplace_back(t.name, &t.value);
-    for (const auto& [flag, value] : hyperparameters(o, decay_steps)) extras.metadata["train." + flag] = value;
+    for (const auto& [key, value] : hyperparameters(o, decay_steps)) extras.metadata["train." + key] = value;
     extras.metadata["train.steps"] = str(o.steps);
     extras.metadata["step"] = str(step);
     extras.metadata["optimizer_steps"] = str(state.step);
@@ -117,8 +119,9 @@ struct Run {
     saved_step = step;
   }
 
-  /// Restores the optimizer, the batch stream and the step from a training checkpoint.
-  void restore(const nn::LoadedCheckpoint& ckpt, Progress* log) {
+  /// Restores the optimizer, the batch stream and the step from a training checkpoint; returns
+  /// notes on the hyperparameters that differ from the checkpoint's.
+  std::vector<std::string> restore(const nn::LoadedCheckpoint& ckpt) {
     const auto& meta = ckpt.metadata;
     try {
       if (!meta.count("step"))
@@ -140,14 +143,18 @@ struct Run {
     } catch (const std::exception& e) {
       throw std::runtime_error(fmt::format("--resume {}: {}", o.resume, e.what()));
     }
-    for (const auto& [flag, value] : hyperparameters(o, decay_steps)) {
-      auto it = meta.find("train." + flag);
+    std::vector<std::string> notes;
+    for (const auto& [key, value] : hyperparameters(o, decay_steps)) {
+      auto it = meta.find("train." + key);
+      std::string flag = key;
+      std::replace(flag.begin(), flag.end(), '_', '-');
       if (it != meta.end() && it->second != value)
-        log->log(
-            fmt::format("note: --{} {} differs from the checkpoint's {}; continuing with {} (the result will "
-                        "differ from an uninterrupted run)",
+        notes.push_back(
+            fmt::format("note: --{} {} differs from the checkpoint's {}; continuing with {} (the result "
+                        "will differ from an uninterrupted run)",
                         flag, value, it->second, value));
     }
+    return notes;
   }
 };
 
@@ -227,9 +234,6 @@ TrainOutcome train(const TrainOptions& o, const std::atomic<int>& stop_signal) {
   const std::string stem = output_stem(o.out);
   MetricsLog metrics(o.metrics.empty() ? stem + ".metrics.csv" : o.metrics, stem + ".loss.svg",
                      fmt::format("train_char: {}", o.out));
-  const bool live = ::isatty(::fileno(stderr)) == 1;
-  Progress progress(live, std::max<std::int64_t>(1, o.steps / 20), 0, o.steps,
-                    double(o.batch * o.seq));
 
   Corpus corpus = load_corpus(o.data);
   create_parent_directories(o.out);  // fail now rather than at the first save
@@ -273,7 +277,7 @@ TrainOutcome train(const TrainOptions& o, const std::atomic<int>& stop_signal) {
                     o.data, corpus.validation().size()));
 
   Run run(o, decay_steps, std::move(corpus), ckpt ? std::move(ckpt->model) : nn::RotaryDecoder(config));
-  if (ckpt) run.restore(*ckpt, &progress);
+  const std::vector<std::string> notes = ckpt ? run.restore(*ckpt) : std::vector<std::string>{};
   ckpt.reset();
   if (run.step > o.steps)
     throw UsageError(
@@ -282,6 +286,8 @@ TrainOutcome train(const TrainOptions& o, const std::atomic<int>& stop_signal) {
   const float clip = o.clip > 0 ? o.clip : std::numeric_limits<float>::max();
 
   const Corpus& data = run.corpus;
+  const bool live = ::isatty(::fileno(stderr)) == 1;
+  Progress progress(live, std::max<std::int64_t>(1, o.steps / 20), run.step, o.steps, double(o.batch * o.seq));
   progress.log(fmt::format("data: {}: {} characters, vocabulary of {}; train {} (first 90%), validation {}", o.data,
                            data.ids.size(), data.tokenizer.size(), data.train().size(), data.validation().size()));
   progress.log(fmt::format("model: {}", run.model));
@@ -291,6 +297,12 @@ TrainOutcome train(const TrainOptions& o, const std::atomic<int>& stop_signal) {
                   "betas {}/{}, weight decay {}, clip {}; {} threads",
                   o.steps, o.batch, o.seq, o.lr, o.warmup_steps(), o.min_lr, decay_steps, o.beta1, o.beta2,
                   o.weight_decay, o.clip > 0 ? str(o.clip) : std::string("off"), num_threads()));
+  if (o.resume.empty() && o.seq < config.max_len)
+    progress.log(
+        fmt::format("note: windows of --seq {} never train positions {} to {} of max_len {}: text generated "
+                    "past {} characters will degrade (use --max-len {} to match)",
+                    o.seq, o.seq, config.max_len - 1, config.max_len, o.seq, o.seq));
+  for (const std::string& note : notes) progress.log(note);
   if (!o.resume.empty()) {
     if (!metrics.load_until(run.step))
       progress.log(fmt::format("note: {} is missing or not from this run; it restarts at step {}", metrics.csv_path(),
