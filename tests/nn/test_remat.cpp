@@ -7,14 +7,9 @@
 
 using namespace tapegrad;
 using namespace tapegrad::nn;
+using test::random_ids;
 
 namespace {
-std::vector<std::int32_t> random_ids(std::size_t n, std::size_t vocab, std::uint64_t seed) {
-  Rng rng(seed);
-  std::vector<std::int32_t> ids(n);
-  for (auto& id : ids) id = std::int32_t(rng.below(vocab));
-  return ids;
-}
 
 struct Run {
   float loss;

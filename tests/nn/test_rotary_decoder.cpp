@@ -8,15 +8,7 @@
 
 using namespace tapegrad;
 using namespace tapegrad::nn;
-
-namespace {
-std::vector<std::int32_t> random_ids(std::size_t n, std::size_t vocab, std::uint64_t seed) {
-  Rng rng(seed);
-  std::vector<std::int32_t> ids(n);
-  for (auto& id : ids) id = std::int32_t(rng.below(vocab));
-  return ids;
-}
-}  // namespace
+using test::random_ids;
 
 TEST_CASE("rotary_decoder(65, 64, 4, 2, 256) has exactly 139,777 parameters with the SPEC names") {
   RotaryDecoder model = rotary_decoder(65, 64, 4, 2, 256);

@@ -27,6 +27,14 @@ inline Tensor random_tensor(Shape shape, std::uint64_t seed, float scale = 1.0f)
   return t;
 }
 
+/// n token ids uniform in [0, vocab) from a fixed seed.
+inline std::vector<std::int32_t> random_ids(std::size_t n, std::size_t vocab, std::uint64_t seed) {
+  Rng rng(seed);
+  std::vector<std::int32_t> ids(n);
+  for (auto& id : ids) id = std::int32_t(rng.below(vocab));
+  return ids;
+}
+
 /// Runs f, requires it to throw E, and returns the message (for CHECK on its contents).
 template <class E = std::exception, class F>
 std::string error_of(F&& f) {
