@@ -16,6 +16,7 @@
 #include "bench/train_common.h"
 #include "core/kernels.h"
 #include "nn/checkpoint.h"
+#include "nn/generate.h"
 #include "nn/tokenizer.h"
 
 using namespace tapegrad;
@@ -83,11 +84,16 @@ RunResult time_training(const bench::TrainConfig& config, int threads, int steps
   return result;
 }
 
+/// 0.1f as 0.1, not 0.10000000149011612: the shortest decimal that reads back as the same float.
+double as_double(float x) { return std::stod(fmt::format("{}", x)); }
+
 /// The 65 characters of tiny-Shakespeare, so agreement checkpoints carry a real vocabulary.
 const char* kVocab = "\n !$&',-.3:;?ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz";
 
 /// For each config: DIR/agreement_<name>.safetensors (the seed-0 model) and DIR/agreement_<name>.json
-/// (the batch, tapegrad's loss, gradient norm before clipping, and the loss after one full step).
+/// (the batch, tapegrad's loss, gradient norm before clipping, and the loss after one full step);
+/// and DIR/agreement_decode.* for bench_kv_cache's model: the prompt's prefill logits and the
+/// 100 greedy tokens of the cached path.
 void write_agreement(const std::string& dir, const std::vector<std::string>& names) {
   std::filesystem::create_directories(dir);
   set_num_threads(1);
@@ -109,7 +115,8 @@ void write_agreement(const std::string& dir, const std::vector<std::string>& nam
     j["seq_len"] = config.seq_len;
     j["inputs"] = trainer.batch.inputs;
     j["targets"] = trainer.batch.targets;
-    j["adamw"] = {{"lr", o.lr}, {"beta1", o.beta1}, {"beta2", o.beta2}, {"eps", o.eps}, {"weight_decay", o.weight_decay}};
+    j["adamw"] = {{"lr", as_double(o.lr)},   {"beta1", as_double(o.beta1)}, {"beta2", as_double(o.beta2)},
+                  {"eps", as_double(o.eps)}, {"weight_decay", as_double(o.weight_decay)}};
     j["clip"] = bench::kClipNorm;
     j["loss"] = loss;
     j["grad_norm"] = grad_norm;
@@ -118,6 +125,21 @@ void write_agreement(const std::string& dir, const std::vector<std::string>& nam
     fmt::print("config {}: loss {:.6f}, grad norm {:.6f}, loss after one step {:.6f} -> {}\n", name, loss, grad_norm,
                loss_after, checkpoint);
   }
+
+  nn::RotaryDecoder model = nn::rotary_decoder(65, 64, 4, 2, 256);  // bench_kv_cache's model
+  std::vector<std::int32_t> prompt = {18, 47, 56, 57, 58, 1, 15, 47};
+  std::string checkpoint = dir + "/agreement_decode.safetensors";
+  nn::save_checkpoint(checkpoint, model, tokenizer);
+  nn::KVCache cache = model.make_cache();
+  Tensor prefill = model.prefill(prompt, cache);  // (8, 65)
+  nn::GenerateOptions greedy{.max_new = 100, .sampling = {.temperature = 0.0f}};
+  nlohmann::json j;
+  j["model"] = {{"vocab", 65}, {"d_model", 64}, {"n_heads", 4}, {"n_blocks", 2}, {"max_len", 256}};
+  j["prompt"] = prompt;
+  j["prefill_logits"] = std::vector<float>(prefill.data(), prefill.data() + prefill.size());
+  j["tokens"] = nn::generate(model, prompt, greedy).tokens;
+  std::ofstream(dir + "/agreement_decode.json") << j.dump() << "\n";
+  fmt::print("decode model: prefill logits and 100 greedy tokens -> {}\n", checkpoint);
 }
 
 int usage() {
