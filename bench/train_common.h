@@ -3,6 +3,8 @@
 // batch of seeded random token ids.
 #pragma once
 
+#include <array>
+#include <chrono>
 #include <cstdint>
 #include <fstream>
 #include <stdexcept>
@@ -53,6 +55,8 @@ inline double step_flops(const TrainConfig& c) {
   return 6.0 * matmul_params(c) * double(c.tokens()) + attention_flops(c);
 }
 
+inline constexpr std::array<const char*, 5> kPhaseNames = {"forward", "backward", "clip", "adamw", "zero_grad"};
+
 inline const char* kFlopsFormula =
     "6 x matmul_params x B x T + 3 x 2 x 2 x B x H x T x T x Dh x n_blocks / 2; matmul_params = n_blocks x "
     "(4 d^2 + 3 d d_ff) + d x vocab";
@@ -84,6 +88,8 @@ struct Trainer {
   Batch batch;
   float last_grad_norm = 0;
   std::size_t last_tape_bytes = 0;
+  /// Milliseconds of the last step's phases: forward (loss), backward, clip, AdamW step, zero_grad.
+  std::array<double, 5> last_phase_ms{};
 
   explicit Trainer(const TrainConfig& c, bool remat = false)
       : config(c),
@@ -100,17 +106,26 @@ struct Trainer {
 
   /// Forward, backward, clip_grad_norm(1.0), AdamW step, zero_grad. Returns the loss before the step.
   float step() {
+    using Clock = std::chrono::steady_clock;
+    auto ms = [](Clock::time_point a, Clock::time_point b) { return std::chrono::duration<double, std::milli>(b - a).count(); };
     float loss_value;
+    Clock::time_point t0 = Clock::now(), t1, t2;
     {
       Tape tape;
       Var loss = model.loss(batch.inputs, batch.targets, config.batch, config.seq_len);
       loss_value = loss.value().item();
       last_tape_bytes = tape.bytes();
+      t1 = Clock::now();
       tape.backward(loss);
     }
+    t2 = Clock::now();
     last_grad_norm = optim::clip_grad_norm(params, kClipNorm);
+    Clock::time_point t3 = Clock::now();
     optimizer.step();
+    Clock::time_point t4 = Clock::now();
     optimizer.zero_grad();
+    Clock::time_point t5 = Clock::now();
+    last_phase_ms = {ms(t0, t1), ms(t1, t2), ms(t2, t3), ms(t3, t4), ms(t4, t5)};
     return loss_value;
   }
 };
