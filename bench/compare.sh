@@ -3,7 +3,7 @@
 # training tokens/s for configs (a), (b), (c) and cached decoding of 100 tokens. Builds (Release) if
 # needed, runs bench_train, bench_kv_cache and torch_reference.py in one run, and prints one table of
 # ratios, also saved as bench/results/compare.md.
-#   [STEPS=30] [REPEATS=5] [BUILD_DIR=build] [RESULTS_DIR=bench/results] bash bench/compare.sh
+#   [STEPS=30] [REPEATS=5] [WAIT_QUIET=seconds] [BUILD_DIR=build] [RESULTS_DIR=bench/results] bash bench/compare.sh
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 build="${BUILD_DIR:-$root/build}"
@@ -16,6 +16,19 @@ work="$(mktemp -d)"
 trap 'rm -rf "$work"' EXIT
 
 load() { cut -d' ' -f1-3 /proc/loadavg; }
+# WAIT_QUIET=N: before each phase, wait up to N seconds for 5 consecutive one-second samples in
+# which no other process is runnable (the machine is shared; timings under load are not comparable).
+wait_quiet() {
+  local budget="${WAIT_QUIET:-0}" quiet=0 waited=0
+  [ "$budget" -gt 0 ] || return 0
+  while [ "$quiet" -lt 5 ] && [ "$waited" -lt "$budget" ]; do
+    running="$(cut -d' ' -f4 /proc/loadavg | cut -d/ -f1)"  # includes the cut reading it
+    if [ "$running" -le 1 ]; then quiet=$((quiet + 1)); else quiet=0; fi
+    sleep 1
+    waited=$((waited + 1))
+  done
+  [ "$quiet" -ge 5 ] || echo "   (the machine stayed busy for ${budget} s; measuring anyway)"
+}
 
 echo "== build (Release) in $build"
 bash "$root/scripts/deps.sh"
@@ -37,13 +50,16 @@ if ! "$python" -c "import torch" 2>/dev/null; then
 fi
 
 load_start="$(load)"
+wait_quiet
 echo "== bench_train (load average $(load))"
 "$build/bench_train" --steps "$steps" --out "$results/train_cpu.json"
+wait_quiet
 echo "== bench_kv_cache (load average $(load))"
 "$build/bench_kv_cache" --repeats "$repeats" --out "$results/kv_cache_cpu.json"
 if [ "$have_torch" = 1 ]; then
-  echo "== agreement checkpoints, then torch_reference.py (load average $(load))"
   "$build/bench_train" --write-agreement "$work/agreement"
+  wait_quiet
+  echo "== torch_reference.py (load average $(load))"
   "$python" "$root/bench/torch_reference.py" --agreement "$work/agreement" --steps "$steps" --repeats "$repeats" \
     --out "$results/torch_cpu.json"
 fi
