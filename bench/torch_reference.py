@@ -157,7 +157,7 @@ class RotaryDecoder(torch.nn.Module):
         shape = (self.n_blocks, self.n_heads, self.max_len, self.head_dim)
         return {"k": torch.zeros(shape), "v": torch.zeros(shape), "pos": 0}
 
-    @torch.no_grad()
+    @torch.inference_mode()
     def run_cached(self, tokens, cache):
         """tokens (T,) at cache positions pos..pos+T-1 -> logits (T, vocab); writes K, V rows."""
         T, H, Dh = tokens.shape[0], self.n_heads, self.head_dim
@@ -180,7 +180,7 @@ class RotaryDecoder(torch.nn.Module):
         cache["pos"] = end
         return rms_norm(x, self.norm) @ self.head + self.head_bias
 
-    @torch.no_grad()
+    @torch.inference_mode()
     def generate_cached(self, prompt, max_new):
         """Greedy: prefill the prompt in one pass, then one cached step per new token."""
         cache = self.make_cache()
@@ -194,7 +194,7 @@ class RotaryDecoder(torch.nn.Module):
             logits = self.run_cached(torch.tensor([token]), cache)[0]
         return out
 
-    @torch.no_grad()
+    @torch.inference_mode()
     def generate_uncached(self, prompt, max_new):
         """Greedy with the full forward over the whole text for every new token."""
         text = prompt.tolist()
@@ -384,7 +384,8 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--agreement", metavar="DIR", help="checkpoints from `bench_train --write-agreement DIR`")
     parser.add_argument("--skip-agreement", action="store_true", help="time without checking (not recommended)")
-    parser.add_argument("--configs", default="a,b,c")
+    parser.add_argument("--configs", default="a,b,c", help="training configs to time (may be empty)")
+    parser.add_argument("--no-decode", action="store_true", help="skip the decoding benchmark")
     parser.add_argument("--threads", default="1,2")
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--repeats", type=int, default=5, help="decoding repeats")
@@ -392,7 +393,7 @@ def main():
     args = parser.parse_args()
     names = [n for n in args.configs.split(",") if n]
     threads = [int(t) for t in args.threads.split(",") if t]
-    if any(n not in CONFIGS for n in names) or not threads or min(threads) < 1 or args.steps < 1:
+    if any(n not in CONFIGS for n in names) or not threads or min(threads) < 1 or args.steps < 1 or args.repeats < 1:
         parser.error("configs are a, b, c; threads and steps are positive")
     if not args.agreement and not args.skip_agreement:
         parser.error("--agreement DIR is required (or --skip-agreement)")
@@ -413,7 +414,8 @@ def main():
             return 1
 
     out["configs"] = {}
-    print("\n| config | threads | ms/step median (min-max) | tokens/s |\n|---|---|---|---|")
+    if names:
+        print("\n| config | threads | ms/step median (min-max) | tokens/s |\n|---|---|---|---|")
     for name in names:
         entry = {"threads": {}}
         for t in threads:
@@ -426,17 +428,18 @@ def main():
         entry["best_tokens_per_s"] = entry["threads"][best]["tokens_per_s_median"]
         out["configs"][name] = entry
 
-    out["decode"] = {"model": [65, 64, 4, 2, 256], "prompt_len": 8, "new_tokens": 100, "repeats": args.repeats,
-                     "threads": {}}
-    for t in threads:
-        d = bench_decoding(t, args.repeats, args.agreement)
-        out["decode"]["threads"][str(t)] = d
-        print(f"  decode, {t} thread(s): cache median {d['cache']['median_s'] * 1e3:.2f} ms "
-              f"(min {d['cache']['min_s'] * 1e3:.2f}, max {d['cache']['max_s'] * 1e3:.2f}); no cache median "
-              f"{d['no_cache']['median_s'] * 1e3:.1f} ms; cached tokens = uncached: {d['tokens_agree_with_no_cache']}")
-    best = min(out["decode"]["threads"], key=lambda k: out["decode"]["threads"][k]["cache"]["median_s"])
-    out["decode"]["best_threads"] = int(best)
-    out["decode"]["best_cache_median_s"] = out["decode"]["threads"][best]["cache"]["median_s"]
+    if not args.no_decode:
+        out["decode"] = {"model": [65, 64, 4, 2, 256], "prompt_len": 8, "new_tokens": 100, "repeats": args.repeats,
+                         "threads": {}}
+        for t in threads:
+            d = bench_decoding(t, args.repeats, args.agreement)
+            out["decode"]["threads"][str(t)] = d
+            print(f"  decode, {t} thread(s): cache median {d['cache']['median_s'] * 1e3:.2f} ms "
+                  f"(min {d['cache']['min_s'] * 1e3:.2f}, max {d['cache']['max_s'] * 1e3:.2f}); no cache median "
+                  f"{d['no_cache']['median_s'] * 1e3:.1f} ms; cached tokens = uncached: {d['tokens_agree_with_no_cache']}")
+        best = min(out["decode"]["threads"], key=lambda k: out["decode"]["threads"][k]["cache"]["median_s"])
+        out["decode"]["best_threads"] = int(best)
+        out["decode"]["best_cache_median_s"] = out["decode"]["threads"][best]["cache"]["median_s"]
 
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     with open(args.out, "w") as f:
