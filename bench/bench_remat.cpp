@@ -42,7 +42,7 @@ int run_child(std::size_t seq_len, bool remat, int steps, int threads) {
   nlohmann::json j = {{"seq_len", seq_len},       {"remat", remat},         {"ms_median", st.median},
                       {"ms_min", st.min},         {"ms_max", st.max},       {"rss_before_kib", rss_before},
                       {"hwm_kib", hwm},           {"tape_bytes", tape_bytes}, {"param_bytes", param_bytes},
-                      {"loss_first", first},      {"loss_last", last}};
+                      {"loss_first", first},      {"loss_last", last},      {"ms_samples", ms}};
   fmt::print("{}\n", j.dump());
   return 0;
 }
@@ -78,7 +78,7 @@ void check_remat_matches() {
 }
 
 int usage() {
-  fmt::print(stderr, "usage: bench_remat [--seqs 256,512] [--steps N] [--threads N] [--out PATH]\n");
+  fmt::print(stderr, "usage: bench_remat [--seqs 256,512] [--steps N] [--rounds N] [--threads N] [--out PATH]\n");
   return 2;
 }
 
@@ -86,7 +86,7 @@ int usage() {
 
 int main(int argc, char** argv) try {
   std::vector<std::size_t> seqs = {256, 512};
-  int steps = 10, threads = 1;
+  int steps = 10, threads = 1, rounds = 2;
   bool child = false, remat = false;
   std::size_t child_seq = 0;
   std::string out_path = std::string(TAPEGRAD_SOURCE_DIR) + "/bench/results/remat_cpu.json";
@@ -107,6 +107,7 @@ int main(int argc, char** argv) try {
         }
       } else if (arg == "--steps" && has_value) steps = std::stoi(argv[++i]);
       else if (arg == "--threads" && has_value) threads = std::stoi(argv[++i]);
+      else if (arg == "--rounds" && has_value) rounds = std::stoi(argv[++i]);
       else if (arg == "--out" && has_value) out_path = argv[++i];
       else return usage();
     }
@@ -114,14 +115,16 @@ int main(int argc, char** argv) try {
     fmt::print(stderr, "bench_remat: bad argument: {}\n", e.what());
     return 2;
   }
-  if (steps < 1 || threads < 1 || seqs.empty()) return usage();
+  if (steps < 1 || threads < 1 || rounds < 1 || seqs.empty()) return usage();
   if (child) return run_child(child_seq, remat, steps, threads);
 
   fmt::print("bench_remat on {}, commit {}, {}\n", bench::machine(), bench::commit(), bench::today());
-  fmt::print("  d256 h8 L4 batch 8, max_len = seq; full training step; {} thread(s); 1 warm-up + {} timed steps;\n"
-             "  one fresh process per setting: peak = VmHWM, activation = peak - VmRSS before the first step\n"
-             "  (activations, gradients and transient buffers; gradients are the same in both settings)\n",
-             threads, steps);
+  fmt::print("  d256 h8 L4 batch 8, max_len = seq; full training step; {} thread(s); per setting {} round(s) of a fresh\n"
+             "  process with 1 warm-up + {} timed steps, the settings alternating (off, on, off, on, ...) so that a change\n"
+             "  in load hits both; time = median over all rounds' steps; peak = VmHWM, activation = peak - VmRSS before\n"
+             "  the first step (activations, gradients and transient buffers; gradients are the same in both settings),\n"
+             "  from the first round\n",
+             threads, rounds, steps);
   check_remat_matches();
 
   nlohmann::json j;
@@ -131,11 +134,36 @@ int main(int argc, char** argv) try {
   j["model"] = {{"vocab", 65}, {"d_model", 256}, {"n_heads", 8}, {"n_blocks", 4}, {"batch", 8}, {"d_ff", 1024}};
   j["threads"] = threads;
   j["steps"] = steps;
+  j["rounds"] = rounds;
   j["memory_note"] = "peak = VmHWM of a fresh child per setting; activation = peak - VmRSS before the first step";
   fmt::print("\n| setting | ms/step median (min-max) | peak MiB | activation MiB | tape MiB | saving % | time overhead % |\n");
   fmt::print("|---|---|---|---|---|---|---|\n");
   for (std::size_t seq : seqs) {
-    nlohmann::json off = spawn_child(seq, false, steps, threads), on = spawn_child(seq, true, steps, threads);
+    std::vector<nlohmann::json> off_runs, on_runs;
+    for (int r = 0; r < rounds; ++r) {
+      off_runs.push_back(spawn_child(seq, false, steps, threads));
+      on_runs.push_back(spawn_child(seq, true, steps, threads));
+    }
+    // The first round's record, with the timing statistics over every round's steps.
+    auto combine = [](const std::vector<nlohmann::json>& runs) {
+      nlohmann::json out = runs.front();
+      std::vector<double> all;
+      for (const nlohmann::json& r : runs)
+        for (double v : r["ms_samples"]) all.push_back(v);
+      bench::Stats st = bench::stats_of(all);
+      out["ms_median"] = st.median;
+      out["ms_min"] = st.min;
+      out["ms_max"] = st.max;
+      out["ms_samples"] = all;
+      out["round_medians_ms"] = nlohmann::json::array();
+      out["hwm_kib_rounds"] = nlohmann::json::array();
+      for (const nlohmann::json& r : runs) {
+        out["round_medians_ms"].push_back(r["ms_median"]);
+        out["hwm_kib_rounds"].push_back(r["hwm_kib"]);
+      }
+      return out;
+    };
+    nlohmann::json off = combine(off_runs), on = combine(on_runs);
     auto mib = [](double kib) { return kib / 1024.0; };
     double act_off = mib(off["hwm_kib"].get<double>() - off["rss_before_kib"].get<double>());
     double act_on = mib(on["hwm_kib"].get<double>() - on["rss_before_kib"].get<double>());
