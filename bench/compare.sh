@@ -19,18 +19,22 @@ work="$(mktemp -d)"
 trap 'rm -rf "$work"' EXIT
 
 load() { cut -d' ' -f1-3 /proc/loadavg; }
-# WAIT_QUIET=N: before each measurement, wait up to N seconds for 5 consecutive one-second samples
-# in which no other process is runnable (timings taken under load are not comparable).
+# WAIT_QUIET=N: before each measurement, wait up to N seconds for a quiet spell: 10 one-second
+# samples of which at least 8 see no other runnable process (timings under load are not comparable).
 wait_quiet() {
-  local budget="${WAIT_QUIET:-0}" quiet=0 waited=0 running
+  local budget="${WAIT_QUIET:-0}" waited=0 quiet running i
   [ "$budget" -gt 0 ] || return 0
-  while [ "$quiet" -lt 5 ] && [ "$waited" -lt "$budget" ]; do
-    running="$(cut -d' ' -f4 /proc/loadavg | cut -d/ -f1)"  # counts the cut reading it
-    if [ "$running" -le 1 ]; then quiet=$((quiet + 1)); else quiet=0; fi
-    sleep 1
-    waited=$((waited + 1))
+  while [ "$waited" -lt "$budget" ]; do
+    quiet=0
+    for i in 1 2 3 4 5 6 7 8 9 10; do
+      running="$(cut -d' ' -f4 /proc/loadavg | cut -d/ -f1)"  # counts the cut reading it
+      [ "$running" -gt 1 ] || quiet=$((quiet + 1))
+      sleep 1
+    done
+    waited=$((waited + 10))
+    [ "$quiet" -lt 8 ] || return 0
   done
-  [ "$quiet" -ge 5 ] || echo "   (the machine stayed busy for ${budget} s; measuring anyway)"
+  echo "   (the machine stayed busy for ${budget} s; measuring anyway)"
 }
 
 echo "== build (Release) in $build"
