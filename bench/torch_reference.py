@@ -1,0 +1,453 @@
+#!/usr/bin/python3
+"""torch_reference: the same model (SPEC section 2), training step and cached decoding as bench_train and
+bench_kv_cache, in eager PyTorch, so bench/compare.sh can print tapegrad / PyTorch ratios. It first checks
+that both implementations agree on checkpoints written by `bench_train --write-agreement DIR`.
+Writes bench/results/torch_cpu.json. Run with /usr/bin/python3 (python3-torch)."""
+
+import argparse
+import ctypes
+import datetime
+import json
+import math
+import os
+import platform
+import statistics
+import struct
+import sys
+import time
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+# SPEC section 7's training configurations; vocab 65, max_len = seq, d_ff = 4 d_model.
+CONFIGS = {
+    "a": dict(d_model=64, n_heads=4, n_blocks=2, seq_len=128, batch=16),
+    "b": dict(d_model=128, n_heads=4, n_blocks=4, seq_len=64, batch=12),
+    "c": dict(d_model=256, n_heads=8, n_blocks=4, seq_len=256, batch=8),
+}
+VOCAB = 65
+ADAMW = dict(lr=1e-3, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1)  # as bench/train_common.h
+CLIP = 1.0
+LOSS_TOLERANCE = 1e-4
+
+
+def read_safetensors(path):
+    """name -> float32 numpy array, and the metadata; u64 LE header length, JSON header, raw data."""
+    with open(path, "rb") as f:
+        (n,) = struct.unpack("<Q", f.read(8))
+        header = json.loads(f.read(n))
+        data = f.read()
+    meta = header.pop("__metadata__", {})
+    tensors = {}
+    for name, info in header.items():
+        assert info["dtype"] == "F32", f"{path}: {name} has dtype {info['dtype']}"
+        begin, end = info["data_offsets"]
+        tensors[name] = np.frombuffer(data[begin:end], dtype="<f4").reshape(info["shape"]).copy()
+    return tensors, meta
+
+
+def rope_table(max_len, head_dim, theta=10000.0):
+    """cos, sin (max_len, Dh/2): angles m * theta^(-2i/Dh) in double, rounded to float once."""
+    i = np.arange(head_dim // 2, dtype=np.float64)
+    angles = np.arange(max_len, dtype=np.float64)[:, None] * np.power(theta, -2.0 * i / head_dim)[None, :]
+    return (torch.from_numpy(np.cos(angles).astype(np.float32)), torch.from_numpy(np.sin(angles).astype(np.float32)))
+
+
+def rms_norm(x, w, eps=1e-5):
+    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * w
+
+
+def rope(x, cos, sin):
+    """x (B, T, H, Dh) with positions given by the rows of cos, sin (T, Dh/2); interleaved pairs."""
+    x0, x1 = x[..., 0::2], x[..., 1::2]
+    c, s = cos[:, None, :], sin[:, None, :]
+    return torch.stack((x0 * c - x1 * s, x0 * s + x1 * c), dim=-1).flatten(-2)
+
+
+class Block(torch.nn.Module):
+    def __init__(self, d_model, d_ff):
+        super().__init__()
+        P = lambda *shape: torch.nn.Parameter(torch.zeros(*shape))
+        self.attn_norm, self.ffn_norm = P(d_model), P(d_model)
+        self.wq, self.wk, self.wv, self.wo = P(d_model, d_model), P(d_model, d_model), P(d_model, d_model), P(d_model, d_model)
+        self.w1, self.w3, self.w2 = P(d_model, d_ff), P(d_model, d_ff), P(d_ff, d_model)
+
+    def ffn(self, x):
+        h = rms_norm(x, self.ffn_norm)
+        return (F.silu(h @ self.w1) * (h @ self.w3)) @ self.w2
+
+
+class RotaryDecoder(torch.nn.Module):
+    """SPEC section 2; matrices are stored (in, out) and used as x @ W, as in tapegrad's checkpoints."""
+
+    def __init__(self, vocab, d_model, n_heads, n_blocks, max_len, d_ff=None):
+        super().__init__()
+        d_ff = d_ff or 4 * d_model
+        self.vocab, self.d_model, self.n_heads, self.n_blocks, self.max_len = vocab, d_model, n_heads, n_blocks, max_len
+        self.head_dim = d_model // n_heads
+        self.embed = torch.nn.Parameter(torch.zeros(vocab, d_model))
+        self.blocks = torch.nn.ModuleList(Block(d_model, d_ff) for _ in range(n_blocks))
+        self.norm = torch.nn.Parameter(torch.zeros(d_model))
+        self.head = torch.nn.Parameter(torch.zeros(d_model, vocab))
+        self.head_bias = torch.nn.Parameter(torch.zeros(vocab))
+        cos, sin = rope_table(max_len, self.head_dim)
+        self.register_buffer("cos", cos)
+        self.register_buffer("sin", sin)
+        self.register_buffer("mask", torch.triu(torch.ones(max_len, max_len, dtype=torch.bool), diagonal=1))
+
+    def spec_params(self):
+        """SPEC section 5's name -> parameter."""
+        out = {"embed.weight": self.embed}
+        for i, b in enumerate(self.blocks):
+            out.update({f"blocks.{i}.attn_norm.weight": b.attn_norm, f"blocks.{i}.attn.wq.weight": b.wq,
+                        f"blocks.{i}.attn.wk.weight": b.wk, f"blocks.{i}.attn.wv.weight": b.wv,
+                        f"blocks.{i}.attn.wo.weight": b.wo, f"blocks.{i}.ffn_norm.weight": b.ffn_norm,
+                        f"blocks.{i}.ffn.w1.weight": b.w1, f"blocks.{i}.ffn.w3.weight": b.w3,
+                        f"blocks.{i}.ffn.w2.weight": b.w2})
+        out.update({"norm.weight": self.norm, "head.weight": self.head, "head.bias": self.head_bias})
+        return out
+
+    def load(self, tensors):
+        params = self.spec_params()
+        assert set(params) == set(tensors), f"tensor names differ: {sorted(set(params) ^ set(tensors))}"
+        with torch.no_grad():
+            for name, value in tensors.items():
+                assert tuple(params[name].shape) == value.shape, f"{name}: {tuple(params[name].shape)} vs {value.shape}"
+                params[name].copy_(torch.from_numpy(value))
+
+    def init_like_tapegrad(self, seed=0):
+        """tapegrad's initialisation scheme (not its numbers): N(0, 0.02^2) matrices, residual outputs
+        N(0, (0.02 / sqrt(2 n_blocks))^2), zero head bias, unit norm weights."""
+        g = torch.Generator().manual_seed(seed)
+        out_std = 0.02 / math.sqrt(2 * self.n_blocks)
+        with torch.no_grad():
+            for name, p in self.spec_params().items():
+                if p.dim() < 2:
+                    p.fill_(0.0 if name == "head.bias" else 1.0)
+                else:
+                    p.normal_(0.0, out_std if name.endswith(("wo.weight", "w2.weight")) else 0.02, generator=g)
+
+    def forward(self, ids):
+        """ids (B, T) -> logits (B, T, vocab)."""
+        B, T = ids.shape
+        H, Dh = self.n_heads, self.head_dim
+        x = F.embedding(ids, self.embed)
+        cos, sin = self.cos[:T], self.sin[:T]
+        for b in self.blocks:
+            h = rms_norm(x, b.attn_norm)
+            q = rope((h @ b.wq).view(B, T, H, Dh), cos, sin).transpose(1, 2)  # (B, H, T, Dh)
+            k = rope((h @ b.wk).view(B, T, H, Dh), cos, sin).transpose(1, 2)
+            v = (h @ b.wv).view(B, T, H, Dh).transpose(1, 2)
+            scores = (q @ k.transpose(-2, -1)) / math.sqrt(Dh)  # (B, H, T, T)
+            scores = scores.masked_fill(self.mask[:T, :T], float("-inf"))
+            att = (torch.softmax(scores, dim=-1) @ v).transpose(1, 2).reshape(B, T, self.d_model)
+            x = x + att @ b.wo
+            x = x + b.ffn(x)
+        return rms_norm(x, self.norm) @ self.head + self.head_bias
+
+    def loss(self, inputs, targets):
+        logits = self.forward(inputs)
+        return F.cross_entropy(logits.reshape(-1, self.vocab), targets.reshape(-1))
+
+    # ---- eager KV-cache decoding (one sequence) ----------------------------------------------
+    def make_cache(self):
+        shape = (self.n_blocks, self.n_heads, self.max_len, self.head_dim)
+        return {"k": torch.zeros(shape), "v": torch.zeros(shape), "pos": 0}
+
+    @torch.inference_mode()
+    def run_cached(self, tokens, cache):
+        """tokens (T,) at cache positions pos..pos+T-1 -> logits (T, vocab); writes K, V rows."""
+        T, H, Dh = tokens.shape[0], self.n_heads, self.head_dim
+        pos = cache["pos"]
+        end = pos + T
+        cos, sin = self.cos[pos:end], self.sin[pos:end]
+        x = F.embedding(tokens, self.embed)  # (T, d)
+        for i, b in enumerate(self.blocks):
+            h = rms_norm(x, b.attn_norm)
+            q = rope((h @ b.wq).view(T, H, Dh), cos, sin).transpose(0, 1)  # (H, T, Dh)
+            cache["k"][i, :, pos:end] = rope((h @ b.wk).view(T, H, Dh), cos, sin).transpose(0, 1)
+            cache["v"][i, :, pos:end] = (h @ b.wv).view(T, H, Dh).transpose(0, 1)
+            k, v = cache["k"][i, :, :end], cache["v"][i, :, :end]  # rows 0..end-1 only
+            scores = (q @ k.transpose(-2, -1)) / math.sqrt(Dh)  # (H, T, end)
+            if T > 1:
+                scores = scores.masked_fill(self.mask[pos:end, :end], float("-inf"))
+            att = (torch.softmax(scores, dim=-1) @ v).transpose(0, 1).reshape(T, self.d_model)
+            x = x + att @ b.wo
+            x = x + b.ffn(x)
+        cache["pos"] = end
+        return rms_norm(x, self.norm) @ self.head + self.head_bias
+
+    @torch.inference_mode()
+    def generate_cached(self, prompt, max_new):
+        """Greedy: prefill the prompt in one pass, then one cached step per new token."""
+        cache = self.make_cache()
+        logits = self.run_cached(prompt, cache)[-1]
+        out = []
+        for _ in range(max_new):
+            token = int(torch.argmax(logits))  # the first maximum: the lowest id wins ties
+            out.append(token)
+            if len(out) == max_new:
+                break
+            logits = self.run_cached(torch.tensor([token]), cache)[0]
+        return out
+
+    @torch.inference_mode()
+    def generate_uncached(self, prompt, max_new):
+        """Greedy with the full forward over the whole text for every new token."""
+        text = prompt.tolist()
+        for _ in range(max_new):
+            logits = self.forward(torch.tensor([text]))[0, -1]
+            text.append(int(torch.argmax(logits)))
+        return text[len(prompt):]
+
+
+def loaded_openblas():
+    """The OpenBLAS that torch loaded (Debian's torch calls the system libblas.so.3), or None."""
+    with open("/proc/self/maps") as f:
+        paths = {line.split()[-1] for line in f if "libopenblas" in line}
+    if not paths:
+        return None
+    path = sorted(paths)[0]
+    return path, ctypes.CDLL(path)
+
+
+def set_threads(n):
+    """n threads for torch's own kernels (OpenMP) and for its BLAS: torch.set_num_threads does not
+    reach an external OpenBLAS, which otherwise runs on every core whatever torch is told."""
+    torch.set_num_threads(n)
+    blas = loaded_openblas()
+    if blas:
+        blas[1].openblas_set_num_threads(n)
+
+
+def make_optimizer(model):
+    """AdamW with decoupled weight decay on matrices only (never norm weights or biases)."""
+    params = list(model.parameters())
+    decay = [p for p in params if p.dim() >= 2]
+    no_decay = [p for p in params if p.dim() < 2]
+    options = dict(ADAMW)
+    wd = options.pop("weight_decay")
+    return torch.optim.AdamW([{"params": decay, "weight_decay": wd}, {"params": no_decay, "weight_decay": 0.0}],
+                             **options)
+
+
+def train_step(model, optimizer, inputs, targets):
+    """forward, backward, clip_grad_norm(1.0), AdamW step, zero_grad; returns (loss, grad norm)."""
+    loss = model.loss(inputs, targets)
+    loss.backward()
+    norm = torch.nn.utils.clip_grad_norm_(model.parameters(), CLIP)
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    return loss.item(), float(norm)
+
+
+def model_for(config, max_len=None):
+    return RotaryDecoder(VOCAB, config["d_model"], config["n_heads"], config["n_blocks"], max_len or config["seq_len"])
+
+
+def check_agreement(directory, names):
+    """Loads tapegrad's checkpoints and batches; the losses must agree within LOSS_TOLERANCE."""
+    set_threads(1)
+    results = {}
+    ok = True
+    for name in names:
+        with open(os.path.join(directory, f"agreement_{name}.json")) as f:
+            ref = json.load(f)
+        tensors, meta = read_safetensors(os.path.join(directory, f"agreement_{name}.safetensors"))
+        c = ref["config"]
+        assert int(meta["d_model"]) == c["d_model"] and int(meta["max_len"]) == c["max_len"]
+        model = RotaryDecoder(c["vocab"], c["d_model"], c["n_heads"], c["n_blocks"], c["max_len"], c["d_ff"])
+        model.load(tensors)
+        B, T = ref["batch"], ref["seq_len"]
+        inputs = torch.tensor(ref["inputs"], dtype=torch.long).view(B, T)
+        targets = torch.tensor(ref["targets"], dtype=torch.long).view(B, T)
+        optimizer = make_optimizer(model)
+        loss, norm = train_step(model, optimizer, inputs, targets)
+        with torch.no_grad():
+            loss_after = model.loss(inputs, targets).item()
+        diff = abs(loss - ref["loss"])
+        norm_rel = abs(norm - ref["grad_norm"]) / ref["grad_norm"]
+        after_diff = abs(loss_after - ref["loss_after_step"])
+        passed = diff <= LOSS_TOLERANCE
+        ok &= passed
+        print(f"  agreement {name}: loss tapegrad {ref['loss']:.7f} torch {loss:.7f} |diff| {diff:.2e} "
+              f"({'ok' if passed else 'FAIL'}, tolerance {LOSS_TOLERANCE:g}); grad norm {ref['grad_norm']:.6f} vs "
+              f"{norm:.6f} (rel {norm_rel:.1e}); loss after one AdamW step {ref['loss_after_step']:.7f} vs "
+              f"{loss_after:.7f} (|diff| {after_diff:.1e})")
+        results[name] = dict(loss_tapegrad=ref["loss"], loss_torch=loss, abs_diff=diff, grad_norm_tapegrad=ref["grad_norm"],
+                             grad_norm_torch=norm, loss_after_step_tapegrad=ref["loss_after_step"],
+                             loss_after_step_torch=loss_after, passed=passed)
+
+    # Decoding: the prefill logits agree, and teacher-forcing tapegrad's 100 greedy tokens through the
+    # torch cache, torch picks the same token at every step (or its top two are within 1e-4: a tie).
+    with open(os.path.join(directory, "agreement_decode.json")) as f:
+        ref = json.load(f)
+    tensors, _ = read_safetensors(os.path.join(directory, "agreement_decode.safetensors"))
+    m = ref["model"]
+    model = RotaryDecoder(m["vocab"], m["d_model"], m["n_heads"], m["n_blocks"], m["max_len"])
+    model.load(tensors)
+    cache = model.make_cache()
+    prompt = torch.tensor(ref["prompt"], dtype=torch.long)
+    logits = model.run_cached(prompt, cache)
+    prefill_diff = float((logits - torch.tensor(ref["prefill_logits"]).view_as(logits)).abs().max())
+    same = 0
+    last = logits[-1]
+    for token in ref["tokens"]:
+        top2 = torch.topk(last, 2).values
+        if int(torch.argmax(last)) == token or float(top2[0] - top2[1]) < 1e-4:
+            same += 1
+        last = model.run_cached(torch.tensor([token]), cache)[0]
+    passed = prefill_diff <= LOSS_TOLERANCE and same == len(ref["tokens"])
+    ok &= passed
+    print(f"  agreement decode: prefill logits max |diff| {prefill_diff:.2e}; greedy tokens agree at "
+          f"{same}/{len(ref['tokens'])} steps ({'ok' if passed else 'FAIL'})")
+    results["decode"] = dict(prefill_logits_max_abs_diff=prefill_diff, steps_agreeing=same,
+                             steps=len(ref["tokens"]), passed=passed)
+    return ok, results
+
+
+def training_setup(name, directory):
+    """The model and batch of config `name`: tapegrad's own (seed-0 weights, seeded ids) from the agreement
+    directory when given, otherwise tapegrad's initialisation scheme with torch's random numbers."""
+    config = CONFIGS[name]
+    model = model_for(config)
+    B, T = config["batch"], config["seq_len"]
+    if directory:
+        with open(os.path.join(directory, f"agreement_{name}.json")) as f:
+            ref = json.load(f)
+        model.load(read_safetensors(os.path.join(directory, f"agreement_{name}.safetensors"))[0])
+        inputs = torch.tensor(ref["inputs"], dtype=torch.long).view(B, T)
+        targets = torch.tensor(ref["targets"], dtype=torch.long).view(B, T)
+    else:
+        model.init_like_tapegrad()
+        g = torch.Generator().manual_seed(1234)
+        inputs = torch.randint(0, VOCAB, (B, T), generator=g)
+        targets = torch.randint(0, VOCAB, (B, T), generator=g)
+    return model, inputs, targets
+
+
+def bench_training(name, threads, steps, directory):
+    set_threads(threads)
+    model, inputs, targets = training_setup(name, directory)
+    optimizer = make_optimizer(model)
+    first, _ = train_step(model, optimizer, inputs, targets)  # warm-up
+    times = []
+    for _ in range(steps):
+        start = time.perf_counter()
+        last, _ = train_step(model, optimizer, inputs, targets)
+        times.append(time.perf_counter() - start)
+    assert last < first, f"config {name}: the loss did not fall ({first} -> {last})"
+    ms = [t * 1e3 for t in times]
+    median = statistics.median(ms)
+    B, T = inputs.shape
+    return dict(ms_per_step_median=median, ms_per_step_min=min(ms), ms_per_step_max=max(ms),
+                tokens_per_s_median=B * T / (median * 1e-3), loss_first=first, loss_last=last)
+
+
+def bench_decoding(threads, repeats, directory):
+    """bench_kv_cache's work: model (65, 64, 4, 2, 256), prompt 8, 100 greedy tokens; 1 warm-up; its
+    seed-0 weights when the agreement directory is given."""
+    set_threads(threads)
+    model = RotaryDecoder(65, 64, 4, 2, 256)
+    if directory:
+        model.load(read_safetensors(os.path.join(directory, "agreement_decode.safetensors"))[0])
+    else:
+        model.init_like_tapegrad()
+    prompt = torch.tensor([18, 47, 56, 57, 58, 1, 15, 47], dtype=torch.long)
+    cached, uncached = model.generate_cached(prompt, 100), model.generate_uncached(prompt, 100)
+    result = {"tokens_agree_with_no_cache": cached == uncached}
+    for label, fn in (("cache", model.generate_cached), ("no_cache", model.generate_uncached)):
+        fn(prompt, 100)  # warm-up
+        times = []
+        for _ in range(repeats):
+            start = time.perf_counter()
+            fn(prompt, 100)
+            times.append(time.perf_counter() - start)
+        result[label] = dict(median_s=statistics.median(times), min_s=min(times), max_s=max(times))
+    return result
+
+
+def machine():
+    model = "unknown CPU"
+    with open("/proc/cpuinfo") as f:
+        for line in f:
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    return f"{model} ({os.cpu_count()} cores)"
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--agreement", metavar="DIR", help="checkpoints from `bench_train --write-agreement DIR`")
+    parser.add_argument("--skip-agreement", action="store_true", help="time without checking (not recommended)")
+    parser.add_argument("--configs", default="a,b,c", help="training configs to time (may be empty)")
+    parser.add_argument("--no-decode", action="store_true", help="skip the decoding benchmark")
+    parser.add_argument("--threads", default="1,2")
+    parser.add_argument("--steps", type=int, default=30)
+    parser.add_argument("--repeats", type=int, default=5, help="decoding repeats")
+    parser.add_argument("--out", default=os.path.join(ROOT, "bench", "results", "torch_cpu.json"))
+    args = parser.parse_args()
+    names = [n for n in args.configs.split(",") if n]
+    threads = [int(t) for t in args.threads.split(",") if t]
+    if any(n not in CONFIGS for n in names) or not threads or min(threads) < 1 or args.steps < 1 or args.repeats < 1:
+        parser.error("configs are a, b, c; threads and steps are positive")
+    if not args.agreement and not args.skip_agreement:
+        parser.error("--agreement DIR is required (or --skip-agreement)")
+
+    print(f"torch_reference on {machine()}, torch {torch.__version__}, "
+          f"{datetime.datetime.utcnow().strftime('%Y-%m-%d')}")
+    torch.ones(2, 2) @ torch.ones(2, 2)  # loads the BLAS
+    blas = loaded_openblas()
+    print(f"  BLAS: {blas[0] if blas else 'not OpenBLAS (threads set through torch only)'}")
+    out = {"machine": machine(), "date": datetime.datetime.utcnow().strftime("%Y-%m-%d"), "torch": torch.__version__,
+           "python": platform.python_version(), "blas": blas[0] if blas else "unknown",
+           "threads_note": "t threads = torch.set_num_threads(t) and openblas_set_num_threads(t)", "steps": args.steps}
+    if args.agreement:
+        ok, agreement = check_agreement(args.agreement, names)
+        out["agreement"] = agreement
+        if not ok:
+            print("torch_reference: tapegrad and PyTorch disagree; not timing", file=sys.stderr)
+            return 1
+
+    out["configs"] = {}
+    if names:
+        print("\n| config | threads | ms/step median (min-max) | tokens/s |\n|---|---|---|---|")
+    for name in names:
+        entry = {"threads": {}}
+        for t in threads:
+            r = bench_training(name, t, args.steps, args.agreement)
+            entry["threads"][str(t)] = r
+            print(f"| {name} | {t} | {r['ms_per_step_median']:.1f} ({r['ms_per_step_min']:.1f}-{r['ms_per_step_max']:.1f})"
+                  f" | {r['tokens_per_s_median']:.0f} |", flush=True)
+        best = max(entry["threads"], key=lambda k: entry["threads"][k]["tokens_per_s_median"])
+        entry["best_threads"] = int(best)
+        entry["best_tokens_per_s"] = entry["threads"][best]["tokens_per_s_median"]
+        out["configs"][name] = entry
+
+    if not args.no_decode:
+        out["decode"] = {"model": [65, 64, 4, 2, 256], "prompt_len": 8, "new_tokens": 100, "repeats": args.repeats,
+                         "threads": {}}
+        for t in threads:
+            d = bench_decoding(t, args.repeats, args.agreement)
+            out["decode"]["threads"][str(t)] = d
+            print(f"  decode, {t} thread(s): cache median {d['cache']['median_s'] * 1e3:.2f} ms "
+                  f"(min {d['cache']['min_s'] * 1e3:.2f}, max {d['cache']['max_s'] * 1e3:.2f}); no cache median "
+                  f"{d['no_cache']['median_s'] * 1e3:.1f} ms; cached tokens = uncached: {d['tokens_agree_with_no_cache']}")
+        best = min(out["decode"]["threads"], key=lambda k: out["decode"]["threads"][k]["cache"]["median_s"])
+        out["decode"]["best_threads"] = int(best)
+        out["decode"]["best_cache_median_s"] = out["decode"]["threads"][best]["cache"]["median_s"]
+
+    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+    with open(args.out, "w") as f:
+        json.dump(out, f, indent=2)
+        f.write("\n")
+    print(f"  wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
