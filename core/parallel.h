@@ -140,6 +140,31 @@ void row_times_matrix(T* c, const T* a, std::size_t a_stride, const T* b, std::s
   }
 }
 
+/// c[n] (+)= alpha * a . b[n * ldb + 0:K] for n in groups of W rows (attention scores of one query
+/// against cached keys): W dot products share each load of a and end in one horizontal add
+/// (haddp) instead of W. Returns how many of the N outputs it wrote (a multiple of W; 0 unless
+/// K is a multiple of W); the caller finishes the rest.
+template <class T>
+std::size_t dots_with_rows(T* c, const T* a, const T* b, std::size_t ldb, std::size_t K, std::size_t N, T alpha,
+                           bool accumulate) {
+  using B = Batch<T>;
+  constexpr std::size_t W = B::size;
+  if (K % W != 0) return 0;
+  std::size_t n = 0;
+  for (; n + W <= N; n += W) {
+    B acc[W];
+    for (auto& x : acc) x = B(T(0));
+    for (std::size_t k = 0; k < K; k += W) {
+      B x = B::load_unaligned(a + k);
+      for (std::size_t r = 0; r < W; ++r) acc[r] = xsimd::fma(x, B::load_unaligned(b + (n + r) * ldb + k), acc[r]);
+    }
+    B sums = xsimd::haddp(acc) * B(alpha);
+    if (accumulate) sums += B::load_unaligned(c + n);
+    sums.store_unaligned(c + n);
+  }
+  return n;
+}
+
 /// dst (cols, rows) = src (rows, cols) with row stride ld_src, transposed into a packed buffer.
 template <class T>
 void transpose_into(T* dst, const T* src, std::size_t rows, std::size_t cols, std::size_t ld_src) {
