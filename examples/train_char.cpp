@@ -1,6 +1,8 @@
 // train_char: trains a char-level rotary decoder on a text file (SPEC section 6). Flags become a
 // TrainOptions; the run itself lives in examples/common/trainer.
+#include <cstdint>
 #include <cstdlib>
+#include <optional>
 
 #include "common/program.h"
 #include "common/trainer.h"
@@ -61,8 +63,15 @@ int main(int argc, char** argv) {
                given("--max-len", max_len), given("--d-ff", d_ff)};
     if (app.count("--decay-steps")) o.decay_steps = decay_steps;
     if (app.count("--warmup")) o.warmup = warmup;
-    // Test seam (tests/examples/test_programs.cpp): poisons the model before step N to make the loss NaN.
-    if (const char* nan_at = std::getenv("TAPEGRAD_TEST_INJECT_NAN_AT_STEP")) o.inject_nan_at = std::atoll(nan_at);
+    // Test seams (tests/examples; README "Hardening"): a NaN in the model or in a batch before
+    // step N, and a save after step N that fails like a full disk.
+    auto seam = [](const char* name) {
+      const char* step = std::getenv(name);
+      return step ? std::optional<std::int64_t>(std::atoll(step)) : std::nullopt;
+    };
+    o.inject_nan_at = seam("TAPEGRAD_TEST_INJECT_NAN_AT_STEP");
+    o.inject_nan_batch_at = seam("TAPEGRAD_TEST_INJECT_NAN_BATCH_AT_STEP");
+    o.fail_save_at = seam("TAPEGRAD_TEST_FAIL_SAVE_AT_STEP");
     const auto& stop_signal = install_stop_handlers();
     return train(o, stop_signal) == TrainOutcome::interrupted ? 128 + stop_signal.load() : 0;
   });

@@ -109,6 +109,14 @@ LoadedCheckpoint load_checkpoint(const std::string& path, bool remat) {
     if (expected_params > total)
       throw std::runtime_error(fmt::format("the metadata describes {} parameters but the file holds {} values",
                                            expected_params, total));
+    // NaN or inf can only come from damage or forgery (train_char never saves a diverged model),
+    // and would surface later as a NaN loss or a failed draw that names no file.
+    for (const auto& [name, tensor] : file.tensors)
+      for (std::size_t i = 0; i < tensor.size(); ++i)
+        if (!std::isfinite(tensor[i]))
+          throw std::runtime_error(fmt::format("tensor '{}' holds {} at element {} (weights and optimizer state "
+                                               "must be finite numbers)",
+                                               name, tensor[i], i));
     RotaryDecoder model(config);
     std::set<std::string> seen;
     for (auto& p : model.params()) {

@@ -35,7 +35,8 @@ struct LoadedCheckpoint {
 
 /// Reads and checks everything: the file layout (core/safetensors), the metadata (every key
 /// present, integers in range, a vocabulary of vocab_size characters), every parameter present
-/// with its exact shape and no unknown tensor. Errors name the file and the problem.
+/// with its exact shape, no unknown tensor, and every value finite. Errors name the file and the
+/// problem.
 LoadedCheckpoint load_checkpoint(const std::string& path, bool remat = false);
 
 }  // namespace tapegrad::nn

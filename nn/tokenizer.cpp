@@ -13,7 +13,7 @@ std::u32string decode_utf8(std::string_view text) {
   out.reserve(text.size());
   std::size_t i = 0;
   auto fail = [&](const char* why) {
-    throw std::invalid_argument(fmt::format("invalid UTF-8 at byte offset {}: {}", i, why));
+    return std::invalid_argument(fmt::format("invalid UTF-8 at byte offset {}: {}", i, why));
   };
   while (i < text.size()) {
     unsigned char b = static_cast<unsigned char>(text[i]);
@@ -27,16 +27,16 @@ std::u32string decode_utf8(std::string_view text) {
     if ((b & 0xE0) == 0xC0) length = 2, c = b & 0x1F, min = 0x80;
     else if ((b & 0xF0) == 0xE0) length = 3, c = b & 0x0F, min = 0x800;
     else if ((b & 0xF8) == 0xF0) length = 4, c = b & 0x07, min = 0x10000;
-    else fail((b & 0xC0) == 0x80 ? "unexpected continuation byte" : "invalid lead byte");
-    if (i + length > text.size()) fail("truncated sequence");
+    else throw fail((b & 0xC0) == 0x80 ? "unexpected continuation byte" : "invalid lead byte");
+    if (i + length > text.size()) throw fail("truncated sequence");
     for (std::size_t k = 1; k < length; ++k) {
       unsigned char cont = static_cast<unsigned char>(text[i + k]);
-      if ((cont & 0xC0) != 0x80) fail("missing continuation byte");
+      if ((cont & 0xC0) != 0x80) throw fail("missing continuation byte");
       c = (c << 6) | (cont & 0x3F);
     }
-    if (c < min) fail("overlong encoding");
-    if (c >= 0xD800 && c <= 0xDFFF) fail("UTF-16 surrogate");
-    if (c > 0x10FFFF) fail("code point beyond U+10FFFF");
+    if (c < min) throw fail("overlong encoding");
+    if (c >= 0xD800 && c <= 0xDFFF) throw fail("UTF-16 surrogate");
+    if (c > 0x10FFFF) throw fail("code point beyond U+10FFFF");
     out.push_back(c);
     i += length;
   }

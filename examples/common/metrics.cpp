@@ -31,6 +31,14 @@ double nice_step(double span, int count) {
   return 10 * power;
 }
 
+/// The index of the last tick of size step in [0, span] (0 when either is not finite): loops
+/// count ticks rather than step through them with +=, since a tick below the float spacing of a
+/// huge value (a loss of 3e15 alone in a damaged CSV) would never move such a loop forward.
+std::int64_t tick_count(double span, double step) {
+  const double n = std::floor(span / step + 1e-9);
+  return std::isfinite(n) && n >= 0 && n <= 1000 ? std::int64_t(n) : 0;
+}
+
 std::string escape_xml(const std::string& text) {
   std::string out;
   for (char c : text) {
@@ -121,16 +129,23 @@ std::string loss_curve_svg(const std::vector<MetricsRow>& rows, const std::strin
       width, height, left + plot_w / 2, escape_xml(title));
   // Axes, ticks and grid.
   const double x_tick = nice_step(x_max, 8), y_tick = nice_step(y_max - y_min, 6);
-  for (double x = 0; x <= x_max + 1e-9; x += x_tick)
+  const std::int64_t x_ticks = tick_count(x_max, x_tick);
+  for (std::int64_t i = 0; i <= x_ticks; ++i) {
+    const double x = double(i) * x_tick;
     svg += fmt::format(
         "<line x1=\"{0:.1f}\" y1=\"{1}\" x2=\"{0:.1f}\" y2=\"{2}\" stroke=\"#e5e5e5\"/>"
         "<text x=\"{0:.1f}\" y=\"{3}\" text-anchor=\"middle\">{4:g}</text>\n",
         px(x), top, top + plot_h, top + plot_h + 16, x);
-  for (double y = std::ceil(y_min / y_tick) * y_tick; y <= y_max + 1e-12; y += y_tick)
+  }
+  const double y_first = std::ceil(y_min / y_tick) * y_tick;
+  const std::int64_t y_ticks = tick_count(y_max - y_first, y_tick);
+  for (std::int64_t i = 0; i <= y_ticks; ++i) {
+    const double y = y_first + double(i) * y_tick;
     svg += fmt::format(
         "<line x1=\"{0}\" y1=\"{1:.1f}\" x2=\"{2}\" y2=\"{1:.1f}\" stroke=\"#e5e5e5\"/>"
         "<text x=\"{3}\" y=\"{4:.1f}\" text-anchor=\"end\">{5:g}</text>\n",
         left, py(y), left + plot_w, left - 6, py(y) + 4, std::round(y / y_tick) * y_tick);
+  }
   svg += fmt::format("<rect x=\"{}\" y=\"{}\" width=\"{}\" height=\"{}\" fill=\"none\" stroke=\"black\"/>\n", left, top,
                      plot_w, plot_h);
   svg += fmt::format("<text x=\"{}\" y=\"{}\" text-anchor=\"middle\">step</text>\n", left + plot_w / 2, height - 16);

@@ -2,8 +2,11 @@
 #include "common/program.h"
 
 #include <fmt/format.h>
+#include <signal.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <cctype>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -98,6 +101,28 @@ void write_file_atomically(const std::string& path, const std::string& text) {
     std::filesystem::remove(tmp, ignored);
     throw std::runtime_error(fmt::format("{}: cannot rename {} over it: {}", path, tmp, ec.message()));
   }
+}
+
+std::vector<std::string> remove_stale_temporaries(const std::string& path) {
+  namespace fs = std::filesystem;
+  const fs::path folder = fs::path(path).parent_path().empty() ? fs::path(".") : fs::path(path).parent_path();
+  const std::string prefix = fs::path(path).filename().string() + ".tmp.";
+  std::vector<std::string> removed;
+  std::error_code ec;
+  for (fs::directory_iterator it(folder, ec), end; !ec && it != end; it.increment(ec)) {
+    const std::string name = it->path().filename().string();
+    if (!name.starts_with(prefix)) continue;
+    const std::string pid_text = name.substr(prefix.size());
+    if (pid_text.empty() || pid_text.size() > 9 ||
+        !std::all_of(pid_text.begin(), pid_text.end(), [](unsigned char c) { return std::isdigit(c); }))
+      continue;
+    const pid_t pid = pid_t(std::stol(pid_text));
+    // kill(pid, 0) probes without sending anything: ESRCH means no such process.
+    if (pid <= 0 || pid == ::getpid() || ::kill(pid, 0) == 0 || errno != ESRCH) continue;
+    std::error_code remove_error;
+    if (fs::remove(it->path(), remove_error)) removed.push_back(it->path().string());
+  }
+  return removed;
 }
 
 void create_parent_directories(const std::string& path) {

@@ -16,9 +16,12 @@
 #include "common/batches.h"
 #include "common/corpus.h"
 #include "common/metrics.h"
+#include "common/output_lock.h"
 #include "common/program.h"
 #include "common/progress.h"
 #include "core/kernels.h"
+#include "core/ops.h"
+#include "core/safetensors.h"
 #include "nn/checkpoint.h"
 #include "optim/adamw.h"
 #include "optim/clip.h"
@@ -39,13 +42,18 @@ std::string str(T v) requires std::integral<T> {
   return std::to_string(v);
 }
 
-std::int64_t parse_int(const std::map<std::string, std::string>& metadata, const std::string& key) {
+const std::string& required(const std::map<std::string, std::string>& metadata, const std::string& key) {
   auto it = metadata.find(key);
   if (it == metadata.end()) throw std::runtime_error(fmt::format("metadata key '{}' is missing", key));
+  return it->second;
+}
+
+std::int64_t parse_int(const std::map<std::string, std::string>& metadata, const std::string& key) {
+  const std::string& text = required(metadata, key);
   std::int64_t value = -1;
-  auto [end, ec] = std::from_chars(it->second.data(), it->second.data() + it->second.size(), value);
-  if (ec != std::errc() || end != it->second.data() + it->second.size() || value < 0)
-    throw std::runtime_error(fmt::format("metadata '{}' = '{}' is not a non-negative integer", key, it->second));
+  auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), value);
+  if (ec != std::errc() || end != text.data() + text.size() || value < 0)
+    throw std::runtime_error(fmt::format("metadata '{}' = '{}' is not a non-negative integer", key, text));
   return value;
 }
 
@@ -102,6 +110,15 @@ struct Run {
         optimizer(params, {.lr = o.lr, .beta1 = o.beta1, .beta2 = o.beta2, .weight_decay = o.weight_decay}),
         batch_rng(stream_seed(o.seed, kBatchStream)) {}
 
+  /// What stays at o.out when the run stops without saving, for the message.
+  std::string kept() const {
+    if (saved_step >= 0) return fmt::format("the checkpoint of step {}, {}, is kept", saved_step, o.out);
+    if (!o.resume.empty()) return fmt::format("the checkpoint it resumed from, {}, is kept", o.resume);
+    return "no checkpoint was written";
+  }
+
+  /// Writes the checkpoint of the current step to o.out atomically; a failure names the step and
+  /// what is kept (the file at o.out is then untouched: core/safetensors).
   void save() {
     optim::OptimizerState state = optimizer.state();
     nn::CheckpointExtras extras;
@@ -115,7 +132,13 @@ struct Run {
     extras.metadata["data_position"] = str(std::int64_t(step) * std::int64_t(o.batch));
     extras.metadata["data_fingerprint"] = fmt::format("fnv1a64:{:016x}", corpus.fingerprint);
     extras.metadata["data_chars"] = str(corpus.ids.size());
-    nn::save_checkpoint(o.out, model, corpus.tokenizer, extras);
+    // Test seam: past the header (a few kilobytes), into the tensors.
+    if (o.fail_save_at && *o.fail_save_at == step) detail::safetensors_fail_after_bytes = 4096;
+    try {
+      nn::save_checkpoint(o.out, model, corpus.tokenizer, extras);
+    } catch (const std::exception& e) {
+      throw std::runtime_error(fmt::format("cannot save the checkpoint of step {}: {}; {}", step, e.what(), kept()));
+    }
     saved_step = step;
   }
 
@@ -129,7 +152,7 @@ struct Run {
             "it is not a training checkpoint (no 'step' in its metadata); train from scratch "
             "without --resume");
       step = parse_int(meta, "step");
-      batch_rng.set_state(meta.at("rng_state"));
+      batch_rng.set_state(required(meta, "rng_state"));
       optim::OptimizerState state{{}, parse_int(meta, "optimizer_steps")};
       for (const auto& [name, tensor] : ckpt.extra_tensors) state.tensors.push_back({name, tensor});
       optimizer.load_state(state);
@@ -160,12 +183,8 @@ struct Run {
 
 [[noreturn]] void diverged(const char* what, double value, const Run& run, MetricsLog& metrics) {
   metrics.write();
-  std::string kept = run.saved_step >= 0
-                         ? fmt::format("the checkpoint of step {}, {}, is kept", run.saved_step, run.o.out)
-                     : !run.o.resume.empty() ? fmt::format("the checkpoint it resumed from, {}, is kept", run.o.resume)
-                                             : std::string("no checkpoint was written");
   throw std::runtime_error(
-      fmt::format("the {} is {} at step {}; stopped without saving ({})", what, value, run.step + 1, kept));
+      fmt::format("the {} is {} at step {}; stopped without saving ({})", what, value, run.step + 1, run.kept()));
 }
 
 std::atomic<int> g_stop_signal{0};
@@ -235,8 +254,12 @@ TrainOutcome train(const TrainOptions& o, const std::atomic<int>& stop_signal) {
   MetricsLog metrics(o.metrics.empty() ? stem + ".metrics.csv" : o.metrics, stem + ".loss.svg",
                      fmt::format("train_char: {}", o.out));
 
-  Corpus corpus = load_corpus(o.data);
   create_parent_directories(o.out);  // fail now rather than at the first save
+  const OutputLock lock(o.out);      // before any file is touched
+  std::vector<std::string> removed;
+  for (const std::string& path : {o.out, metrics.csv_path(), metrics.svg_path()})
+    for (std::string& file : remove_stale_temporaries(path)) removed.push_back(std::move(file));
+  Corpus corpus = load_corpus(o.data);
   std::optional<nn::LoadedCheckpoint> ckpt;
   nn::DecoderConfig config;
   if (!o.resume.empty()) {
@@ -303,6 +326,8 @@ TrainOutcome train(const TrainOptions& o, const std::atomic<int>& stop_signal) {
                     "past {} characters will degrade (use --max-len {} to match)",
                     o.seq, o.seq, config.max_len - 1, config.max_len, o.seq, o.seq));
   for (const std::string& note : notes) progress.log(note);
+  for (const std::string& file : removed)
+    progress.log(fmt::format("note: removed {}, left by a run that was killed while writing", file));
   if (!o.resume.empty()) {
     if (!metrics.load_until(run.step))
       progress.log(fmt::format("note: {} is missing or not from this run; it restarts at step {}", metrics.csv_path(),
@@ -349,7 +374,13 @@ TrainOutcome train(const TrainOptions& o, const std::atomic<int>& stop_signal) {
     double loss;
     {
       Tape tape;
-      Var l = run.model.loss(batch.inputs, batch.targets, batch.batch, batch.seq_len);
+      Var logits = run.model.forward(batch.inputs, batch.batch, batch.seq_len);  // (B, T, vocab)
+      if (o.inject_nan_batch_at && *o.inject_nan_batch_at == run.step + 1) {
+        Tensor poison(logits.shape());  // zeros but the first logit of the batch
+        poison[0] = std::numeric_limits<float>::quiet_NaN();
+        logits = add(logits, Var(std::move(poison)));
+      }
+      Var l = cross_entropy(logits, batch.targets);  // RotaryDecoder::loss, with room for the seam
       loss = l.value().item();
       if (!std::isfinite(loss)) diverged("loss", loss, run, metrics);
       tape.backward(l);

@@ -35,7 +35,10 @@ struct TrainOptions {
   std::int64_t eval_every = 100;  // 0: validate only at the end
   std::size_t eval_batches = 20;
   std::int64_t save_every = 500;              // 0: save only at the end (and on a signal)
-  std::optional<std::int64_t> inject_nan_at;  // test seam: poison the model before this step
+  // Test seams (environment variables of train_char, README "Hardening"), each for one step:
+  std::optional<std::int64_t> inject_nan_at;        // a NaN in the head bias before this step
+  std::optional<std::int64_t> inject_nan_batch_at;  // a NaN in this step's batch (its first logit)
+  std::optional<std::int64_t> fail_save_at;         // the save after this step fails like a full disk
 
   /// Throws UsageError naming the first bad value (the model shape is checked when it is built).
   void validate() const;
@@ -46,8 +49,10 @@ struct TrainOptions {
 enum class TrainOutcome { finished, interrupted };
 
 /// Runs (or resumes) training. Returns interrupted when stop_signal became non-zero between two
-/// steps (a checkpoint of the current step is saved first). A non-finite loss or gradient norm
-/// throws std::runtime_error naming the step, without touching the last good checkpoint.
+/// steps (a checkpoint of the current step is saved first). A non-finite loss or gradient norm,
+/// or a save that fails, throws std::runtime_error naming the step and the checkpoint that is
+/// kept, without touching it. Holds an OutputLock on options.out for the whole run, so a second
+/// run writing the same checkpoint throws before touching any file.
 /// Progress and log lines go to stdout (the live line to stderr on a terminal).
 TrainOutcome train(const TrainOptions& options, const std::atomic<int>& stop_signal);
 

@@ -2,12 +2,7 @@
 // (from TAPEGRAD_BINARY_DIR) on a small generated corpus in a temporary folder; the tests check
 // their output, exit status and files, including resume, Ctrl-C and NaN handling.
 #include <doctest/doctest.h>
-#include <fcntl.h>
-#include <fmt/format.h>
 #include <signal.h>
-#include <spawn.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
 #include <chrono>
 #include <cmath>
@@ -21,151 +16,11 @@
 #include "core/safetensors.h"
 #include "nn/checkpoint.h"
 #include "support/helpers.h"
-
-extern char** environ;
+#include "support/programs.h"
 
 using namespace tapegrad;
+using namespace tapegrad::test;
 namespace fs = std::filesystem;
-
-namespace {
-
-struct Result {
-  int status = -1;  // the exit status, or 128 + the signal that ended the process
-  std::string out, err;
-};
-
-std::string read_bytes(const fs::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::ostringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
-
-void write_bytes(const fs::path& path, const std::string& bytes) { std::ofstream(path, std::ios::binary) << bytes; }
-
-/// A fresh folder for one test case.
-fs::path work_dir(const std::string& name) {
-  fs::path dir = fs::temp_directory_path() / fmt::format("tapegrad_test_programs_{}", ::getpid()) / name;
-  fs::remove_all(dir);
-  fs::create_directories(dir);
-  return dir;
-}
-
-/// About 6 KB of made-up sentences (with one non-ASCII character), the same on every run.
-fs::path write_corpus(const fs::path& dir) {
-  const char* words[] = {"the", "cat", "sat",    "on",  "a",   "mat", "and",   "dog", "ran", "to",   "café", "with",
-                         "her", "old", "friend", "who", "was", "not", "there", "yet", "so",  "they", "left", "home"};
-  Rng rng(7);
-  std::string text;
-  while (text.size() < 6000) {
-    std::string sentence;
-    const std::uint64_t length = 4 + rng.below(8);
-    for (std::uint64_t i = 0; i < length; ++i)
-      sentence += std::string(i ? " " : "") + words[rng.below(std::size(words))];
-    sentence[0] = char(sentence[0] - 'a' + 'A');
-    text += sentence + (rng.below(3) == 0 ? ".\n" : ". ");
-  }
-  write_bytes(dir / "corpus.txt", text);
-  return dir / "corpus.txt";
-}
-
-/// The tiny model and run every training test uses (a step takes about a millisecond).
-std::vector<std::string> tiny(const fs::path& data, const fs::path& out, int steps) {
-  return {"--data",         data.string(),
-          "--out",          out.string(),
-          "--d-model",      "16",
-          "--heads",        "2",
-          "--blocks",       "1",
-          "--max-len",      "32",
-          "--seq",          "16",
-          "--batch",        "4",
-          "--threads",      "1",
-          "--eval-batches", "2",
-          "--steps",        std::to_string(steps)};
-}
-
-std::vector<std::string> operator+(std::vector<std::string> a, const std::vector<std::string>& b) {
-  a.insert(a.end(), b.begin(), b.end());
-  return a;
-}
-
-/// Starts a built program with stdout and stderr going to files; DATA and the NaN seam are
-/// removed from its environment unless given in env.
-pid_t start(const std::string& program, const std::vector<std::string>& args, const fs::path& out, const fs::path& err,
-            const std::vector<std::string>& env = {}) {
-  const std::string path = (fs::path(TAPEGRAD_BINARY_DIR) / program).string();
-  REQUIRE_MESSAGE(fs::exists(path), path << " is not built (configure with TAPEGRAD_BUILD_EXAMPLES=ON)");
-  std::vector<std::string> argv_text = {path};
-  argv_text.insert(argv_text.end(), args.begin(), args.end());
-  std::vector<char*> argv;
-  for (auto& a : argv_text) argv.push_back(a.data());
-  argv.push_back(nullptr);
-  std::vector<std::string> env_text(env);
-  for (char** e = environ; *e; ++e) {
-    std::string_view entry(*e);
-    if (entry.starts_with("DATA=") || entry.starts_with("TAPEGRAD_TEST_INJECT_NAN_AT_STEP=")) continue;
-    env_text.emplace_back(entry);
-  }
-  std::vector<char*> envp;
-  for (auto& e : env_text) envp.push_back(e.data());
-  envp.push_back(nullptr);
-  posix_spawn_file_actions_t actions;
-  posix_spawn_file_actions_init(&actions);
-  posix_spawn_file_actions_addopen(&actions, 1, out.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-  posix_spawn_file_actions_addopen(&actions, 2, err.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-  pid_t pid = -1;
-  const int rc = posix_spawn(&pid, path.c_str(), &actions, nullptr, argv.data(), envp.data());
-  posix_spawn_file_actions_destroy(&actions);
-  REQUIRE_MESSAGE(rc == 0, "posix_spawn " << path << " failed: " << rc);
-  return pid;
-}
-
-int wait_for(pid_t pid) {
-  int raw = 0;
-  REQUIRE(::waitpid(pid, &raw, 0) == pid);
-  return WIFEXITED(raw) ? WEXITSTATUS(raw) : 128 + WTERMSIG(raw);
-}
-
-Result run(const std::string& program, const std::vector<std::string>& args, const std::vector<std::string>& env = {}) {
-  const fs::path dir = fs::temp_directory_path() / fmt::format("tapegrad_test_programs_{}", ::getpid());
-  fs::create_directories(dir);
-  const fs::path out = dir / "stdout.txt", err = dir / "stderr.txt";
-  Result r;
-  r.status = wait_for(start(program, args, out, err, env));
-  r.out = read_bytes(out);
-  r.err = read_bytes(err);
-  return r;
-}
-
-/// One line, newline-terminated, naming the program: what every failure prints on stderr.
-bool one_error_line(const Result& r, const std::string& program) {
-  return r.err.starts_with(program + ": ") && r.err.ends_with("\n") &&
-         std::count(r.err.begin(), r.err.end(), '\n') == 1;
-}
-
-/// Every tensor of two safetensors files, compared bit for bit, and their metadata.
-void check_same_tensors(const fs::path& a, const fs::path& b) {
-  SafetensorsFile fa = read_safetensors(a.string()), fb = read_safetensors(b.string());
-  REQUIRE(fa.tensors.size() == fb.tensors.size());
-  std::size_t optimizer_tensors = 0;
-  for (const auto& [name, ta] : fa.tensors) {
-    REQUIRE_MESSAGE(fb.tensors.count(name), name);
-    const Tensor& tb = fb.tensors.at(name);
-    REQUIRE(ta.shape() == tb.shape());
-    CHECK_MESSAGE(std::memcmp(ta.data(), tb.data(), ta.bytes()) == 0, name << " differs");
-    optimizer_tensors += name.starts_with("optim.");
-  }
-  CHECK(optimizer_tensors > 0);
-  CHECK(fa.metadata == fb.metadata);
-}
-
-bool has_temporary_files(const fs::path& dir) {
-  for (const auto& entry : fs::directory_iterator(dir))
-    if (entry.path().string().find(".tmp.") != std::string::npos) return true;
-  return false;
-}
-
-}  // namespace
 
 TEST_CASE("train_char trains a tiny model and writes its checkpoint, metrics CSV and loss curve") {
   fs::path dir = work_dir("train"), data = write_corpus(dir), ckpt = dir / "run" / "tiny.safetensors";
@@ -198,6 +53,7 @@ TEST_CASE("train_char trains a tiny model and writes its checkpoint, metrics CSV
   CHECK(test::contains(svg, "validation"));
   CHECK(test::contains(svg, ">step</text>"));
   CHECK(!has_temporary_files(dir / "run"));
+  CHECK(!fs::exists(ckpt.string() + ".lock"));  // removed by the run that held it
 }
 
 TEST_CASE("a run stopped halfway and resumed ends bit-identical to a straight run") {

@@ -1,5 +1,6 @@
 #include <doctest/doctest.h>
 
+#include <cmath>
 #include <filesystem>
 
 #include "core/safetensors.h"
@@ -90,4 +91,25 @@ TEST_CASE("checkpoints whose content disagrees with their metadata are refused, 
   CHECK(refused([](T& t, M&) { t["head.bias"] = Tensor({2, 2}); }) ==
         bad + ": tensor 'head.bias' has shape [2, 2] but the metadata implies [4]");
   CHECK(refused([](T& t, M&) { t["extra.weight"] = Tensor({1}); }) == bad + ": tensor 'extra.weight' is not a parameter of this model");
+}
+
+TEST_CASE("a checkpoint holding NaN or infinity, in a weight or the optimizer state, is refused naming the tensor and element") {
+  CharTokenizer tok = CharTokenizer::from_text("abcd");
+  RotaryDecoder model = rotary_decoder(4, 8, 2, 1, 8);
+  std::string good = temp_path("finite.safetensors"), bad = temp_path("nonfinite.safetensors");
+  Tensor moment({4}, 0.5f);
+  save_checkpoint(good, model, tok, {.tensors = {{"optim.head.bias.m", &moment}}});
+  auto refused = [&](auto edit) {
+    rewrite(good, bad, edit);
+    return test::error_of([&] { load_checkpoint(bad); });
+  };
+  using T = std::map<std::string, Tensor>;
+  using M = std::map<std::string, std::string>;
+  const std::string why = " (weights and optimizer state must be finite numbers)";
+  CHECK(refused([](T& t, M&) { t["blocks.0.attn.wq.weight"][5] = std::nanf(""); }) ==
+        bad + ": tensor 'blocks.0.attn.wq.weight' holds nan at element 5" + why);
+  CHECK(refused([](T& t, M&) { t["head.bias"][3] = -INFINITY; }) == bad + ": tensor 'head.bias' holds -inf at element 3" + why);
+  CHECK(refused([](T& t, M&) { t["optim.head.bias.m"][0] = INFINITY; }) ==
+        bad + ": tensor 'optim.head.bias.m' holds inf at element 0" + why);
+  CHECK(load_checkpoint(good).extra_tensors.count("optim.head.bias.m") == 1);
 }
