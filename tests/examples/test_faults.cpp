@@ -57,6 +57,17 @@ bool eventually(F done, std::chrono::seconds limit = std::chrono::seconds(20)) {
   return false;
 }
 
+/// Ends a child process still running when the scope exits (a failed REQUIRE leaves no orphan).
+struct EndOnExit {
+  pid_t pid;
+  ~EndOnExit() {
+    if (::waitpid(pid, nullptr, WNOHANG) == 0) {
+      ::kill(pid, SIGKILL);
+      ::waitpid(pid, nullptr, 0);
+    }
+  }
+};
+
 /// The names in dir, sorted.
 std::vector<std::string> listing(const fs::path& dir) {
   std::vector<std::string> names;
@@ -84,6 +95,7 @@ TEST_CASE("a second train_char writing the same checkpoint refuses to start, and
   REQUIRE(::mkfifo(fifo.c_str(), 0644) == 0);
   const pid_t first = start("train_char", tiny(fifo, ckpt, 30) + Args{"--save-every", "5", "--eval-every", "10"},
                             dir / "first.out", dir / "first.err");
+  const EndOnExit end_first{first};
   // The holder writes its pid into the lock file once it has the lock.
   REQUIRE(eventually([&] { return read_bytes(lock) == fmt::format("{}\n", first); }));
   const std::vector<std::string> before = listing(dir);
@@ -94,6 +106,9 @@ TEST_CASE("a second train_char writing the same checkpoint refuses to start, and
   CHECK(test::contains(second.err, fmt::format("{}: another train_char (process {}) is writing it", ckpt.string(), first)));
   CHECK(test::contains(second.err, "choose another --out"));
   CHECK(second.out.empty());
+  Result respelled = run("train_char", tiny(data, dir / "." / "l.safetensors", 30));
+  CHECK(respelled.status == 1);
+  CHECK(test::contains(respelled.err, "another train_char"));
   CHECK(listing(dir) == before);  // no file created, and the lock file is as the first run wrote it
   CHECK(read_bytes(lock) == fmt::format("{}\n", first));
 
@@ -131,6 +146,7 @@ TEST_CASE("training killed at random moments always leaves a loadable checkpoint
     const Args resume = fs::exists(killed) ? Args{"--resume", killed.string()} : Args{};
     const pid_t pid = start("train_char", tiny(data, killed, steps) + flags + resume, dir / "round.out",
                             dir / "round.err");
+    const EndOnExit end_round{pid};
     std::this_thread::sleep_for(std::chrono::milliseconds(15 + delays.below(120)));
     REQUIRE(::kill(pid, SIGKILL) == 0);
     const int status = wait_for(pid);
@@ -156,10 +172,10 @@ TEST_CASE("training killed at random moments always leaves a loadable checkpoint
 TEST_CASE("temporary files of a killed writer are removed by the next run; those of a live process are kept") {
   fs::path dir = work_dir("faults_stale"), data = write_corpus(dir), ckpt = dir / "s.safetensors";
   const pid_t gone = dead_pid();
-  const fs::path stale_ckpt = fmt::format("{}.tmp.{}", ckpt.string(), gone),
-                 stale_csv = dir / fmt::format("s.metrics.csv.tmp.{}", gone),
-                 live = fmt::format("{}.tmp.{}", ckpt.string(), ::getpid()),  // this test process
-      other = ckpt.string() + ".tmp.backup";
+  const fs::path stale_ckpt = fmt::format("{}.tmp.{}", ckpt.string(), gone);
+  const fs::path stale_csv = dir / fmt::format("s.metrics.csv.tmp.{}", gone);
+  const fs::path live = fmt::format("{}.tmp.{}", ckpt.string(), ::getpid());  // this test process
+  const fs::path other = ckpt.string() + ".tmp.backup";                       // not a pid
   for (const fs::path& file : {stale_ckpt, stale_csv, live, other}) write_bytes(file, "half a checkpoint");
   Result r = run("train_char", tiny(data, ckpt, 3));
   REQUIRE_MESSAGE(r.status == 0, r.err);
@@ -350,7 +366,7 @@ TEST_CASE("a forged metrics CSV beside the checkpoint never hangs or fails a res
       {"steps out of order", header + "2,1,1,0,0,0\n0,,4,0,0,0\n1,3,,0,0,0\n"},
       {"a huge wall time", header + "0,,4,0,0,1e300\n"},
       {"too few columns", header + "0,1\n"},
-      {"binary junk", header + std::string("\0\xff\x01,\n,,,,,,,,\n", 16)},
+      {"binary junk", header + std::string{'\0', '\xff', '\x01', ',', '\n'} + ",,,,,,,,\n"},
       {"no header", "0,,4,0,0,0\n"},
       {"empty", ""},
   };
