@@ -33,14 +33,20 @@ int run_child(std::size_t seq_len, bool remat, int steps, int threads) {
   long rss_before = bench::proc_status_kib("VmRSS");
   float first = trainer.step();  // warm-up
   std::size_t tape_bytes = trainer.last_tape_bytes;
-  std::vector<double> ms;
+  std::vector<double> ms, forward_ms, backward_ms;
   float last = first;
-  for (int s = 0; s < steps; ++s) ms.push_back(1e3 * bench::seconds([&] { last = trainer.step(); }));
+  for (int s = 0; s < steps; ++s) {
+    ms.push_back(1e3 * bench::seconds([&] { last = trainer.step(); }));
+    forward_ms.push_back(trainer.last_phase_ms[0]);
+    backward_ms.push_back(trainer.last_phase_ms[1]);
+  }
   long hwm = bench::proc_status_kib("VmHWM");
   bench::Stats st = bench::stats_of(ms);
   std::size_t param_bytes = 4 * trainer.model.num_params();
   nlohmann::json j = {{"seq_len", seq_len},       {"remat", remat},         {"ms_median", st.median},
                       {"ms_min", st.min},         {"ms_max", st.max},       {"rss_before_kib", rss_before},
+                      {"forward_ms_median", bench::stats_of(forward_ms).median},
+                      {"backward_ms_median", bench::stats_of(backward_ms).median},
                       {"hwm_kib", hwm},           {"tape_bytes", tape_bytes}, {"param_bytes", param_bytes},
                       {"loss_first", first},      {"loss_last", last},      {"ms_samples", ms}};
   fmt::print("{}\n", j.dump());

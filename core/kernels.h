@@ -33,6 +33,14 @@ void matmul_forward(T* y, const T* x, const T* w, std::size_t M, std::size_t K, 
 template <class T>
 void matmul_backward(T* dx, T* dw, const T* dy, const T* x, const T* w, std::size_t M, std::size_t K,
                      std::size_t N);
+/// y = r + x w, the residual add folded into the matmul (one gemm with beta = 1); r and y (M, N)
+/// may be the same buffer.
+template <class T>
+void add_matmul_forward(T* y, const T* r, const T* x, const T* w, std::size_t M, std::size_t K, std::size_t N);
+/// dr += dy; then as matmul_backward.
+template <class T>
+void add_matmul_backward(T* dr, T* dx, T* dw, const T* dy, const T* x, const T* w, std::size_t M, std::size_t K,
+                         std::size_t N);
 
 // ---- elementwise ----------------------------------------------------------------------------
 

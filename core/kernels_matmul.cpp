@@ -106,11 +106,27 @@ void matmul_backward(T* dx, T* dw, const T* dy, const T* x, const T* w, std::siz
   if (dw) gemm<T>(true, false, K, N, M, T(1), x, K, dy, N, T(1), dw, N);
 }
 
+template <class T>
+void add_matmul_forward(T* y, const T* r, const T* x, const T* w, std::size_t M, std::size_t K, std::size_t N) {
+  if (y != r) std::copy(r, r + M * N, y);
+  gemm<T>(false, false, M, N, K, T(1), x, K, w, N, T(1), y, N);
+}
+
+template <class T>
+void add_matmul_backward(T* dr, T* dx, T* dw, const T* dy, const T* x, const T* w, std::size_t M, std::size_t K,
+                         std::size_t N) {
+  if (dr) accumulate(dr, dy, M * N);
+  matmul_backward(dx, dw, dy, x, w, M, K, N);
+}
+
 #define TAPEGRAD_INSTANTIATE(T)                                                                                 \
   template void gemm<T>(bool, bool, std::size_t, std::size_t, std::size_t, T, const T*, std::size_t, const T*, \
                         std::size_t, T, T*, std::size_t);                                                       \
   template void matmul_forward<T>(T*, const T*, const T*, std::size_t, std::size_t, std::size_t);              \
-  template void matmul_backward<T>(T*, T*, const T*, const T*, const T*, std::size_t, std::size_t, std::size_t);
+  template void matmul_backward<T>(T*, T*, const T*, const T*, const T*, std::size_t, std::size_t, std::size_t); \
+  template void add_matmul_forward<T>(T*, const T*, const T*, const T*, std::size_t, std::size_t, std::size_t);  \
+  template void add_matmul_backward<T>(T*, T*, T*, const T*, const T*, const T*, std::size_t, std::size_t,      \
+                                       std::size_t);
 TAPEGRAD_INSTANTIATE(float)
 TAPEGRAD_INSTANTIATE(double)
 #undef TAPEGRAD_INSTANTIATE

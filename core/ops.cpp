@@ -111,6 +111,32 @@ Var matmul(const Var& a, const Var& b, bool transpose_a, bool transpose_b) {
   return Var(out);
 }
 
+Var add_matmul(const Var& r, const Var& x, const Var& w, const Tensor* known_y) {
+  const Shape &sx = x.shape(), &sw = w.shape();
+  if (sw.size() != 2 || sx.empty() || sx.back() != sw[0])
+    throw std::invalid_argument(fmt::format("add_matmul: expected x (.., K) and w (K, N); x is {}, w is {}",
+                                            to_string(sx), to_string(sw)));
+  const std::size_t K = sw[0], N = sw[1], M = x.value().size() / std::max<std::size_t>(K, 1);
+  Shape out_shape = sx;
+  out_shape.back() = N;
+  expect_shape("add_matmul", "r", r.shape(), out_shape);
+  auto out = std::make_shared<Node>();
+  if (known_y) {
+    expect_shape("add_matmul", "known_y", known_y->shape(), out_shape);
+    out->value = *known_y;
+  } else {
+    out->value = Tensor::uninitialized(out_shape);
+    kernels::add_matmul_forward(out->value.data(), r.value().data(), x.value().data(), w.value().data(), M, K, N);
+  }
+  if (Tape* tape = recording_tape("add_matmul", {&r, &x, &w})) {
+    tape->record(out, [rn = r.node_ptr(), xn = x.node_ptr(), wn = w.node_ptr(), M, K, N](Node& o) {
+      kernels::add_matmul_backward(grad_ptr(*rn), grad_ptr(*xn), grad_ptr(*wn), o.grad.data(), xn->value.data(),
+                                   wn->value.data(), M, K, N);
+    }, 0);
+  }
+  return Var(out);
+}
+
 Var add(const Var& a, const Var& b) {
   expect_shape("add", "b", b.shape(), a.shape());
   auto out = std::make_shared<Node>();

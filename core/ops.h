@@ -15,6 +15,11 @@ namespace tapegrad {
 /// y = op(a) op(b). a (.., K) with b (K, N) -> (.., N); a (K, M) with transpose_a; or batched
 /// a (B, M, K), b (B, K, N) with the flags on the last two axes. Saves a and b (no copies).
 Var matmul(const Var& a, const Var& b, bool transpose_a = false, bool transpose_b = false);
+/// y = r + x w (torch.addmm): x (.., K), w (K, N), r of the shape of x w. One gemm with beta = 1,
+/// the form every residual projection of the decoder takes. Saves x and w. known_y, if given, is
+/// this very call's output, computed before (rematerialisation, Note [Remat]): it is copied
+/// rather than recomputed, since backward reads x and w but never y.
+Var add_matmul(const Var& r, const Var& x, const Var& w, const Tensor* known_y = nullptr);
 /// y = a + b, same shapes.
 Var add(const Var& a, const Var& b);
 /// y = x + bias on every row; x (.., C), bias (C).

@@ -10,16 +10,21 @@ namespace tapegrad {
 // Note [Remat]
 // rematerialize(block, x) records ONE entry on the current tape. Its forward runs block(x) with
 // recording off, so none of the block's activations are kept: the entry holds only x (already
-// held by whoever made it) and the block's output. When backward reaches the entry it opens a
+// held by whoever made it) and the block's output y. When backward reaches the entry it opens a
 // nested Tape, re-runs block on a leaf copy of x (bit-identical values), backpropagates the
 // incoming gradient through the nested tape, which accumulates into the block's parameters (they
 // are leaves) and into the leaf copy, adds that into x's gradient, and frees the nested tape.
 // The kernels and their order are exactly those of the plain path, so the gradients are
 // bit-identical; the price is a second forward of each block during backward.
-using Block = std::function<Var(const Var&)>;
+//
+// One part of that forward need not run again: the block's last op, whose output y is already
+// known and whose backward reads only its inputs. So the re-run passes y as known_output, and a
+// block may hand it to its last op (add_matmul does: for a decoder block this skips the FFN's
+// down projection, about a sixth of the block's forward). A block that ignores it is still exact.
+using Block = std::function<Var(const Var& x, const Tensor* known_output)>;
 
-/// y = block(x), keeping only x and y on the tape (see Note [Remat]). Outside a recording tape
-/// it is just block(x).
+/// y = block(x, nullptr), keeping only x and y on the tape (see Note [Remat]). Outside a
+/// recording tape it is just block(x, nullptr).
 Var rematerialize(Block block, const Var& x);
 
 }  // namespace tapegrad

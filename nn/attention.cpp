@@ -15,11 +15,13 @@ RotaryAttention::RotaryAttention(std::size_t d_model, std::size_t heads,
       wv(d_model, d_model, false, init_std, rng),
       wo(d_model, d_model, false, out_std, rng) {}
 
-Var RotaryAttention::forward(const Var& x) const {
+Var RotaryAttention::heads(const Var& x) const {
   Var q = rope(wq.forward(x), rope_table, n_heads);
   Var k = rope(wk.forward(x), rope_table, n_heads);
-  return wo.forward(attention(q, k, wv.forward(x), n_heads));
+  return attention(q, k, wv.forward(x), n_heads);
 }
+
+Var RotaryAttention::forward(const Var& x) const { return wo.forward(heads(x)); }
 
 void RotaryAttention::collect_params(const std::string& prefix, ParameterList& out) const {
   wq.collect_params(prefix + "wq.", out);

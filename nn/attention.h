@@ -14,6 +14,9 @@ class RotaryAttention : public Module {
   RotaryAttention(std::size_t d_model, std::size_t n_heads, std::shared_ptr<const kernels::RopeTable<float>> rope,
                   float init_std, float out_std, Rng& rng);
   Var forward(const Var& x) const;  // (B, T, D) -> (B, T, D)
+  /// attn(q, k, v): the heads' outputs side by side, before Wo (the block folds its residual add
+  /// into that projection).
+  Var heads(const Var& x) const;
   void collect_params(const std::string& prefix, ParameterList& out) const override;
 
   std::size_t n_heads;

@@ -18,14 +18,18 @@ DecoderBlock::DecoderBlock(std::size_t d_model_, std::size_t n_heads_, std::size
       ffn_norm(d_model_, norm_eps),
       ffn(d_model_, d_ff_, init_std, out_std, rng) {}
 
-Var DecoderBlock::forward_inside(const Var& x) const {
-  Var h = add(x, attn.forward(attn_norm.forward(x)));
-  return add(h, ffn.forward(ffn_norm.forward(h)));
+// Each residual add is folded into the projection before it (add_matmul: one gemm with beta = 1),
+// as in the KV-cache path, so training and decoding run the same kernels.
+Var DecoderBlock::forward_inside(const Var& x, const Tensor* known_output) const {
+  Var h = add_matmul(x, attn.heads(attn_norm.forward(x)), attn.wo.weight);
+  return add_matmul(h, ffn.hidden(ffn_norm.forward(h)), ffn.w2.weight, known_output);
 }
 
 Var DecoderBlock::forward(const Var& x) const {
-  if (!remat) return forward_inside(x);
-  return rematerialize([this](const Var& input) { return forward_inside(input); }, x);  // Note [Remat]
+  if (!remat) return forward_inside(x, nullptr);
+  return rematerialize([this](const Var& input, const Tensor* known_output) {  // Note [Remat]
+    return forward_inside(input, known_output);
+  }, x);
 }
 
 void DecoderBlock::collect_params(const std::string& prefix, ParameterList& out) const {

@@ -25,7 +25,7 @@ class DecoderBlock : public Module {
   SwiGLU ffn;
 
  private:
-  Var forward_inside(const Var& x) const;
+  Var forward_inside(const Var& x, const Tensor* known_output) const;
 };
 
 }  // namespace tapegrad::nn

@@ -82,14 +82,12 @@ const float* RotaryDecoder::run_cached(std::span<const std::int32_t> tokens, KVC
     kernels::rope_forward(q, q, *rope_, 1, rows, H, Dh, pos);
     kernels::rope_forward(K + pos * D, K + pos * D, *rope_, 1, rows, H, Dh, pos);
     kernels::attention_forward<float>(att, cache.probs_.data(), q, K, Vv, {1, rows, kv_len, H, Dh, pos});
-    // x += att Wo: the residual add folded into the matmul (beta = 1).
-    kernels::gemm<float>(false, false, rows, D, D, 1.0f, att, D, b.attn.wo.weight.value().data(), D, 1.0f, x, D);
+    kernels::add_matmul_forward(x, x, att, b.attn.wo.weight.value().data(), rows, D, D);  // x += att Wo
     kernels::rms_norm_forward<float>(xn, nullptr, x, b.ffn_norm.weight.value().data(), rows, D, b.ffn_norm.eps);
     kernels::matmul_forward(cache.gate_.data(), xn, b.ffn.w1.weight.value().data(), rows, D, F);
     kernels::matmul_forward(cache.up_.data(), xn, b.ffn.w3.weight.value().data(), rows, D, F);
     kernels::swiglu_forward(cache.gate_.data(), cache.gate_.data(), cache.up_.data(), rows * F);
-    kernels::gemm<float>(false, false, rows, D, F, 1.0f, cache.gate_.data(), F, b.ffn.w2.weight.value().data(), D, 1.0f,
-                         x, D);
+    kernels::add_matmul_forward(x, x, cache.gate_.data(), b.ffn.w2.weight.value().data(), rows, F, D);
   }
   kernels::rms_norm_forward<float>(xn, nullptr, x, norm.weight.value().data(), rows, D, norm.eps);
   kernels::matmul_forward(cache.logits_.data(), xn, head.weight.value().data(), rows, D, V);

@@ -104,6 +104,65 @@ TEST_CASE("matmul names both shapes when they do not fit") {
                  "batch sizes differ; a is [2, 4, 3], b is [3, 3, 2]"));
 }
 
+TEST_CASE("add_matmul is r + x w, in place or not, and its kernels match central differences in double") {
+  const std::size_t M = 6, K = 5, N = 3;
+  Tensor r = test::random_tensor({2, 3, N}, 1), x = test::random_tensor({2, 3, K}, 2), w = test::random_tensor({K, N}, 3);
+  Var y = add_matmul(Var(r), Var(x), Var(w));
+  CHECK(y.shape() == Shape{2, 3, N});
+  auto xw = naive_matmul(x.data(), w.data(), M, K, N, false, false);
+  for (std::size_t i = 0; i < xw.size(); ++i) CHECK(y.value()[i] == doctest::Approx(r[i] + xw[i]).epsilon(1e-5));
+  Tensor in_place = r;  // the KV-cache path: y aliases r
+  kernels::add_matmul_forward(in_place.data(), in_place.data(), x.data(), w.data(), M, K, N);
+  CHECK(max_abs_diff(in_place, y.value()) == 0.0f);
+
+  auto rd = test::random_vector<double>(M * N, 4), xd = test::random_vector<double>(M * K, 5);
+  auto wd = test::random_vector<double>(K * N, 6), R = test::random_vector<double>(M * N, 7);
+  std::vector<double> dr(M * N), dx(M * K), dw(K * N);
+  kernels::add_matmul_backward<double>(dr.data(), dx.data(), dw.data(), R.data(), xd.data(), wd.data(), M, K, N);
+  auto forward = [&] {
+    std::vector<double> out(M * N);
+    kernels::add_matmul_forward<double>(out.data(), rd.data(), xd.data(), wd.data(), M, K, N);
+    return out;
+  };
+  test::check_double("add_matmul dr", rd, forward, R, dr);
+  test::check_double("add_matmul dx", xd, forward, R, dx);
+  test::check_double("add_matmul dw", wd, forward, R, dw);
+}
+
+TEST_CASE("add_matmul passes gradcheck; a known output is taken as is and changes no gradient") {
+  Tensor r = test::random_tensor({2, 3, 4}, 1), x = test::random_tensor({2, 3, 5}, 2), w = test::random_tensor({5, 4}, 3);
+  test::check_float_op("add_matmul", [](const std::vector<Var>& v) { return add_matmul(v[0], v[1], v[2]); }, {r, x, w});
+
+  // What rematerialisation relies on (Note [Remat]): with known_y the op records the same
+  // backward, so the gradients are bit-identical, and its value is known_y itself.
+  Tensor c = test::random_tensor({2, 3, 4}, 4);
+  auto grads = [&](const Tensor* known) {
+    Var rv(r, true), xv(x, true), wv(w, true);
+    Tape tape;
+    Var y = add_matmul(rv, xv, wv, known);
+    tape.backward(sum(mul(y, Var(c))));  // linear in y, so dy does not depend on y's value
+    return std::tuple{Tensor(y.value()), Tensor(rv.grad()), Tensor(xv.grad()), Tensor(wv.grad())};
+  };
+  auto [y0, dr0, dx0, dw0] = grads(nullptr);
+  Tensor marked = y0;
+  marked[0] += 1.0f;  // a different known value shows that it is taken, not recomputed
+  auto [y1, dr1, dx1, dw1] = grads(&marked);
+  CHECK(max_abs_diff(y1, marked) == 0.0f);
+  CHECK(max_abs_diff(dx0, dx1) == 0.0f);
+  CHECK(max_abs_diff(dw0, dw1) == 0.0f);
+  CHECK(max_abs_diff(dr0, dr1) == 0.0f);
+}
+
+TEST_CASE("add_matmul names the shapes that do not fit") {
+  CHECK(error_of([] { add_matmul(Var(Tensor({4, 2})), Var(Tensor({4, 3})), Var(Tensor({5, 2}))); }) ==
+        "add_matmul: expected x (.., K) and w (K, N); x is [4, 3], w is [5, 2]");
+  CHECK(error_of([] { add_matmul(Var(Tensor({4, 3})), Var(Tensor({4, 3})), Var(Tensor({3, 2}))); }) ==
+        "add_matmul: expected r to be [4, 2], got [4, 3]");
+  Tensor wrong({3, 2});
+  CHECK(error_of([&] { add_matmul(Var(Tensor({4, 2})), Var(Tensor({4, 3})), Var(Tensor({3, 2})), &wrong); }) ==
+        "add_matmul: expected known_y to be [4, 2], got [3, 2]");
+}
+
 extern "C" int openblas_get_parallel(void);
 extern "C" char* openblas_get_corename(void);
 

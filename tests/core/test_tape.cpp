@@ -103,26 +103,40 @@ TEST_CASE("tapes nest: an inner tape records and backpropagates on its own") {
 TEST_CASE("a rematerialised block gives bit-identical gradients and keeps fewer bytes") {
   Tensor xv = test::random_tensor({2, 3, 8}, 1);
   Var w1(test::random_tensor({8, 8}, 2), true), g(Tensor({8}, 1.0f), true);
-  auto block = [&](const Var& x) { return add(x, matmul(silu(rms_norm(x, g)), w1)); };
+  // Two blocks: one that ignores the known output (everything is recomputed) and one that hands
+  // it to its last op, as the decoder block does (Note [Remat]).
+  std::vector<Tensor> known_seen;  // empty: none given
+  Block full = [&](const Var& x, const Tensor*) { return add(x, matmul(silu(rms_norm(x, g)), w1)); };
+  Block skips_last = [&](const Var& x, const Tensor* known) {
+    known_seen.push_back(known ? *known : Tensor());
+    return add_matmul(x, silu(rms_norm(x, g)), w1, known);
+  };
   auto run = [&](bool remat, std::size_t& bytes) {
     w1.zero_grad();
     g.zero_grad();
+    known_seen.clear();
     Var x(xv, true);
     Tape tape;
-    Var h = remat ? rematerialize(block, x) : block(x);
-    Var y = remat ? rematerialize(block, h) : block(h);
+    Var h = remat ? rematerialize(full, x) : full(x, nullptr);
+    Var y = remat ? rematerialize(skips_last, h) : skips_last(h, nullptr);
     bytes = tape.bytes();
-    tape.backward(mean(y));
-    return std::tuple{Tensor(x.grad()), Tensor(w1.grad()), Tensor(g.grad())};
+    tape.backward(mean(mul(y, y)));
+    return std::tuple{Tensor(x.grad()), Tensor(w1.grad()), Tensor(g.grad()), Tensor(y.value())};
   };
   std::size_t plain_bytes = 0, remat_bytes = 0;
-  auto [dx0, dw0, dg0] = run(false, plain_bytes);
-  auto [dx1, dw1, dg1] = run(true, remat_bytes);
+  auto [dx0, dw0, dg0, y0] = run(false, plain_bytes);
+  auto [dx1, dw1, dg1, y1] = run(true, remat_bytes);
   CHECK(max_abs_diff(dx0, dx1) == 0.0f);
   CHECK(max_abs_diff(dw0, dw1) == 0.0f);
   CHECK(max_abs_diff(dg0, dg1) == 0.0f);
-  // Plain: per block rms_norm (48 + 6), silu 48, matmul 48, add 48 floats; remat: the output 48.
-  CHECK(plain_bytes == 2 * (48 + 6 + 48 + 48 + 48) * sizeof(float));
+  // The forward runs without a known output; the re-run in backward gets the forward's output.
+  REQUIRE(known_seen.size() == 2);
+  CHECK(known_seen[0].empty());
+  REQUIRE(!known_seen[1].empty());
+  CHECK(max_abs_diff(known_seen[1], y1) == 0.0f);
+  // Plain: rms_norm (48 + 6), silu 48, then matmul 48 and add 48 (first block) or add_matmul 48
+  // (second block); remat: the two block outputs.
+  CHECK(plain_bytes == ((48 + 6 + 48 + 48 + 48) + (48 + 6 + 48 + 48)) * sizeof(float));
   CHECK(remat_bytes == 2 * 48 * sizeof(float));
 }
 
