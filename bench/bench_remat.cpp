@@ -92,7 +92,7 @@ int usage() {
 
 int main(int argc, char** argv) try {
   std::vector<std::size_t> seqs = {256, 512};
-  int steps = 10, threads = 1, rounds = 2;
+  int steps = 10, threads = 1, rounds = 3;
   bool child = false, remat = false;
   std::size_t child_seq = 0;
   std::string out_path = std::string(TAPEGRAD_SOURCE_DIR) + "/bench/results/remat_cpu.json";
