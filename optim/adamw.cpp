@@ -56,6 +56,11 @@ AdamW::AdamW(ParameterList params, AdamWOptions options)
                                "finite and >= 0");
 }
 
+const char* AdamW::invalid_slot_value(std::size_t slot, float value) const {
+  if (slot == 1 && value < 0.0f) return "the second moment v must be >= 0";
+  return Optimizer::invalid_slot_value(slot, value);
+}
+
 void AdamW::step() {
   const std::int64_t t = advance_step();
   // The scalars are combined in double and rounded to float once, as PyTorch does with its

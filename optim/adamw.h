@@ -29,6 +29,10 @@ class AdamW : public Optimizer {
   /// The options given at construction (options().lr is the initial lr; see lr()).
   const AdamWOptions& options() const { return options_; }
 
+ protected:
+  /// v is a running mean of squares: a negative element would make the next step's sqrt NaN.
+  const char* invalid_slot_value(std::size_t slot, float value) const override;
+
  private:
   AdamWOptions options_;
 };

@@ -59,6 +59,10 @@ OptimizerState Optimizer::state() const {
   return out;
 }
 
+const char* Optimizer::invalid_slot_value(std::size_t, float value) const {
+  return std::isfinite(value) ? nullptr : "optimizer state must be finite";
+}
+
 void Optimizer::load_state(const OptimizerState& state) {
   if (state.step < 0)
     throw std::invalid_argument(fmt::format("{}::load_state: the step count must be >= 0, got {}", name_, state.step));
@@ -81,6 +85,11 @@ void Optimizer::load_state(const OptimizerState& state) {
                                               "parameter '{}')",
                                               name_, t.name, to_string(t.value.shape()), to_string(p.var.shape()),
                                               p.name));
+    const std::size_t slot_index = it->second.second;
+    for (std::size_t e = 0; e < t.value.size(); ++e)
+      if (const char* why = invalid_slot_value(slot_index, t.value[e]))
+        throw std::invalid_argument(fmt::format("{}::load_state: tensor '{}' holds {} at element {}: {}", name_, t.name,
+                                                t.value[e], e, why));
   }
   for (const auto& [name, where] : expected)
     if (!given.count(name))

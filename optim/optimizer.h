@@ -52,9 +52,10 @@ class Optimizer {
   /// Copies of the slot tensors, parameter by parameter in params() order, slot by slot, under
   /// "optim.<parameter name>.<slot>", and the step count.
   OptimizerState state() const;
-  /// Restores a state(): every expected name must appear once with its parameter's shape, and no
-  /// other name may appear; the first problem throws std::invalid_argument naming the tensor, and
-  /// nothing is changed unless the whole state is valid.
+  /// Restores a state(): every expected name must appear once with its parameter's shape and
+  /// values the optimizer could have produced (finite; AdamW's v >= 0), and no other name may
+  /// appear; the first problem throws std::invalid_argument naming the tensor, and nothing is
+  /// changed unless the whole state is valid.
   void load_state(const OptimizerState& state);
   /// The checkpoint name of a slot: "optim.<parameter name>.<slot>".
   static std::string state_name(const std::string& parameter, const std::string& slot);
@@ -66,6 +67,9 @@ class Optimizer {
 
   /// The state tensor of slot `slot` for parameter i (same shape as the parameter).
   Tensor& slot(std::size_t i, std::size_t slot) { return slots_[i][slot]; }
+  /// Why the value of an element of slot `slot` cannot be this optimizer's state, or null if it
+  /// can. The base accepts every finite value.
+  virtual const char* invalid_slot_value(std::size_t slot, float value) const;
   /// Counts a step taken and returns its number t (1 for the first step).
   std::int64_t advance_step() { return ++step_; }
   /// Whether decoupled weight decay applies to a parameter: matrices (rank >= 2: embedding,

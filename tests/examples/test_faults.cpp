@@ -312,6 +312,8 @@ TEST_CASE("forged training checkpoints are refused by --resume with one line nam
        [&](SafetensorsFile& f) { f.tensors["head.bias"][1] = nan; }},
       {"an infinite moment", "tensor '" + moment + "' holds inf at element 0",
        [&](SafetensorsFile& f) { f.tensors[moment][0] = inf; }},
+      {"a negative second moment", "tensor 'optim.embed.weight.v' holds -0.25 at element 3: the second moment v must "
+       "be >= 0", [&](SafetensorsFile& f) { f.tensors["optim.embed.weight.v"][3] = -0.25f; }},
   };
   for (const Forgery& forgery : forgeries) {
     CAPTURE(forgery.what);

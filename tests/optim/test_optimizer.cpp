@@ -1,6 +1,8 @@
 // The optimizer base: parameter checks, zero_grad, and load_state's validation and atomicity.
 #include <doctest/doctest.h>
 
+#include <cmath>
+
 #include "optim/adamw.h"
 #include "optim/sgd.h"
 #include "support/helpers.h"
@@ -79,6 +81,17 @@ TEST_CASE("load_state names a missing tensor, a wrong shape, an unexpected or re
   optim::OptimizerState negative = good;
   negative.step = -3;
   CHECK(contains(error_of([&] { target.load_state(negative); }), "step count must be >= 0, got -3"));
+
+  optim::OptimizerState negative_v = good;
+  negative_v.tensors[1].value[2] = -0.5f;  // forged: v is a mean of squares
+  CHECK(error_of([&] { target.load_state(negative_v); }) ==
+        "AdamW::load_state: tensor 'optim.blocks.0.attn.wq.weight.v' holds -0.5 at element 2: the second moment v "
+        "must be >= 0");
+  optim::OptimizerState nan_m = good;
+  nan_m.tensors[0].value[1] = std::nanf("");
+  CHECK(error_of([&] { target.load_state(nan_m); }) ==
+        "AdamW::load_state: tensor 'optim.blocks.0.attn.wq.weight.m' holds nan at element 1: optimizer state must be "
+        "finite");
 
   // Every failure above left the target at its initial state.
   CHECK(target.steps() == 0);
