@@ -254,11 +254,7 @@ TrainOutcome train(const TrainOptions& o, const std::atomic<int>& stop_signal) {
   MetricsLog metrics(o.metrics.empty() ? stem + ".metrics.csv" : o.metrics, stem + ".loss.svg",
                      fmt::format("train_char: {}", o.out));
 
-  create_parent_directories(o.out);  // fail now rather than at the first save
-  const OutputLock lock(o.out);      // before any file is touched
-  std::vector<std::string> removed;
-  for (const std::string& path : {o.out, metrics.csv_path(), metrics.svg_path()})
-    for (std::string& file : remove_stale_temporaries(path)) removed.push_back(std::move(file));
+  // Inputs are read and checked first, so that a bad one leaves no trace (not even a folder).
   Corpus corpus = load_corpus(o.data);
   std::optional<nn::LoadedCheckpoint> ckpt;
   nn::DecoderConfig config;
@@ -299,6 +295,11 @@ TrainOutcome train(const TrainOptions& o, const std::atomic<int>& stop_signal) {
                     "needed (use a longer text)",
                     o.data, corpus.validation().size()));
 
+  create_parent_directories(o.out);  // fail now rather than at the first save
+  const OutputLock lock(o.out);      // before any file is written
+  std::vector<std::string> removed;
+  for (const std::string& path : {o.out, metrics.csv_path(), metrics.svg_path()})
+    for (std::string& file : remove_stale_temporaries(path)) removed.push_back(std::move(file));
   Run run(o, decay_steps, std::move(corpus), ckpt ? std::move(ckpt->model) : nn::RotaryDecoder(config));
   const std::vector<std::string> notes = ckpt ? run.restore(*ckpt) : std::vector<std::string>{};
   ckpt.reset();
