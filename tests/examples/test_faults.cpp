@@ -89,11 +89,15 @@ pid_t dead_pid() {
 TEST_CASE("a second train_char writing the same checkpoint refuses to start, and the first finishes with a loadable one") {
   fs::path dir = work_dir("faults_lock"), data = write_corpus(dir), ckpt = dir / "l.safetensors";
   const std::string lock = ckpt.string() + ".lock";
-  // The first run reads its text from a FIFO, so it holds the lock and then waits for the text:
-  // the second run meets the lock whatever the timing.
-  const fs::path fifo = dir / "corpus.fifo";
+  // The first run resumes, and reads the metrics CSV it continues from a FIFO: it takes the lock
+  // once its inputs are checked, then waits for that CSV, so the second run meets the lock
+  // whatever the timing.
+  REQUIRE(run("train_char", tiny(data, ckpt, 2)).status == 0);
+  const fs::path fifo = dir / "metrics.fifo";
   REQUIRE(::mkfifo(fifo.c_str(), 0644) == 0);
-  const pid_t first = start("train_char", tiny(fifo, ckpt, 30) + Args{"--save-every", "5", "--eval-every", "10"},
+  const pid_t first = start("train_char",
+                            tiny(data, ckpt, 30) + Args{"--save-every", "5", "--eval-every", "10", "--resume",
+                                                        ckpt.string(), "--metrics", fifo.string()},
                             dir / "first.out", dir / "first.err");
   const EndOnExit end_first{first};
   // The holder writes its pid into the lock file once it has the lock.
@@ -112,11 +116,9 @@ TEST_CASE("a second train_char writing the same checkpoint refuses to start, and
   CHECK(listing(dir) == before);  // no file created, and the lock file is as the first run wrote it
   CHECK(read_bytes(lock) == fmt::format("{}\n", first));
 
-  // Feed the first run its text: it trains and finishes.
+  // Give the first run an empty CSV (it starts a new one): it trains and finishes.
   int fd = -1;
   REQUIRE(eventually([&] { return (fd = ::open(fifo.c_str(), O_WRONLY | O_NONBLOCK | O_CLOEXEC)) >= 0; }));
-  const std::string text = read_bytes(data);  // 6 KB: fits in the pipe's buffer
-  CHECK(::write(fd, text.data(), text.size()) == ssize_t(text.size()));
   ::close(fd);
   CHECK(wait_for(first) == 0);
   CHECK(test::contains(read_bytes(dir / "first.out"), "done: step 30"));
