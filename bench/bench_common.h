@@ -1,6 +1,11 @@
 // Shared by the bench programs: timing statistics, the machine and commit they ran on.
 #pragma once
 
+#include <cblas.h>
+#include <omp.h>
+
+#include <nlohmann/json.hpp>
+
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -40,17 +45,17 @@ inline std::string command_output(const std::string& command) {
   return out;
 }
 
-/// "AMD EPYC ... (2 cores)"
-inline std::string machine() {
+/// "AMD EPYC 7B13 64-Core Processor"
+inline std::string cpu_model() {
   std::ifstream in("/proc/cpuinfo");
-  std::string line, model = "unknown CPU";
+  std::string line;
   while (std::getline(in, line))
-    if (line.rfind("model name", 0) == 0) {
-      model = line.substr(line.find(':') + 2);
-      break;
-    }
-  return model + " (" + command_output("nproc") + " cores)";
+    if (line.rfind("model name", 0) == 0) return line.substr(line.find(':') + 2);
+  return "unknown CPU";
 }
+
+/// "AMD EPYC ... (2 cores)"
+inline std::string machine() { return cpu_model() + " (" + command_output("nproc") + " cores)"; }
 
 /// The source tree's commit, with "+dirty" when it has uncommitted changes.
 inline std::string commit() {
@@ -62,5 +67,15 @@ inline std::string commit() {
 }
 
 inline std::string today() { return command_output("date -u +%Y-%m-%d"); }
+
+/// The header of a results file: CPU, cores and OpenBLAS kernel, commit, UTC time, and the load
+/// average before the run (how busy the shared machine was).
+inline nlohmann::json run_header() {
+  return {{"machine", {{"cpu", cpu_model()}, {"nproc", omp_get_num_procs()},
+                       {"openblas_core", openblas_get_corename()}}},
+          {"commit", commit()},
+          {"date", command_output("date -u +%Y-%m-%dT%H:%M:%SZ")},
+          {"loadavg_before", command_output("cat /proc/loadavg")}};
+}
 
 }  // namespace tapegrad::bench

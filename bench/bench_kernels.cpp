@@ -1,19 +1,70 @@
 // Kernel throughput: the sgemm peak and memcpy bandwidth as references, then tapegrad::kernels matmuls
 // and attention (GFLOP/s, % of the peak) and elementwise/row kernels (GB/s, % of the same-size
 // memcpy), at 1 and 2 threads. Every kernel is checked against a naive reference before it is timed.
+#include <fmt/core.h>
+
 #include <charconv>
+#include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <memory>
+#include <stdexcept>
 
-#include "bench/bench_support.h"
+#include "bench/bench_common.h"
 #include "core/kernels.h"
+#include "core/random.h"
 
 namespace kernels = tapegrad::kernels;
 using namespace tapegrad::bench;
 
 namespace {
+
+using Buffer = std::vector<float>;
+
+struct Timing {
+  double median_s, min_s, max_s;  // per call
+};
+
+/// Two warm-up calls, then `samples` timings of as many calls as fill min_sample_s (so the clock's
+/// resolution and call overhead stay out of short kernels), per call.
+Timing time_calls(const std::function<void()>& call, int samples, double min_sample_s) {
+  auto seconds_of = [&](int calls) { return seconds([&] { for (int i = 0; i < calls; ++i) call(); }); };
+  seconds_of(1);
+  int calls = std::clamp(int(std::ceil(min_sample_s / seconds_of(1))), 1, 10000);
+  std::vector<double> per_call;
+  for (int r = 0; r < samples; ++r) per_call.push_back(seconds_of(calls) / calls);
+  Stats st = stats_of(per_call);
+  return {st.median, st.min, st.max};
+}
+
+std::string format_seconds(double s) {
+  return s >= 1e-3 ? fmt::format("{:.3f} ms", s * 1e3) : fmt::format("{:.1f} us", s * 1e6);
+}
+
+/// n standard-normal floats from a fixed seed.
+Buffer random_buffer(std::size_t n, std::uint64_t seed) {
+  tapegrad::Rng rng(seed);
+  Buffer v(n);
+  for (auto& x : v) x = rng.normal();
+  return v;
+}
+
+/// Throws, naming what and where, unless |got - want| <= tol (1 + |want|).
+void expect_close(const std::string& what, std::size_t index, double got, double want, double tol) {
+  if (!(std::abs(got - want) <= tol * (1 + std::abs(want))))
+    throw std::runtime_error(fmt::format("{}: mismatch at {}: got {}, reference {}", what, index, got, want));
+}
+
+/// Compares got[i] with want(i) at 17 indices spread over [0, n), the last one included.
+void verify_samples(const std::string& what, const float* got, std::size_t n,
+                    const std::function<double(std::size_t)>& want, double tol) {
+  for (std::size_t k = 0; k <= 16; ++k) {
+    std::size_t i = k == 16 ? n - 1 : (k * (n / 16) + k * 37) % n;
+    expect_close(what, i, got[i], want(i), tol);
+  }
+}
 
 struct Options {
   std::vector<int> threads{1, 2};
@@ -407,7 +458,7 @@ int main(int argc, char** argv) try {
   }
   json.update({
       {"samples", options.repeats},
-      {"loadavg_after", shell_output("cat /proc/loadavg")},
+      {"loadavg_after", command_output("cat /proc/loadavg")},
       {"fractions", "fraction_of_reference: median rate / the reference's median rate (sgemm peak for GF/s, the "
                     "4 MiB memcpy for GB/s); _best: the same from the fastest samples (less sensitive to neighbours)"},
       {"flop_count", "matmul 2MNK (matmul_backward 4MNK); attention causal half only: forward 4*B*H*Dh*T(T+1)/2, "
