@@ -87,6 +87,7 @@ const float* RotaryDecoder::run_cached(std::span<const std::int32_t> tokens, KVC
     kernels::matmul_forward(cache.gate_.data(), xn, b.ffn.w1.weight.value().data(), rows, D, F);
     kernels::matmul_forward(cache.up_.data(), xn, b.ffn.w3.weight.value().data(), rows, D, F);
     kernels::swiglu_forward(cache.gate_.data(), cache.gate_.data(), cache.up_.data(), rows * F);
+    // x += hidden W2
     kernels::add_matmul_forward(x, x, cache.gate_.data(), b.ffn.w2.weight.value().data(), rows, F, D);
   }
   kernels::rms_norm_forward<float>(xn, nullptr, x, norm.weight.value().data(), rows, D, norm.eps);
