@@ -57,12 +57,14 @@ inline std::string cpu_model() {
 /// "AMD EPYC ... (2 cores)"
 inline std::string machine() { return cpu_model() + " (" + command_output("nproc") + " cores)"; }
 
-/// The source tree's commit, with "+dirty" when it has uncommitted changes.
+/// The source tree's commit, with "+dirty" when it has uncommitted changes (other than the
+/// results files the benchmarks themselves write).
 inline std::string commit() {
   std::string dir = TAPEGRAD_SOURCE_DIR;
   std::string hash = command_output("git -C '" + dir + "' rev-parse --short HEAD");
   if (hash.empty()) return "unknown";
-  if (!command_output("git -C '" + dir + "' status --porcelain --untracked-files=no").empty()) hash += "+dirty";
+  if (!command_output("git -C '" + dir + "' status --porcelain --untracked-files=no -- . ':!bench/results'").empty())
+    hash += "+dirty";
   return hash;
 }
 
