@@ -4,12 +4,15 @@
 #include <cblas.h>
 #include <omp.h>
 
+#include <fmt/core.h>
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -78,6 +81,24 @@ inline nlohmann::json run_header() {
           {"commit", commit()},
           {"date", command_output("date -u +%Y-%m-%dT%H:%M:%SZ")},
           {"loadavg_before", command_output("cat /proc/loadavg")}};
+}
+
+/// Writes a results file whole or not at all (a temporary beside it, then a rename), creating its
+/// folder, and says so; a failure throws naming the path.
+inline void write_results(const std::string& path, const nlohmann::json& results) {
+  namespace fs = std::filesystem;
+  if (fs::path dir = fs::path(path).parent_path(); !dir.empty()) fs::create_directories(dir);
+  const std::string temporary = path + ".tmp";
+  std::ofstream out(temporary);
+  out << results.dump(2) << "\n";
+  out.close();
+  if (!out) {
+    std::error_code ignored;
+    fs::remove(temporary, ignored);
+    throw std::runtime_error(path + ": cannot write the results file");
+  }
+  fs::rename(temporary, path);
+  fmt::print("  wrote {}\n", path);
 }
 
 }  // namespace tapegrad::bench

@@ -467,9 +467,7 @@ int main(int argc, char** argv) try {
                      "written; memcpy counts 2 bytes per byte copied; neither counts write-allocate reads, so a "
                      "kernel reading more than it writes can exceed 100% of memcpy"},
       {"sgemm_peak_gflops", peak}, {"memcpy_gbytes_per_s", copy}, {"results", results}});
-  if (auto dir = std::filesystem::path(options.out).parent_path(); !dir.empty()) std::filesystem::create_directories(dir);
-  std::ofstream(options.out) << json.dump(2) << "\n";
-  fmt::print("\nwrote {}\n", options.out);
+  write_results(options.out, json);
   return 0;
 } catch (const std::exception& e) {
   fmt::print(stderr, "bench_kernels: {}\n", e.what());

@@ -14,17 +14,22 @@
 
 using namespace tapegrad;
 
-int main(int argc, char** argv) {
+int main(int argc, char** argv) try {
   int repeats = 5;
   std::string out_path = std::string(TAPEGRAD_SOURCE_DIR) + "/bench/results/kv_cache_cpu.json";
-  for (int i = 1; i < argc; ++i) {
-    std::string arg = argv[i];
-    if (arg == "--repeats" && i + 1 < argc) repeats = std::max(1, std::stoi(argv[++i]));
-    else if (arg == "--out" && i + 1 < argc) out_path = argv[++i];
-    else {
-      fmt::print(stderr, "usage: bench_kv_cache [--repeats N] [--out PATH]\n");
-      return 2;
+  try {
+    for (int i = 1; i < argc; ++i) {
+      std::string arg = argv[i];
+      if (arg == "--repeats" && i + 1 < argc) repeats = std::max(1, std::stoi(argv[++i]));
+      else if (arg == "--out" && i + 1 < argc) out_path = argv[++i];
+      else {
+        fmt::print(stderr, "usage: bench_kv_cache [--repeats N] [--out PATH]\n");
+        return 2;
+      }
     }
+  } catch (const std::exception& e) {
+    fmt::print(stderr, "bench_kv_cache: bad argument: {}\n", e.what());
+    return 2;
   }
   set_num_threads(1);  // decoding one token is far too small to split
   nn::RotaryDecoder model = nn::rotary_decoder(65, 64, 4, 2, 256);
@@ -69,7 +74,8 @@ int main(int argc, char** argv) {
   j["machine"] = bench::machine();
   j["commit"] = bench::commit();
   j["date"] = bench::today();
-  std::filesystem::create_directories(std::filesystem::path(out_path).parent_path());
-  std::ofstream(out_path) << j.dump(2) << "\n";
-  fmt::print("  wrote {}\n", out_path);
+  bench::write_results(out_path, j);
+} catch (const std::exception& e) {
+  fmt::print(stderr, "bench_kv_cache: {}\n", e.what());
+  return 1;
 }

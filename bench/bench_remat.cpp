@@ -191,9 +191,7 @@ int main(int argc, char** argv) try {
     j["settings"][key]["activation_saving_percent"] = saving;
     j["settings"][key]["time_overhead_percent"] = overhead;
   }
-  std::filesystem::create_directories(std::filesystem::path(out_path).parent_path());
-  std::ofstream(out_path) << j.dump(2) << "\n";
-  fmt::print("  wrote {}\n", out_path);
+  bench::write_results(out_path, j);
   return 0;
 } catch (const std::exception& e) {
   fmt::print(stderr, "bench_remat: {}\n", e.what());

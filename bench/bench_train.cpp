@@ -286,9 +286,7 @@ int main(int argc, char** argv) try {
   fmt::print("  sgemm peak (GFLOP/s, best of before/after):");
   for (int t : thread_counts) fmt::print(" {} thread(s) {:.1f};", t, peak[t]);
   fmt::print("\n");
-  std::filesystem::create_directories(std::filesystem::path(out_path).parent_path());
-  std::ofstream(out_path) << j.dump(2) << "\n";
-  fmt::print("  wrote {}\n", out_path);
+  bench::write_results(out_path, j);
   return 0;
 } catch (const std::exception& e) {
   fmt::print(stderr, "bench_train: {}\n", e.what());
