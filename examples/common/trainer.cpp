@@ -295,17 +295,18 @@ TrainOutcome train(const TrainOptions& o, const std::atomic<int>& stop_signal) {
                     "needed (use a longer text)",
                     o.data, corpus.validation().size()));
 
-  create_parent_directories(o.out);  // fail now rather than at the first save
-  const OutputLock lock(o.out);      // before any file is written
-  std::vector<std::string> removed;
-  for (const std::string& path : {o.out, metrics.csv_path(), metrics.svg_path()})
-    for (std::string& file : remove_stale_temporaries(path)) removed.push_back(std::move(file));
   Run run(o, decay_steps, std::move(corpus), ckpt ? std::move(ckpt->model) : nn::RotaryDecoder(config));
   const std::vector<std::string> notes = ckpt ? run.restore(*ckpt) : std::vector<std::string>{};
   ckpt.reset();
   if (run.step > o.steps)
     throw UsageError(
         fmt::format("--steps {} is below the step {} that --resume {} reached", o.steps, run.step, o.resume));
+
+  create_parent_directories(o.out);  // fail now rather than at the first save
+  const OutputLock lock(o.out);      // before any file is written
+  std::vector<std::string> removed;
+  for (const std::string& path : {o.out, metrics.csv_path(), metrics.svg_path()})
+    for (std::string& file : remove_stale_temporaries(path)) removed.push_back(std::move(file));
   const auto schedule = optim::LrSchedule::warmup_cosine(o.lr, o.warmup_steps(), decay_steps, o.min_lr);
   const float clip = o.clip > 0 ? o.clip : std::numeric_limits<float>::max();
 

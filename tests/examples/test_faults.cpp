@@ -321,7 +321,7 @@ TEST_CASE("forged training checkpoints are refused by --resume with one line nam
     CAPTURE(forgery.what);
     SafetensorsFile forged = genuine;
     forgery.forge(forged);
-    const fs::path path = dir / "forged.safetensors", out = dir / "out.safetensors";
+    const fs::path path = dir / "forged.safetensors", out = dir / "new_folder" / "out.safetensors";
     std::vector<std::pair<std::string, const Tensor*>> tensors;
     for (const auto& [name, tensor] : forged.tensors) tensors.emplace_back(name, &tensor);
     write_safetensors(path.string(), tensors, forged.metadata);
@@ -331,6 +331,7 @@ TEST_CASE("forged training checkpoints are refused by --resume with one line nam
     CHECK(test::contains(r.err, path.string()));
     CHECK_MESSAGE(test::contains(r.err, forgery.message), r.err);
     CHECK(!fs::exists(out));
+    CHECK(!fs::exists(out.parent_path()));  // every input is checked before anything is created
   }
 }
 
