@@ -2,7 +2,12 @@
 // level choice itself, and the kernels agreeing across levels.
 #include <doctest/doctest.h>
 
+#include <fmt/format.h>
+
 #include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
 
 #include "core/kernels.h"
 #include "core/simd.h"
@@ -173,4 +178,35 @@ TEST_CASE("every kernel gives the same results at every level, within float roun
     for (auto* part : {&dq, &dk, &dv, &last}) out.insert(out.end(), part->begin(), part->end());
     return widen(out);
   });
+}
+
+TEST_CASE("each level's prelinked objects define global symbols only in that level's namespace") {
+  // Anything else (an inline std:: or xsimd function compiled with AVX-512 flags, say) could be
+  // picked by the linker for code that runs on every CPU.
+  for (const char* group : {"tapegrad_kernels", "tapegrad_simd_checks"})
+    for (const char* level : {"sse2", "avx2", "avx512"}) {
+      std::string object = fmt::format("{}/{}_{}.o", TAPEGRAD_BINARY_DIR, group, level);
+      CAPTURE(object);
+      REQUIRE(std::filesystem::exists(object));
+      std::string command = fmt::format("nm --defined-only --extern-only '{}'", object);
+      FILE* pipe = popen(command.c_str(), "r");
+      REQUIRE(pipe != nullptr);
+      char line[4096];
+      std::size_t symbols = 0;
+      // "N8tapegrad7kernels4avx2": the mangled namespace. Function-local statics of its functions
+      // (_ZZN..., and their guards _ZGVZN...) stay global as GCC's unique symbols; they are its own.
+      std::string_view namespace_name = std::string_view(group).substr(std::strlen("tapegrad_"));
+      std::string prefix = fmt::format("N8tapegrad{}{}{}{}", namespace_name.size(), namespace_name, std::strlen(level), level);
+      while (fgets(line, sizeof line, pipe)) {
+        std::string_view text(line);
+        std::string_view name = text.substr(text.rfind(' ') + 1);
+        name.remove_suffix(name.ends_with('\n') ? 1 : 0);
+        std::string_view rest = name.substr(name.starts_with("_ZGV") ? 4 : 2);
+        while (rest.starts_with('Z')) rest.remove_prefix(1);
+        CHECK_MESSAGE(rest.starts_with(prefix), name);
+        ++symbols;
+      }
+      CHECK(pclose(pipe) == 0);
+      CHECK(symbols > 0);
+    }
 }
