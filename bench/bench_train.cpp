@@ -152,7 +152,8 @@ void write_agreement(const std::string& dir, const std::vector<std::string>& nam
 int usage() {
   fmt::print(stderr,
              "usage: bench_train [--configs a,b,c] [--threads 1,2] [--steps N] [--out PATH]\n"
-             "       bench_train --write-agreement DIR [--configs a,b,c]\n");
+             "       bench_train --write-agreement DIR [--configs a,b,c]\n{}",
+             bench::simd_usage_line());
   return 2;
 }
 
