@@ -82,6 +82,10 @@ LoadedCheckpoint load_checkpoint(const std::string& path, bool remat) {
   SafetensorsFile file = read_safetensors(path);
   try {
     const auto& meta = file.metadata;
+    if (meta.count("arch") && meta.at("arch") != "rotary")
+      throw std::runtime_error(fmt::format("arch '{}' is not the rotary decoder; load it with load_model_checkpoint "
+                                           "(nn/language_model.h)",
+                                           meta.at("arch")));
     std::string version = required(meta, "format_version");
     if (version != kCheckpointFormatVersion)
       throw std::runtime_error(fmt::format("format_version '{}' is not supported (this build reads '{}')", version,
