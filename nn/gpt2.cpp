@@ -2,12 +2,12 @@
 #include "nn/gpt2.h"
 
 #include <cmath>
-#include <limits>
 #include <stdexcept>
 
 #include "core/ops.h"
 #include "core/random.h"
 #include "core/remat.h"
+#include "nn/causal_attention.h"
 
 namespace tapegrad::nn {
 
@@ -37,21 +37,9 @@ Gpt2Attention::Gpt2Attention(std::size_t d_model, std::size_t n_heads_, float dr
       wo(d_model, d_model, true, out_std, rng),
       attn_drop(dropout) {}
 
-// softmax(q k^T / sqrt(Dh) + causal mask) v per head, then Wo. Without dropout on the
-// probabilities this is the fused attention op; with it, the same math from primitives, since
-// the fused kernel has no dropout (tests/core/test_fused_vs_composed.cpp: the two agree).
 Var Gpt2Attention::forward(const Var& x, Rng& rng) const {
   Var q = wq.forward(x), k = wk.forward(x), v = wv.forward(x);  // (B, T, D)
-  if (!attn_drop.active()) return wo.forward(attention(q, k, v, n_heads));
-  const std::size_t batch = x.shape()[0], seq_len = x.shape()[1], d_model = x.shape()[2], head_dim = d_model / n_heads;
-  Tensor mask({seq_len, seq_len});  // (T, T): -inf above the diagonal
-  for (std::size_t i = 0; i < seq_len; ++i)
-    for (std::size_t j = i + 1; j < seq_len; ++j) mask[i * seq_len + j] = -std::numeric_limits<float>::infinity();
-  auto heads = [&](const Var& t) { return permute(reshape(t, {batch, seq_len, n_heads, head_dim}), {0, 2, 1, 3}); };
-  Var scores = matmul(heads(q), heads(k), false, true) * (1.0f / std::sqrt(float(head_dim))) + Var(mask);  // (B, H, T, T)
-  Var probs = attn_drop.forward(softmax(scores, -1), rng);
-  Var out = matmul(probs, heads(v));  // (B, H, T, Dh)
-  return wo.forward(reshape(permute(out, {0, 2, 1, 3}), {batch, seq_len, d_model}));
+  return wo.forward(causal_attention(q, k, v, n_heads, attn_drop, rng));
 }
 
 void Gpt2Attention::collect_params(const std::string& prefix, ParameterList& out) const {

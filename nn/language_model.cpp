@@ -14,11 +14,6 @@ namespace tapegrad::nn {
 
 namespace {
 
-template <class... F>
-struct Overload : F... {
-  using F::operator()...;
-};
-
 const std::string& required(const std::map<std::string, std::string>& metadata, const std::string& key) {
   auto it = metadata.find(key);
   if (it == metadata.end()) throw std::runtime_error(fmt::format("metadata key '{}' is missing", key));
@@ -136,7 +131,7 @@ void LanguageModel::set_training(bool on) {
 }
 
 void LanguageModel::set_dropout_step(std::uint64_t step) {
-  std::visit(Overload{[step](Gpt2& m) { m.dropout_step = step; }, [](RotaryDecoder&) {}}, model_);
+  std::visit([step](auto& m) { m.dropout_step = step; }, model_);
 }
 
 std::string LanguageModel::describe() const {

@@ -108,9 +108,6 @@ nn::LanguageModel new_model(const TrainOptions& o, std::size_t vocab) {
     return nn::Gpt2(config);
   }
   if (arch != "rotary") throw UsageError(fmt::format("--arch {} is not one of rotary, gpt2", arch));
-  if (o.model.dropout.value_or(0.0f) != 0.0f)
-    throw UsageError("--dropout is not implemented for --arch rotary yet (its fused attention kernel has none); "
-                     "use --arch gpt2");
   nn::DecoderConfig config{.vocab = vocab,
                            .d_model = o.model.d_model.value_or(64),
                            .n_heads = o.model.heads.value_or(4),
@@ -118,7 +115,8 @@ nn::LanguageModel new_model(const TrainOptions& o, std::size_t vocab) {
                            .max_len = o.model.max_len.value_or(256),
                            .d_ff = o.model.d_ff,
                            .remat = o.remat,
-                           .seed = o.seed};
+                           .seed = o.seed,
+                           .dropout = o.model.dropout.value_or(0.0f)};
   validate_model(config);
   return nn::RotaryDecoder(config);
 }
@@ -304,7 +302,8 @@ TrainOutcome train(const TrainOptions& o, const std::atomic<int>& stop_signal) {
     check_flag("blocks", o.model.blocks, meta_size("n_blocks"), o.resume);
     check_flag("max-len", o.model.max_len, meta_size("max_len"), o.resume);
     check_flag("d-ff", o.model.d_ff, meta_size("d_ff"), o.resume);
-    const float saved_dropout = ckpt->model.gpt2() ? ckpt->model.gpt2()->config().dropout : 0.0f;
+    const float saved_dropout =
+        ckpt->model.gpt2() ? ckpt->model.gpt2()->config().dropout : ckpt->model.rotary()->config().dropout;
     if (o.model.dropout && *o.model.dropout != saved_dropout)
       throw UsageError(fmt::format("--dropout {} disagrees with --resume {}, whose model has dropout {} (drop the flag)",
                                    *o.model.dropout, o.resume, saved_dropout));

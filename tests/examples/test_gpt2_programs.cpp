@@ -62,11 +62,17 @@ TEST_CASE("generate and evaluate read a gpt2 checkpoint by its arch") {
   CHECK(loss < 5);
 }
 
-TEST_CASE("train_char refuses --dropout for the rotary decoder, and a NaN in gpt2 stops the run") {
-  fs::path dir = work_dir("gpt2_bad"), data = write_corpus(dir), ckpt = dir / "b.safetensors";
-  Result r = run("train_char", tiny(data, ckpt, 4) + std::vector<std::string>{"--dropout", "0.1"});
-  CHECK(r.status == 2);
-  CHECK(contains(r.err, "--dropout is not implemented for --arch rotary"));
+TEST_CASE("train_char --dropout on the rotary decoder resumes bit-identically; a NaN in gpt2 stops the run") {
+  fs::path dir = work_dir("rotary_dropout"), data = write_corpus(dir);
+  fs::path straight = dir / "straight.safetensors", halves = dir / "halves.safetensors", ckpt = dir / "b.safetensors";
+  const std::vector<std::string> drop = {"--dropout", "0.2", "--eval-every", "3"};
+  Result r = run("train_char", tiny(data, straight, 6) + drop);
+  REQUIRE_MESSAGE(r.status == 0, r.err);
+  CHECK(read_safetensors(straight.string()).metadata.at("dropout") == "0.2");
+  REQUIRE(run("train_char", tiny(data, halves, 3) + drop + std::vector<std::string>{"--decay-steps", "6"}).status == 0);
+  Result resumed = run("train_char", tiny(data, halves, 6) + std::vector<std::string>{"--eval-every", "3", "--resume", halves.string()});
+  REQUIRE_MESSAGE(resumed.status == 0, resumed.err);
+  check_same_tensors(straight, halves);
   Result nan = run("train_char", tiny(data, ckpt, 4) + kGpt2, {"TAPEGRAD_TEST_INJECT_NAN_AT_STEP=2"});
   CHECK(nan.status == 1);
   CHECK(contains(nan.err, "at step 2"));

@@ -8,6 +8,7 @@
 #include "core/ops.h"
 #include "nn/generate.h"
 #include "nn/gpt2.h"
+#include "nn/rotary_decoder.h"
 #include "optim/adamw.h"
 #include "support/checks.h"
 
@@ -108,4 +109,29 @@ TEST_CASE("gpt2 overfits one batch") {
   MESSAGE("gpt2 one-batch loss: " << first << " -> " << last);
   CHECK(first > 2.5f);
   CHECK(last < 0.1f);
+}
+
+TEST_CASE("the rotary decoder's dropout: remat bit-identical, and the identity in eval mode") {
+  std::vector<std::int32_t> ids = test::random_ids(2 * 8, 13, 14), targets = test::random_ids(2 * 8, 13, 15);
+  auto make = [](bool remat, float p) {
+    nn::DecoderConfig c{.vocab = 13, .d_model = 16, .n_heads = 2, .n_blocks = 2, .max_len = 8, .remat = remat, .seed = 16, .dropout = p};
+    return nn::RotaryDecoder(c);
+  };
+  auto run = [&](bool remat) {
+    nn::RotaryDecoder model = make(remat, 0.2f);
+    model.dropout_step = 3;
+    Tape tape;
+    Var loss = model.loss(ids, targets, 2, 8);
+    tape.backward(loss);
+    std::vector<Tensor> out = {loss.value()};
+    for (const auto& p : model.params()) out.push_back(p.var.grad());
+    return out;
+  };
+  std::vector<Tensor> plain = run(false), remat = run(true);
+  for (std::size_t k = 0; k < plain.size(); ++k) CHECK(max_abs_diff(plain[k], remat[k]) == 0.0f);
+  nn::RotaryDecoder dropped = make(false, 0.2f), none = make(false, 0.0f);
+  NoGradScope no_grad;
+  CHECK(max_abs_diff(dropped.forward(ids, 2, 8).value(), none.forward(ids, 2, 8).value()) > 0.0f);
+  dropped.eval();
+  CHECK(max_abs_diff(dropped.forward(ids, 2, 8).value(), none.forward(ids, 2, 8).value()) == 0.0f);
 }
