@@ -15,12 +15,15 @@ namespace {
 template <class F, class G>
 Var unary(const char* name, const Var& x, F f, G g) {
   Op op(name, {x});
-  const Tensor& xv = x.value();
-  Tensor y = Tensor::uninitialized(xv.shape());
-  for (std::size_t i = 0; i < y.size(); ++i) y[i] = f(xv[i]);
+  const float* xv = x.value().data();
+  Tensor y = Tensor::uninitialized(x.shape());
+  float* yp = y.data();
+  for (std::size_t i = 0, n = y.size(); i < n; ++i) yp[i] = f(xv[i]);
   return op.finish(std::move(y), [x, g](const Tensor& dy, const Tensor& yv) {
-    if (float* dx = grad_ptr(x))
-      for (std::size_t i = 0; i < dy.size(); ++i) dx[i] += dy[i] * g(x.value()[i], yv[i]);
+    float* dx = grad_ptr(x);
+    if (!dx) return;
+    const float *xp = x.value().data(), *yp = yv.data(), *d = dy.data();
+    for (std::size_t i = 0, n = dy.size(); i < n; ++i) dx[i] += d[i] * g(xp[i], yp[i]);
   });
 }
 
@@ -87,20 +90,17 @@ Var sigmoid(const Var& x) {
 Var relu(const Var& x) {
   return unary("relu", x, [](float v) { return v > 0 ? v : 0.0f; }, [](float v, float) { return v > 0 ? 1.0f : 0.0f; });
 }
-// exact: d x Phi(x) = Phi(x) + x phi(x). tanh form: with u = c (x + 0.044715 x^3), t = tanh u,
-// d = 0.5 (1 + t) + 0.5 x (1 - t^2) c (1 + 3 * 0.044715 x^2).
+// exact: d x Phi(x) = Phi(x) + x phi(x). tanh form, with u = c (x + k x^3) and 0.5 (1 + tanh u) =
+// sigmoid(2u) = s (one exp instead of a tanh): y = x s, dy/dx = s + 2 x s (1 - s) c (1 + 3 k x^2).
 Var gelu(const Var& x, bool approximate_tanh) {
-  constexpr double c = 0.7978845608028654;  // sqrt(2 / pi)
+  constexpr float c = 0.7978845608028654f, k = 0.044715f;  // sqrt(2 / pi)
   constexpr double inv_sqrt2 = 0.7071067811865476, inv_sqrt_2pi = 0.3989422804014327;
+  auto s_of = [](float v) { return 1 / (1 + std::exp(-2 * c * (v + k * v * v * v))); };
   if (approximate_tanh)
-    return unary("gelu", x,
-                 [](float v) {
-                   double d = v;
-                   return float(0.5 * d * (1 + std::tanh(c * (d + 0.044715 * d * d * d))));
-                 },
-                 [](float v, float) {
-                   double d = v, t = std::tanh(c * (d + 0.044715 * d * d * d));
-                   return float(0.5 * (1 + t) + 0.5 * d * (1 - t * t) * c * (1 + 3 * 0.044715 * d * d));
+    return unary("gelu", x, [s_of](float v) { return v * s_of(v); },
+                 [s_of](float v, float) {
+                   float s = s_of(v);
+                   return s + 2 * v * s * (1 - s) * c * (1 + 3 * k * v * v);
                  });
   return unary("gelu", x, [](float v) { return float(0.5 * v * (1 + std::erf(v * inv_sqrt2))); },
                [](float v, float) {
