@@ -371,3 +371,26 @@ TEST_CASE("dropout zeroes about p of the elements, scales the rest, and is the i
   }, {z});
   CHECK(contains(error_of([&] { dropout(Var(x), 1.0f, true, rng); }), "dropout: p = 1 must be in [0, 1)"));
 }
+
+TEST_CASE("expand repeats size-1 and missing axes, and its gradient sums them back") {
+  Tensor x = test::random_tensor({3, 1}, 101);
+  Tensor y = expand(Var(x), {2, 3, 4}).value();
+  REQUIRE(y.shape() == Shape{2, 3, 4});
+  for (std::size_t i = 0; i < y.size(); ++i) CHECK(y[i] == broadcast_at(x, {2, 3, 4}, i));
+  test::check_float_op("expand", [](const std::vector<Var>& v) { return expand(v[0], {2, 3, 4}); }, {x});
+  test::check_float_op("view", [](const std::vector<Var>& v) { return view(v[0], {-1}); }, {x});
+  CHECK(contains(error_of([&] { view(Var(x), {-1, -1}); }), "view: size -1 at position 1 is invalid"));
+}
+
+TEST_CASE("sigmoid, exp-based ops and softmax stay finite at large magnitudes") {
+  Tensor x({4}, {-100.0f, -20.0f, 20.0f, 100.0f});
+  Tensor s = sigmoid(Var(x)).value(), g = gelu(Var(x), true).value(), l = log_softmax(Var(x)).value();
+  for (std::size_t i = 0; i < 4; ++i) {
+    CHECK(std::isfinite(s[i]));
+    CHECK(std::isfinite(g[i]));
+    CHECK(std::isfinite(l[i]));
+  }
+  CHECK(s[0] == doctest::Approx(0.0).epsilon(1e-6).scale(1));
+  CHECK(g[3] == 100.0f);
+  CHECK(g[0] == doctest::Approx(0.0).epsilon(1e-6).scale(1));
+}
