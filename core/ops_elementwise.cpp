@@ -95,13 +95,27 @@ Var relu(const Var& x) {
 Var gelu(const Var& x, bool approximate_tanh) {
   constexpr float c = 0.7978845608028654f, k = 0.044715f;  // sqrt(2 / pi)
   constexpr double inv_sqrt2 = 0.7071067811865476, inv_sqrt_2pi = 0.3989422804014327;
-  auto s_of = [](float v) { return 1 / (1 + std::exp(-2 * c * (v + k * v * v * v))); };
-  if (approximate_tanh)
-    return unary("gelu", x, [s_of](float v) { return v * s_of(v); },
-                 [s_of](float v, float) {
-                   float s = s_of(v);
-                   return s + 2 * v * s * (1 - s) * c * (1 + 3 * k * v * v);
-                 });
+  if (approximate_tanh) {
+    // Not through unary(): the forward saves s (one exp per element in all, none in backward).
+    Op op("gelu", {x});
+    const float* xv = x.value().data();
+    Tensor y = Tensor::uninitialized(x.shape()), sig = Tensor::uninitialized(x.shape());
+    for (std::size_t i = 0, n = y.size(); i < n; ++i) {
+      const float v = xv[i];
+      sig[i] = 1 / (1 + std::exp(-2 * c * (v + k * v * v * v)));
+      y[i] = v * sig[i];
+    }
+    std::size_t bytes = op.recording() ? sig.bytes() : 0;
+    return op.finish(std::move(y), [x, sig = std::move(sig)](const Tensor& dy, const Tensor&) {
+      float* dx = grad_ptr(x);
+      if (!dx) return;
+      const float *xp = x.value().data(), *sp = sig.data(), *d = dy.data();
+      for (std::size_t i = 0, n = dy.size(); i < n; ++i) {
+        const float v = xp[i], s = sp[i];
+        dx[i] += d[i] * (s + 2 * v * s * (1 - s) * c * (1 + 3 * k * v * v));
+      }
+    }, bytes);
+  }
   return unary("gelu", x, [](float v) { return float(0.5 * v * (1 + std::erf(v * inv_sqrt2))); },
                [](float v, float) {
                  double d = v;
