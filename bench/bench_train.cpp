@@ -109,7 +109,7 @@ void write_agreement(const std::string& dir, const std::vector<std::string>& nam
     bench::TrainConfig config = bench::train_config(name);
     bench::Trainer trainer(config);
     std::string checkpoint = fmt::format("{}/agreement_{}.safetensors", dir, name);
-    nn::save_checkpoint(checkpoint, trainer.model, tokenizer);
+    nn::save_model_checkpoint(checkpoint, trainer.model, tokenizer);
     float loss = trainer.step();
     float grad_norm = trainer.last_grad_norm;
     float loss_after = trainer.loss();
@@ -117,7 +117,7 @@ void write_agreement(const std::string& dir, const std::vector<std::string>& nam
     nlohmann::json j;
     j["config"] = {{"name", name},         {"vocab", config.vocab},       {"d_model", config.d_model},
                    {"n_heads", config.n_heads}, {"n_blocks", config.n_blocks}, {"max_len", config.seq_len},
-                   {"d_ff", config.d_ff()}};
+                   {"d_ff", config.d_ff()}, {"arch", config.arch}};
     j["batch"] = config.batch;
     j["seq_len"] = config.seq_len;
     j["inputs"] = trainer.batch.inputs;

@@ -23,6 +23,7 @@
 #include "core/ops.h"
 #include "core/safetensors.h"
 #include "nn/checkpoint.h"
+#include "nn/language_model.h"
 #include "optim/adamw.h"
 #include "optim/clip.h"
 #include "optim/schedule.h"
@@ -81,7 +82,8 @@ void check_flag(const char* flag, const std::optional<std::size_t>& given, std::
                     flag, *given, path, flag, saved));
 }
 
-void validate_model(const nn::DecoderConfig& config) {
+template <class Config>
+void validate_model(const Config& config) {
   try {
     config.validate();
   } catch (const std::invalid_argument& e) {
@@ -89,19 +91,49 @@ void validate_model(const nn::DecoderConfig& config) {
   }
 }
 
+/// A new model of o.model's --arch ("rotary" or "gpt2") and sizes.
+nn::LanguageModel new_model(const TrainOptions& o, std::size_t vocab) {
+  const std::string arch = o.model.arch.value_or("rotary");
+  if (arch == "gpt2") {
+    nn::Gpt2Config config{.vocab = vocab,
+                          .d_model = o.model.d_model.value_or(64),
+                          .n_heads = o.model.heads.value_or(4),
+                          .n_blocks = o.model.blocks.value_or(2),
+                          .max_len = o.model.max_len.value_or(256),
+                          .d_ff = o.model.d_ff,
+                          .dropout = o.model.dropout.value_or(0.0f),
+                          .remat = o.remat,
+                          .seed = o.seed};
+    validate_model(config);
+    return nn::Gpt2(config);
+  }
+  if (arch != "rotary") throw UsageError(fmt::format("--arch {} is not one of rotary, gpt2", arch));
+  nn::DecoderConfig config{.vocab = vocab,
+                           .d_model = o.model.d_model.value_or(64),
+                           .n_heads = o.model.heads.value_or(4),
+                           .n_blocks = o.model.blocks.value_or(2),
+                           .max_len = o.model.max_len.value_or(256),
+                           .d_ff = o.model.d_ff,
+                           .remat = o.remat,
+                           .seed = o.seed,
+                           .dropout = o.model.dropout.value_or(0.0f)};
+  validate_model(config);
+  return nn::RotaryDecoder(config);
+}
+
 /// The live state of one run.
 struct Run {
   const TrainOptions& o;
   std::int64_t decay_steps;
   Corpus corpus;
-  nn::RotaryDecoder model;
+  nn::LanguageModel model;
   ParameterList params;
   optim::AdamW optimizer;
   Rng batch_rng;
   std::int64_t step = 0;         // steps completed
   std::int64_t saved_step = -1;  // the step of the checkpoint at o.out written by this run
 
-  Run(const TrainOptions& options, std::int64_t decay, Corpus&& text, nn::RotaryDecoder&& m)
+  Run(const TrainOptions& options, std::int64_t decay, Corpus&& text, nn::LanguageModel&& m)
       : o(options),
         decay_steps(decay),
         corpus(std::move(text)),
@@ -135,7 +167,7 @@ struct Run {
     // Test seam: past the header (a few kilobytes), into the tensors.
     if (o.fail_save_at && *o.fail_save_at == step) detail::safetensors_fail_after_bytes = 4096;
     try {
-      nn::save_checkpoint(o.out, model, corpus.tokenizer, extras);
+      nn::save_model_checkpoint(o.out, model, corpus.tokenizer, extras);
     } catch (const std::exception& e) {
       throw std::runtime_error(fmt::format("cannot save the checkpoint of step {}: {}; {}", step, e.what(), kept()));
     }
@@ -144,7 +176,7 @@ struct Run {
 
   /// Restores the optimizer, the batch stream and the step from a training checkpoint; returns
   /// notes on the hyperparameters that differ from the checkpoint's.
-  std::vector<std::string> restore(const nn::LoadedCheckpoint& ckpt) {
+  std::vector<std::string> restore(const nn::LoadedModelCheckpoint& ckpt) {
     const auto& meta = ckpt.metadata;
     try {
       if (!meta.count("step"))
@@ -258,34 +290,36 @@ TrainOutcome train(const TrainOptions& o, const std::atomic<int>& stop_signal) {
 
   // Inputs are read and checked first, so that a bad one leaves no trace (not even a folder).
   Corpus corpus = load_corpus(o.data);
-  std::optional<nn::LoadedCheckpoint> ckpt;
-  nn::DecoderConfig config;
+  std::optional<nn::LoadedModelCheckpoint> ckpt;
+  std::optional<nn::LanguageModel> fresh;
   if (!o.resume.empty()) {
-    ckpt.emplace(nn::load_checkpoint(o.resume, o.remat));
-    config = ckpt->model.config();
-    check_flag("d-model", o.model.d_model, config.d_model, o.resume);
-    check_flag("heads", o.model.heads, config.n_heads, o.resume);
-    check_flag("blocks", o.model.blocks, config.n_blocks, o.resume);
-    check_flag("max-len", o.model.max_len, config.max_len, o.resume);
-    check_flag("d-ff", o.model.d_ff, config.ffn_dim(), o.resume);
+    ckpt.emplace(nn::load_model_checkpoint(o.resume, o.remat));
+    const std::string arch = ckpt->model.arch();
+    if (o.model.arch && *o.model.arch != arch)
+      throw UsageError(fmt::format("--arch {} disagrees with --resume {}, whose model is {} (drop the flag)",
+                                   *o.model.arch, o.resume, arch));
+    auto meta_size = [&](const char* key) { return std::size_t(parse_int(ckpt->metadata, key)); };
+    check_flag("d-model", o.model.d_model, meta_size("d_model"), o.resume);
+    check_flag("heads", o.model.heads, meta_size("n_heads"), o.resume);
+    check_flag("blocks", o.model.blocks, meta_size("n_blocks"), o.resume);
+    check_flag("max-len", o.model.max_len, meta_size("max_len"), o.resume);
+    check_flag("d-ff", o.model.d_ff, meta_size("d_ff"), o.resume);
+    const float saved_dropout =
+        ckpt->model.gpt2() ? ckpt->model.gpt2()->config().dropout : ckpt->model.rotary()->config().dropout;
+    if (o.model.dropout && *o.model.dropout != saved_dropout)
+      throw UsageError(fmt::format("--dropout {} disagrees with --resume {}, whose model has dropout {} (drop the flag)",
+                                   *o.model.dropout, o.resume, saved_dropout));
     if (ckpt->tokenizer.vocab() != corpus.tokenizer.vocab())
       throw std::runtime_error(
           fmt::format("--resume {}: its vocabulary ({} characters) differs from that of {} ({} "
                       "characters); resume with the same --data",
                       o.resume, ckpt->tokenizer.size(), o.data, corpus.tokenizer.size()));
   } else {
-    config = {.vocab = corpus.tokenizer.size(),
-              .d_model = o.model.d_model.value_or(64),
-              .n_heads = o.model.heads.value_or(4),
-              .n_blocks = o.model.blocks.value_or(2),
-              .max_len = o.model.max_len.value_or(256),
-              .d_ff = o.model.d_ff,
-              .remat = o.remat,
-              .seed = o.seed};
-    validate_model(config);
+    fresh.emplace(new_model(o, corpus.tokenizer.size()));
   }
-  if (o.seq > config.max_len)
-    throw UsageError(fmt::format("--seq {} is longer than the model's max_len {}", o.seq, config.max_len));
+  const std::size_t max_len = (ckpt ? ckpt->model : *fresh).config().max_len;
+  if (o.seq > max_len)
+    throw UsageError(fmt::format("--seq {} is longer than the model's max_len {}", o.seq, max_len));
   if (corpus.train().size() < o.seq + 1)
     throw std::runtime_error(
         fmt::format("{}: the training split (the first 90%) has {} characters; --seq {} needs at "
@@ -297,7 +331,7 @@ TrainOutcome train(const TrainOptions& o, const std::atomic<int>& stop_signal) {
                     "needed (use a longer text)",
                     o.data, corpus.validation().size()));
 
-  Run run(o, decay_steps, std::move(corpus), ckpt ? std::move(ckpt->model) : nn::RotaryDecoder(config));
+  Run run(o, decay_steps, std::move(corpus), ckpt ? std::move(ckpt->model) : std::move(*fresh));
   const std::vector<std::string> notes = ckpt ? run.restore(*ckpt) : std::vector<std::string>{};
   ckpt.reset();
   if (run.step > o.steps)
@@ -317,18 +351,18 @@ TrainOutcome train(const TrainOptions& o, const std::atomic<int>& stop_signal) {
   Progress progress(live, std::max<std::int64_t>(1, o.steps / 20), run.step, o.steps, double(o.batch * o.seq));
   progress.log(fmt::format("data: {}: {} characters, vocabulary of {}; train {} (first 90%), validation {}", o.data,
                            data.ids.size(), data.tokenizer.size(), data.train().size(), data.validation().size()));
-  progress.log(fmt::format("model: {}", run.model));
+  progress.log(fmt::format("model: {}", run.model.describe()));
   progress.log(fmt::format("parameters: {}", run.model.num_params()));
   progress.log(
       fmt::format("training: {} steps of {} x {} tokens; AdamW lr {} (warmup {}, cosine to {} at step {}), "
                   "betas {}/{}, weight decay {}, clip {}; {} threads",
                   o.steps, o.batch, o.seq, o.lr, o.warmup_steps(), o.min_lr, decay_steps, o.beta1, o.beta2,
                   o.weight_decay, o.clip > 0 ? str(o.clip) : std::string("off"), num_threads()));
-  if (o.resume.empty() && o.seq < config.max_len)
+  if (o.resume.empty() && o.seq < max_len)
     progress.log(
         fmt::format("note: windows of --seq {} never train positions {} to {} of max_len {}: text generated "
                     "past {} characters will degrade (use --max-len {} to match)",
-                    o.seq, o.seq, config.max_len - 1, config.max_len, o.seq, o.seq));
+                    o.seq, o.seq, max_len - 1, max_len, o.seq, o.seq));
   for (const std::string& note : notes) progress.log(note);
   for (const std::string& file : removed)
     progress.log(fmt::format("note: removed {}, left by a run that was killed while writing", file));
@@ -345,8 +379,10 @@ TrainOutcome train(const TrainOptions& o, const std::atomic<int>& stop_signal) {
   const double wall_before = metrics.last_wall_s();
   auto wall = [&] { return wall_before + progress.elapsed_s(); };
   auto validate_now = [&](double train_sum, std::int64_t train_count) {
+    run.model.set_training(false);  // no dropout in validation
     double val = sampled_loss(run.model, data.validation(), o.batch, o.seq, o.eval_batches,
                               stream_seed(o.seed, kValidationStream));
+    run.model.set_training(true);
     metrics.set_val_loss(run.step, val, wall());
     std::string train_part = train_count > 0 ? fmt::format("train loss {:.4f} (mean of {} steps), ",
                                                            train_sum / double(train_count), train_count)
@@ -373,8 +409,12 @@ TrainOutcome train(const TrainOptions& o, const std::atomic<int>& stop_signal) {
     run.optimizer.set_lr(lr);
     Batch batch = sample_batch(data.train(), o.batch, o.seq, run.batch_rng);
     const auto started = std::chrono::steady_clock::now();
-    if (o.inject_nan_at && *o.inject_nan_at == run.step + 1)
-      run.model.head.bias.mutable_value()[0] = std::numeric_limits<float>::quiet_NaN();
+    if (o.inject_nan_at && *o.inject_nan_at == run.step + 1) {
+      // A NaN that reaches every logit: the head bias, or gpt2's final norm bias (tied head).
+      Var poisoned = run.model.rotary() ? run.model.rotary()->head.bias : run.model.gpt2()->norm.bias;
+      poisoned.mutable_value()[0] = std::numeric_limits<float>::quiet_NaN();
+    }
+    run.model.set_dropout_step(std::uint64_t(run.step));  // the masks of a step depend on it alone: resume is exact
     double loss;
     {
       Tape tape;
