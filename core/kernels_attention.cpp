@@ -1,8 +1,11 @@
-// Causal multi-head attention (Vaswani et al. 2017) over packed heads: head h of a row is columns
-// [h*Dh, (h+1)*Dh) of the (.., H*Dh) q, k, v tensors, read in place through BLAS leading
-// dimensions. Each (batch, head) pair is independent and runs on its own thread; within it,
-// queries go in row blocks that only touch the keys their causal window reaches.
+// Causal multi-head attention (Vaswani et al. 2017) over packed heads, computed flash-style
+// (Dao et al. 2022, FlashAttention; Dao 2023, FlashAttention-2): tiles of queries and keys, an online
+// softmax, only the log-sum-exp of each row saved, and probabilities recomputed in backward, so
+// memory is O(T) per head. Head h of a row is columns [h*Dh, (h+1)*Dh) of the (.., H*Dh) tensors.
+// Each (batch, head) pair runs on one thread, in a fixed order: results do not depend on the
+// thread count.
 #include <cmath>
+#include <limits>
 #include <vector>
 
 #include "core/kernel_level.h"
@@ -11,79 +14,207 @@ namespace tapegrad::kernels::TAPEGRAD_SIMD_LEVEL {
 
 namespace {
 
-constexpr std::size_t row_block = 64;
+// 64 x 64 tiles: a tile of scores (16 KiB in float) and the key and query slices it is made from
+// stay in L1/L2 at Dh <= 64.
+constexpr std::size_t q_tile = 64, k_tile = 64;
+
+template <class T> constexpr T minus_infinity = -std::numeric_limits<T>::infinity();
+
+std::size_t round_up(std::size_t n, std::size_t m) { return (n + m - 1) / m * m; }
 
 struct HeadView {  // one (batch, head) pair's slices
-  std::size_t q_row0, kv_row0, col0, probs0;
+  std::size_t q_row0, kv_row0, col0, lse0;
 };
 
 HeadView head_view(const AttentionShape& s, std::size_t pair) {
   std::size_t b = pair / s.n_heads, h = pair % s.n_heads;
-  return {b * s.q_len, b * s.kv_len, h * s.head_dim, pair * s.q_len * s.kv_len};
+  return {b * s.q_len, b * s.kv_len, h * s.head_dim, pair * s.q_len};
+}
+
+/// dst (rows, ld) = the head's slice src (rows, Dh) of a (.., D) tensor, zero-padded to ld columns.
+template <class T>
+void copy_padded(T* dst, std::size_t ld, const T* src, std::size_t D, std::size_t rows, std::size_t Dh) {
+  for (std::size_t r = 0; r < rows; ++r) {
+    std::copy(src + r * D, src + r * D + Dh, dst + r * ld);
+    std::fill(dst + r * ld + Dh, dst + (r + 1) * ld, T(0));
+  }
+}
+
+/// dst (Dh, ld) = the head's slice src (rows, Dh) transposed; columns rows..ld are zero.
+template <class T>
+void copy_transposed(T* dst, std::size_t ld, const T* src, std::size_t D, std::size_t rows, std::size_t Dh) {
+  for (std::size_t d = 0; d < Dh; ++d) std::fill(dst + d * ld + rows, dst + (d + 1) * ld, T(0));
+  for (std::size_t r = 0; r < rows; ++r)
+    for (std::size_t d = 0; d < Dh; ++d) dst[d * ld + r] = src[r * D + d];
+}
+
+/// Scores of a tile, s (rows, cols_pad) = scale * q_tile kt[:, j0:], with -inf where query i0 + i
+/// (absolute position q_offset + i0 + i) may not see key j0 + j, and in the padding columns.
+template <class T>
+void tile_scores(T* s, const T* q, std::size_t D, const T* kt, std::size_t ld_kt, std::size_t rows, std::size_t cols,
+                 std::size_t cols_pad, std::size_t Dh, T scale, std::size_t first_query_pos, std::size_t j0) {
+  detail::tile_product<Batch<T>>(s, k_tile, q, D, 1, kt + j0, ld_kt, rows, cols_pad, Dh, scale, false);
+  for (std::size_t i = 0; i < rows; ++i) {
+    std::size_t last_key = first_query_pos + i;  // inclusive
+    std::size_t visible = last_key < j0 ? 0 : std::min(cols, last_key - j0 + 1);
+    std::fill(s + i * k_tile + visible, s + i * k_tile + cols_pad, minus_infinity<T>);
+  }
+}
+
+/// The one-query (decoding) form, for one or two query rows: scores with dot products straight
+/// from the key rows, no tiles and no transposed copies. p (Tk) is scratch.
+template <class T>
+void attention_rows(T* oh, T* lse, const T* qh, const T* kh, const T* vh, const AttentionShape& s, T* p) {
+  const std::size_t D = s.model_dim(), Dh = s.head_dim;
+  const T scale = T(1) / std::sqrt(T(Dh));
+  for (std::size_t i = 0; i < s.q_len; ++i) {
+    std::size_t visible = s.q_offset + i + 1;
+    std::size_t done = detail::dots_with_rows<Batch<T>>(p, qh + i * D, kh, D, Dh, visible, scale, false);
+    for (std::size_t j = done; j < visible; ++j) p[j] = scale * detail::dot<Batch<T>>(qh + i * D, kh + j * D, Dh);
+    T m = detail::max_of<Batch<T>>(p, visible);
+    T sum = detail::exp_shifted_sum<Batch<T>>(p, visible, m);
+    detail::row_times_matrix<Batch<T>>(oh + i * D, p, 1, vh, D, visible, Dh, T(1) / sum, false);
+    if (lse) lse[i] = m + std::log(sum);
+  }
 }
 
 }  // namespace
 
 template <class T>
-void attention_forward(T* out, T* probs, const T* q, const T* k, const T* v, const AttentionShape& s) {
+void attention_forward(T* out, T* lse, const T* q, const T* k, const T* v, const AttentionShape& s) {
   const std::size_t D = s.model_dim(), Dh = s.head_dim, Tq = s.q_len, Tk = s.kv_len;
+  constexpr std::size_t W = Batch<T>::size;
+  const std::size_t Dp = round_up(Dh, W), Tk_pad = round_up(Tk, W) + k_tile;
   const T scale = T(1) / std::sqrt(T(Dh));
-  detail::parallel_for(s.batch * s.n_heads, Tq * Tk * Dh * 2, [&](std::size_t pair) {
+  detail::parallel_for(s.batch * s.n_heads, Tq * (s.q_offset + Tq) * Dh * 2, [&](std::size_t pair) {
     HeadView hv = head_view(s, pair);
     const T* qh = q + hv.q_row0 * D + hv.col0;
     const T* kh = k + hv.kv_row0 * D + hv.col0;
     const T* vh = v + hv.kv_row0 * D + hv.col0;
     T* oh = out + hv.q_row0 * D + hv.col0;
-    T* ph = probs + hv.probs0;
-    for (std::size_t i0 = 0; i0 < Tq; i0 += row_block) {
-      std::size_t rows = std::min(row_block, Tq - i0), keys = s.q_offset + i0 + rows;
-      T* p = ph + i0 * Tk;
-      // scores (rows, keys) = q_blk k^T / sqrt(Dh)
-      gemm<T>(false, true, rows, keys, Dh, scale, qh + i0 * D, D, kh, D, T(0), p, Tk);
-      for (std::size_t i = 0; i < rows; ++i) {
-        T* pr = p + i * Tk;
-        std::size_t visible = s.q_offset + i0 + i + 1;  // masked scores are -inf: probability exactly 0
-        T inv = T(1) / detail::exp_shifted_sum<Batch<T>>(pr, visible, detail::max_of<Batch<T>>(pr, visible));
-        for (std::size_t j = 0; j < visible; ++j) pr[j] *= inv;
-        std::fill(pr + visible, pr + Tk, T(0));
+    T* lh = lse ? lse + hv.lse0 : nullptr;
+    const std::size_t keys = s.q_offset + Tq;  // keys any query sees
+    if (Tq <= 2) {
+      thread_local std::vector<T> p;
+      p.resize(keys);
+      return attention_rows(oh, lh, qh, kh, vh, s, p.data());
+    }
+    // Per pair: keys transposed (Dh, Tk_pad) and values padded (keys, Dp), so that every tile
+    // product reads whole vectors; per query tile: scores (q_tile, k_tile) and the output (q_tile, Dp).
+    thread_local std::vector<T> kt, vp, scores, acc, row_max, row_sum;
+    kt.resize(Dh * Tk_pad), vp.resize(keys * Dp), scores.resize(q_tile * k_tile), acc.resize(q_tile * Dp);
+    row_max.resize(q_tile), row_sum.resize(q_tile);
+    copy_transposed(kt.data(), Tk_pad, kh, D, keys, Dh);
+    copy_padded(vp.data(), Dp, vh, D, keys, Dh);
+    for (std::size_t i0 = 0; i0 < Tq; i0 += q_tile) {
+      const std::size_t rows = std::min(q_tile, Tq - i0), first_pos = s.q_offset + i0;
+      const std::size_t tile_keys = first_pos + rows;  // keys this tile's queries see: later tiles are skipped
+      std::fill(acc.begin(), acc.end(), T(0));
+      std::fill(row_max.begin(), row_max.end(), minus_infinity<T>);
+      std::fill(row_sum.begin(), row_sum.end(), T(0));
+      for (std::size_t j0 = 0; j0 < tile_keys; j0 += k_tile) {
+        const std::size_t cols = std::min(k_tile, tile_keys - j0), cols_pad = round_up(cols, W);
+        T* st = scores.data();
+        tile_scores(st, qh + i0 * D, D, kt.data(), Tk_pad, rows, cols, cols_pad, Dh, scale, first_pos, j0);
+        // Online softmax: m' = max(m, max_j s_j); l' = l e^(m - m') + sum_j e^(s_j - m'); the
+        // output so far is rescaled by e^(m - m'). Key 0 is in every row's first tile, so m is
+        // finite from then on and a row with no visible key in a later tile adds exactly 0.
+        for (std::size_t i = 0; i < rows; ++i) {
+          T* sr = st + i * k_tile;
+          T m = std::max(row_max[i], detail::max_of<Batch<T>>(sr, cols_pad));
+          T sum = detail::exp_shifted_sum<Batch<T>>(sr, cols_pad, m);
+          T correction = std::exp(row_max[i] - m);  // 0 on the first tile (m was -inf)
+          row_sum[i] = row_sum[i] * correction + sum;
+          row_max[i] = m;
+          if (correction != T(1))
+            for (std::size_t d = 0; d < Dp; ++d) acc[i * Dp + d] *= correction;
+        }
+        // acc (rows, Dp) += P (rows, cols) v[j0:j0+cols]
+        detail::tile_product<Batch<T>>(acc.data(), Dp, st, k_tile, 1, vp.data() + j0 * Dp, Dp, rows, Dp, cols, T(1),
+                                       true);
       }
-      // out_blk (rows, Dh) = P_blk v
-      gemm<T>(false, false, rows, Dh, keys, T(1), p, Tk, vh, D, T(0), oh + i0 * D, D);
+      for (std::size_t i = 0; i < rows; ++i) {
+        T inv = T(1) / row_sum[i];
+        for (std::size_t d = 0; d < Dh; ++d) oh[(i0 + i) * D + d] = acc[i * Dp + d] * inv;
+        if (lh) lh[i0 + i] = row_max[i] + std::log(row_sum[i]);
+      }
     }
   });
 }
 
+// With P_ij = exp(s_ij - lse_i) recomputed per tile, dP = dout v^T and
+// delta_i = sum_j P_ij dP_ij = dout_i . out_i (FlashAttention-2):
+//   dS = P * (dP - delta) / sqrt(Dh);  dv += P^T dout;  dq += dS k;  dk += dS^T q.
+// Key tiles are the outer loop (their dk, dv are summed in place); dq is summed over the key tiles
+// of the pair in a per-pair buffer, so each element's sum has one fixed order.
 template <class T>
-void attention_backward(T* dq, T* dk, T* dv, const T* dout, const T* probs, const T* q, const T* k, const T* v,
-                        const AttentionShape& s) {
+void attention_backward(T* dq, T* dk, T* dv, const T* dout, const T* out, const T* lse, const T* q, const T* k,
+                        const T* v, const AttentionShape& s) {
   const std::size_t D = s.model_dim(), Dh = s.head_dim, Tq = s.q_len, Tk = s.kv_len;
+  constexpr std::size_t W = Batch<T>::size;
+  const std::size_t Dp = round_up(Dh, W), keys = s.q_offset + Tq, Tk_pad = round_up(Tk, W) + k_tile;
   const T scale = T(1) / std::sqrt(T(Dh));
-  detail::parallel_for(s.batch * s.n_heads, Tq * Tk * Dh * 4, [&](std::size_t pair) {
-    thread_local std::vector<T> scratch;
-    scratch.resize(row_block * Tk);
+  if (!dq && !dk && !dv) return;
+  detail::parallel_for(s.batch * s.n_heads, Tq * keys * Dh * 4, [&](std::size_t pair) {
     HeadView hv = head_view(s, pair);
     const T* qh = q + hv.q_row0 * D + hv.col0;
     const T* kh = k + hv.kv_row0 * D + hv.col0;
     const T* vh = v + hv.kv_row0 * D + hv.col0;
     const T* doh = dout + hv.q_row0 * D + hv.col0;
-    const T* ph = probs + hv.probs0;
-    for (std::size_t i0 = 0; i0 < Tq; i0 += row_block) {
-      std::size_t rows = std::min(row_block, Tq - i0), keys = s.q_offset + i0 + rows;
-      const T* p = ph + i0 * Tk;
-      T* ds = scratch.data();  // (rows, keys)
-      if (dv) gemm<T>(true, false, keys, Dh, rows, T(1), p, Tk, doh + i0 * D, D, T(1), dv + hv.kv_row0 * D + hv.col0, D);
-      if (!dq && !dk) continue;
-      // dP = dout_blk v^T; dS = P * (dP - sum_j dP_j P_j), with the 1/sqrt(Dh) of the scores folded in.
-      gemm<T>(false, true, rows, keys, Dh, T(1), doh + i0 * D, D, vh, D, T(0), ds, keys);
-      for (std::size_t i = 0; i < rows; ++i) {
-        const T* pr = p + i * Tk;
-        T* dr = ds + i * keys;
-        T centre = detail::dot<Batch<T>>(dr, pr, keys);
-        for (std::size_t j = 0; j < keys; ++j) dr[j] = pr[j] * (dr[j] - centre) * scale;
+    const T* oh = out + hv.q_row0 * D + hv.col0;
+    const T* lh = lse + hv.lse0;
+    // Operands laid out for tile_product: q, dout and k padded to Dp columns; k and v transposed.
+    thread_local std::vector<T> qp, dop, kp, kt, vt, delta, dq_acc, dk_tile, dv_tile, p, ds;
+    qp.resize(Tq * Dp), dop.resize(Tq * Dp), kp.resize(keys * Dp), kt.resize(Dh * Tk_pad), vt.resize(Dh * Tk_pad);
+    delta.resize(Tq), dq_acc.assign(dq ? Tq * Dp : 0, T(0)), dk_tile.resize(k_tile * Dp), dv_tile.resize(k_tile * Dp);
+    p.resize(q_tile * k_tile), ds.resize(q_tile * k_tile);
+    copy_padded(qp.data(), Dp, qh, D, Tq, Dh);
+    copy_padded(dop.data(), Dp, doh, D, Tq, Dh);
+    copy_padded(kp.data(), Dp, kh, D, keys, Dh);
+    copy_transposed(kt.data(), Tk_pad, kh, D, keys, Dh);
+    copy_transposed(vt.data(), Tk_pad, vh, D, keys, Dh);
+    for (std::size_t i = 0; i < Tq; ++i) delta[i] = detail::dot<Batch<T>>(doh + i * D, oh + i * D, Dh);
+    for (std::size_t j0 = 0; j0 < keys; j0 += k_tile) {
+      const std::size_t cols = std::min(k_tile, keys - j0), cols_pad = round_up(cols, W);
+      // Query i sees key j when j <= q_offset + i: tiles of queries wholly before j0 are skipped.
+      const std::size_t first_query = j0 > s.q_offset ? j0 - s.q_offset : 0;
+      std::fill(dk_tile.begin(), dk_tile.end(), T(0));
+      std::fill(dv_tile.begin(), dv_tile.end(), T(0));
+      for (std::size_t i0 = first_query / q_tile * q_tile; i0 < Tq; i0 += q_tile) {
+        const std::size_t rows = std::min(q_tile, Tq - i0);
+        T *pt = p.data(), *dst = ds.data();
+        tile_scores(pt, qh + i0 * D, D, kt.data(), Tk_pad, rows, cols, cols_pad, Dh, scale, s.q_offset + i0, j0);
+        for (std::size_t i = 0; i < rows; ++i) detail::exp_shifted_sum<Batch<T>>(pt + i * k_tile, cols_pad, lh[i0 + i]);
+        if (dv)  // dv_tile (cols, Dp) += P^T dout_tile
+          detail::tile_product<Batch<T>>(dv_tile.data(), Dp, pt, 1, k_tile, dop.data() + i0 * Dp, Dp, cols, Dp, rows,
+                                         T(1), true);
+        if (!dq && !dk) continue;
+        // dP (rows, cols_pad) = dout_tile v^T, then dS in place.
+        detail::tile_product<Batch<T>>(dst, k_tile, doh + i0 * D, D, 1, vt.data() + j0, Tk_pad, rows, cols_pad, Dh,
+                                       T(1), false);
+        for (std::size_t i = 0; i < rows; ++i) {
+          const T* pr = pt + i * k_tile;
+          T* dr = dst + i * k_tile;
+          const T centre = delta[i0 + i];
+          for (std::size_t j = 0; j < cols_pad; ++j) dr[j] = pr[j] * (dr[j] - centre) * scale;
+        }
+        if (dk)  // dk_tile (cols, Dp) += dS^T q_tile
+          detail::tile_product<Batch<T>>(dk_tile.data(), Dp, dst, 1, k_tile, qp.data() + i0 * Dp, Dp, cols, Dp, rows,
+                                         T(1), true);
+        if (dq)  // dq_acc (rows, Dp) += dS k_tile
+          detail::tile_product<Batch<T>>(dq_acc.data() + i0 * Dp, Dp, dst, k_tile, 1, kp.data() + j0 * Dp, Dp, rows,
+                                         Dp, cols, T(1), true);
       }
-      if (dq) gemm<T>(false, false, rows, Dh, keys, T(1), ds, keys, kh, D, T(1), dq + (hv.q_row0 + i0) * D + hv.col0, D);
-      if (dk) gemm<T>(true, false, keys, Dh, rows, T(1), ds, keys, qh + i0 * D, D, T(1), dk + hv.kv_row0 * D + hv.col0, D);
+      for (std::size_t j = 0; j < cols; ++j)
+        for (std::size_t d = 0; d < Dh; ++d) {
+          std::size_t at = (hv.kv_row0 + j0 + j) * D + hv.col0 + d;
+          if (dk) dk[at] += dk_tile[j * Dp + d];
+          if (dv) dv[at] += dv_tile[j * Dp + d];
+        }
     }
+    if (dq)
+      for (std::size_t i = 0; i < Tq; ++i)
+        for (std::size_t d = 0; d < Dh; ++d) dq[(hv.q_row0 + i) * D + hv.col0 + d] += dq_acc[i * Dp + d];
   });
 }
 
@@ -91,8 +222,8 @@ template void attention_forward<float>(float*, float*, const float*, const float
 template void attention_forward<double>(double*, double*, const double*, const double*, const double*,
                                         const AttentionShape&);
 template void attention_backward<float>(float*, float*, float*, const float*, const float*, const float*,
-                                        const float*, const float*, const AttentionShape&);
+                                        const float*, const float*, const float*, const AttentionShape&);
 template void attention_backward<double>(double*, double*, double*, const double*, const double*, const double*,
-                                         const double*, const double*, const AttentionShape&);
+                                         const double*, const double*, const double*, const AttentionShape&);
 
 }  // namespace tapegrad::kernels::TAPEGRAD_SIMD_LEVEL

@@ -300,15 +300,15 @@ Var attention(const Var& q, const Var& k, const Var& v, std::size_t n_heads) {
   kernels::AttentionShape shape{s[0], s[1], s[1], n_heads, s[2] / n_heads, 0};
   auto out = std::make_shared<Node>();
   out->value = Tensor::uninitialized(s);
-  Tensor probs = Tensor::uninitialized({s[0], n_heads, s[1], s[1]});
-  kernels::attention_forward(out->value.data(), probs.data(), q.value().data(), k.value().data(), v.value().data(),
+  Tensor lse = Tensor::uninitialized({s[0], n_heads, s[1]});
+  kernels::attention_forward(out->value.data(), lse.data(), q.value().data(), k.value().data(), v.value().data(),
                              shape);
   if (Tape* tape = recording_tape("attention", {&q, &k, &v})) {
-    std::size_t bytes = probs.bytes();
-    tape->record(out, [qn = q.node_ptr(), kn = k.node_ptr(), vn = v.node_ptr(), probs = std::move(probs),
+    std::size_t bytes = lse.bytes();
+    tape->record(out, [qn = q.node_ptr(), kn = k.node_ptr(), vn = v.node_ptr(), lse = std::move(lse),
                        shape](Node& o) {
-      kernels::attention_backward(grad_ptr(*qn), grad_ptr(*kn), grad_ptr(*vn), o.grad.data(), probs.data(),
-                                  qn->value.data(), kn->value.data(), vn->value.data(), shape);
+      kernels::attention_backward(grad_ptr(*qn), grad_ptr(*kn), grad_ptr(*vn), o.grad.data(), o.value.data(),
+                                  lse.data(), qn->value.data(), kn->value.data(), vn->value.data(), shape);
     }, bytes);
   }
   return Var(out);
