@@ -2,6 +2,7 @@
 // and attention (GFLOP/s, % of the peak) and elementwise/row kernels (GB/s, % of the same-size
 // memcpy), at 1 and 2 threads. Every kernel is checked against a naive reference before it is timed.
 #include <fmt/core.h>
+#include <immintrin.h>
 
 #include <charconv>
 #include <cmath>
@@ -71,6 +72,7 @@ struct Options {
   int repeats = 20;
   double min_sample_s = 2e-3;  // calls are batched into samples this long, so the timer adds no noise
   std::string out = (std::filesystem::path(__FILE__).parent_path() / "results" / "kernels_cpu.json").string();
+  std::string only;  // a group (matmul, attention, rows) to run alone, with the references
 };
 
 struct Operand {  // a row-major matrix used as op(X) in a product
@@ -134,6 +136,73 @@ Case peak_case(std::size_t n, int max_threads) {
   };
   return {"reference", "cblas_sgemm peak", fmt::format("{}^3 per thread", n), Unit::flops, 2.0 * n * n * n, verify, run,
           true};
+}
+
+// ---- the FMA peak: the physical limit ----
+// Register-only multiply-adds, one loop per instruction set, compiled for it by a target
+// attribute (this file is built for the baseline) and run only where the CPU has it: `chains`
+// independent accumulators (more than FMA latency x FMA ports, 4 x 2 on current x86 cores), so
+// the loop is bound by FMA throughput alone. SSE2 has no FMA: a multiply and an add, 2 flops.
+constexpr int fma_chains = 12;
+constexpr long fma_iterations = 1 << 18;
+
+__attribute__((target("avx512f"))) float fma_loop_avx512(float seed) {
+  __m512 acc[fma_chains], x = _mm512_set1_ps(0.999999f), y = _mm512_set1_ps(seed);
+  for (int c = 0; c < fma_chains; ++c) acc[c] = _mm512_set1_ps(float(c));
+  for (long n = 0; n < fma_iterations; ++n)
+    for (int c = 0; c < fma_chains; ++c) acc[c] = _mm512_fmadd_ps(acc[c], x, y);
+  alignas(64) float lanes[16];
+  float sum = 0;
+  for (int c = 0; c < fma_chains; ++c) {
+    _mm512_store_ps(lanes, acc[c]);
+    for (float l : lanes) sum += l;
+  }
+  return sum;
+}
+__attribute__((target("avx2,fma"))) float fma_loop_avx2(float seed) {
+  __m256 acc[fma_chains], x = _mm256_set1_ps(0.999999f), y = _mm256_set1_ps(seed);
+  for (int c = 0; c < fma_chains; ++c) acc[c] = _mm256_set1_ps(float(c));
+  for (long n = 0; n < fma_iterations; ++n)
+    for (int c = 0; c < fma_chains; ++c) acc[c] = _mm256_fmadd_ps(acc[c], x, y);
+  alignas(32) float lanes[8];
+  float sum = 0;
+  for (int c = 0; c < fma_chains; ++c) {
+    _mm256_store_ps(lanes, acc[c]);
+    for (float l : lanes) sum += l;
+  }
+  return sum;
+}
+float fma_loop_sse2(float seed) {
+  __m128 acc[fma_chains], x = _mm_set1_ps(0.999999f), y = _mm_set1_ps(seed);
+  for (int c = 0; c < fma_chains; ++c) acc[c] = _mm_set1_ps(float(c));
+  for (long n = 0; n < fma_iterations; ++n)
+    for (int c = 0; c < fma_chains; ++c) acc[c] = _mm_add_ps(_mm_mul_ps(acc[c], x), y);
+  alignas(16) float lanes[4];
+  float sum = 0;
+  for (int c = 0; c < fma_chains; ++c) {
+    _mm_store_ps(lanes, acc[c]);
+    for (float l : lanes) sum += l;
+  }
+  return sum;
+}
+
+/// The FMA peak of one SIMD level in float: fma_loop on every kernel thread, flops counted per thread.
+Case fma_peak_case(tapegrad::SimdLevel level) {
+  std::size_t lanes = level == tapegrad::SimdLevel::avx512 ? 16 : level == tapegrad::SimdLevel::avx2 ? 8 : 4;
+  float (*loop)(float) = level == tapegrad::SimdLevel::avx512 ? fma_loop_avx512
+                         : level == tapegrad::SimdLevel::avx2 ? fma_loop_avx2
+                                                              : fma_loop_sse2;
+  auto sink = std::make_shared<std::vector<float>>(64);
+  auto run = [loop, sink] {
+#pragma omp parallel num_threads(tapegrad::num_threads())
+    (*sink)[omp_get_thread_num()] = loop(1e-7f);
+  };
+  auto verify = [run, sink] {  // the accumulators converge to seed / (1 - x), so a sum of them is finite
+    run();
+    if (!std::isfinite((*sink)[0])) throw std::runtime_error("fma peak loop: not finite");
+  };
+  return {"reference", fmt::format("fma peak {}", tapegrad::simd_level_name(level)), "registers only", Unit::flops,
+          2.0 * double(lanes) * fma_chains * double(fma_iterations), verify, run, true};
 }
 
 /// memcpy of n floats split over the kernel threads: the memory-bandwidth reference (bytes = 2 n 4).
@@ -417,8 +486,10 @@ Options parse_options(int argc, char** argv) {
       options.repeats = 3, options.min_sample_s = 2e-4;
     } else if (flag == "--out") {
       options.out = value();
+    } else if (flag == "--only") {
+      options.only = value();
     } else {
-      throw std::invalid_argument(fmt::format("unknown flag {}; flags: --threads 1,2 --repeats N --quick --out PATH", flag));
+      throw std::invalid_argument(fmt::format("unknown flag {}; flags: --threads 1,2 --repeats N --quick --out PATH --only GROUP", flag));
     }
   }
   return options;
@@ -431,17 +502,26 @@ int main(int argc, char** argv) try {
   tapegrad::set_num_threads(1);  // also pins OpenBLAS to one thread before its first call
   std::vector<Case> cases{peak_case(1024, *std::max_element(options.threads.begin(), options.threads.end())),
                           copy_case(2048 * 512, "(= one row operand)"), copy_case(std::size_t(16) << 20, "(> L3)")};
-  for (auto more : {matmul_cases(), attention_cases(8, 256, 8, 32), attention_cases(12, 64, 4, 32), row_cases(2048, 512)})
-    cases.insert(cases.end(), more.begin(), more.end());
+  for (tapegrad::SimdLevel level : tapegrad::supported_simd_levels()) cases.push_back(fma_peak_case(level));
+  // Attention at the shapes (Dh 32 and 64, T 256 and 1024; B*H chosen for calls of a few
+  // ms) and at config (b)'s.
+  for (auto more : {matmul_cases(), attention_cases(4, 256, 8, 32), attention_cases(4, 256, 4, 64),
+                    attention_cases(1, 1024, 8, 32), attention_cases(1, 1024, 4, 64), attention_cases(12, 64, 4, 32),
+                    row_cases(2048, 512)})
+    for (Case& c : more)
+      if (options.only.empty() || c.group == options.only) cases.push_back(std::move(c));
 
   nlohmann::json json = run_header();
   fmt::print("tapegrad kernels on {} ({} cpus, OpenBLAS core {}); {} samples, median per call\n",
              json["machine"]["cpu"].get<std::string>(), omp_get_num_procs(), openblas_get_corename(), options.repeats);
   nlohmann::json results = nlohmann::json::array(), peak, copy;  // references by thread count: median and best rate
+  // The FMA peak of every level by thread count, and of the level the kernels run at (% fma).
+  nlohmann::json fma_peaks;
+  const std::string fma_in_use = fmt::format("fma peak {}", tapegrad::simd_level_name(tapegrad::simd_level()));
   for (int threads : options.threads) {
     tapegrad::set_num_threads(threads);
-    fmt::print("\n{:<27} {:<27} {:>3} {:>11} {:>23} {:>14} {:>6} {:>6}\n", "kernel", "shape", "thr", "median",
-               "min - max", "rate (median)", "% ref", "best");
+    fmt::print("\n{:<27} {:<27} {:>3} {:>11} {:>23} {:>14} {:>6} {:>6} {:>6}\n", "kernel", "shape", "thr", "median",
+               "min - max", "rate (median)", "% ref", "best", "% fma");
     for (const Case& c : cases) {
       c.verify();
       Timing timing = time_calls(c.call, options.repeats, options.min_sample_s);
@@ -451,13 +531,20 @@ int main(int argc, char** argv) try {
       nlohmann::json& reference = (flops ? peak : copy)[std::to_string(threads)];
       if (reference.is_null()) reference = {{"median", rate}, {"best", best_rate}};  // each unit's first reference
       double fraction = rate / reference["median"].get<double>(), best = best_rate / reference["best"].get<double>();
-      fmt::print("{:<27} {:<27} {:>3} {:>11} {:>23} {:>7.1f} {:<6} {:>5.0f}% {:>5.0f}%\n", c.name, c.shape, threads,
+      if (c.name.starts_with("fma peak ")) fma_peaks[c.name.substr(9)][std::to_string(threads)] = rate;
+      double fma_fraction = 0;
+      const auto fma_peak = nlohmann::json::json_pointer(fmt::format("/{}/{}", fma_in_use.substr(9), threads));
+      if (flops && c.name != fma_in_use && fma_peaks.contains(fma_peak))
+        fma_fraction = rate / fma_peaks[fma_peak].get<double>();
+      fmt::print("{:<27} {:<27} {:>3} {:>11} {:>23} {:>7.1f} {:<6} {:>5.0f}% {:>5.0f}% {:>6}\n", c.name, c.shape, threads,
                  format_seconds(timing.median_s), format_seconds(timing.min_s) + " - " + format_seconds(timing.max_s),
-                 rate, flops ? "GF/s" : "GB/s", 100 * fraction, 100 * best);
+                 rate, flops ? "GF/s" : "GB/s", 100 * fraction, 100 * best,
+                 fma_fraction > 0 ? fmt::format("{:.0f}%", 100 * fma_fraction) : "");
       results.push_back({{"group", c.group}, {"kernel", c.name}, {"shape", c.shape}, {"threads", threads},
                          {"median_s", timing.median_s}, {"min_s", timing.min_s}, {"max_s", timing.max_s},
                          {flops ? "flops_per_call" : "bytes_per_call", work}, {flops ? "gflops" : "gbytes_per_s", rate},
                          {"fraction_of_reference", fraction}, {"fraction_of_reference_best", best}});
+      if (fma_fraction > 0) results.back()["fraction_of_fma_peak"] = fma_fraction;
     }
   }
   json.update({
@@ -470,7 +557,9 @@ int main(int argc, char** argv) try {
       {"byte_count", "compulsory traffic: inputs read once, outputs written once, accumulated outputs read and "
                      "written; memcpy counts 2 bytes per byte copied; neither counts write-allocate reads, so a "
                      "kernel reading more than it writes can exceed 100% of memcpy"},
-      {"sgemm_peak_gflops", peak}, {"memcpy_gbytes_per_s", copy}, {"results", results}});
+      {"fraction_of_fma_peak", "median rate / the median FMA peak of the SIMD level in use, same thread count"},
+      {"sgemm_peak_gflops", peak}, {"fma_peak_gflops", fma_peaks}, {"memcpy_gbytes_per_s", copy},
+      {"results", results}});
   write_results(options.out, json);
   return 0;
 } catch (const std::exception& e) {
