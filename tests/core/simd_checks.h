@@ -115,7 +115,7 @@ template <class B> void check_helpers(Failures& f, std::string_view name) {
 
   {  // sums_of_lanes: lane r is the sum of acc[r]'s lanes
     B acc[W];
-    alignas(64) T lanes[W], got[W];
+    alignas(64) T lanes[W], got[W] = {};
     for (std::size_t r = 0; r < W; ++r) {
       for (std::size_t i = 0; i < W; ++i) lanes[i] = T(100 * r + i);
       acc[r] = B::load_aligned(lanes);
