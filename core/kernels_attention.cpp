@@ -55,6 +55,13 @@ void copy_transposed(T* dst, std::size_t ld, const T* src, std::size_t D, std::s
     for (std::size_t d = 0; d < Dh; ++d) dst[d * ld + r] = src[r * D + d];
 }
 
+/// dst[r * ld_dst + d] += src[r * ld_src + d] for r < rows, d < Dh.
+template <class T>
+void add_rows(T* dst, std::size_t ld_dst, const T* src, std::size_t ld_src, std::size_t rows, std::size_t Dh) {
+  for (std::size_t r = 0; r < rows; ++r)
+    for (std::size_t d = 0; d < Dh; ++d) dst[r * ld_dst + d] += src[r * ld_src + d];
+}
+
 /// Scores of a tile, s (rows, cols_pad) = scale * q_tile kt[:, j0:], with -inf where query i0 + i
 /// (absolute position q_offset + i0 + i) may not see key j0 + j, and in the padding columns.
 template <class T>
@@ -212,16 +219,10 @@ void attention_backward(T* dq, T* dk, T* dv, const T* dout, const T* out, const 
           detail::tile_product<Batch<T>>(dq_acc.data() + i0 * Dp, Dp, dst, k_tile, 1, kp.data() + j0 * Dp, Dp, rows,
                                          Dp, cols, T(1), true);
       }
-      for (std::size_t j = 0; j < cols; ++j)
-        for (std::size_t d = 0; d < Dh; ++d) {
-          std::size_t at = (hv.kv_row0 + j0 + j) * D + hv.col0 + d;
-          if (dk) dk[at] += dk_tile[j * Dp + d];
-          if (dv) dv[at] += dv_tile[j * Dp + d];
-        }
+      if (dk) add_rows(dk + (hv.kv_row0 + j0) * D + hv.col0, D, dk_tile.data(), Dp, cols, Dh);
+      if (dv) add_rows(dv + (hv.kv_row0 + j0) * D + hv.col0, D, dv_tile.data(), Dp, cols, Dh);
     }
-    if (dq)
-      for (std::size_t i = 0; i < Tq; ++i)
-        for (std::size_t d = 0; d < Dh; ++d) dq[(hv.q_row0 + i) * D + hv.col0 + d] += dq_acc[i * Dp + d];
+    if (dq) add_rows(dq + hv.q_row0 * D + hv.col0, D, dq_acc.data(), Dp, Tq, Dh);
   });
 }
 
