@@ -127,25 +127,35 @@ void attention_forward(T* out, T* lse, const T* q, const T* k, const T* v, const
       std::fill(row_max.begin(), row_max.end(), minus_infinity<T>);
       std::fill(row_sum.begin(), row_sum.end(), T(0));
       for (std::size_t j0 = 0; j0 < tile_keys; j0 += k_tile) {
-        const std::size_t cols = std::min(k_tile, tile_keys - j0), cols_pad = round_up(cols, W);
-        T* st = scores.data();
-        tile_scores(st, qh + i0 * D, D, kt.data(), Tk_pad, rows, cols, cols_pad, Dh, scale, first_pos, j0);
-        // Online softmax: m' = max(m, max_j s_j); l' = l e^(m - m') + sum_j e^(s_j - m'); the
-        // output so far is rescaled by e^(m - m'). Key 0 is in every row's first tile, so m is
-        // finite from then on and a row with no visible key in a later tile adds exactly 0.
-        for (std::size_t i = 0; i < rows; ++i) {
-          T* sr = st + i * k_tile;
-          T m = std::max(row_max[i], detail::max_of<Batch<T>>(sr, cols_pad));
-          T sum = detail::exp_shifted_sum<Batch<T>>(sr, cols_pad, m);
-          T correction = std::exp(row_max[i] - m);  // 0 on the first tile (m was -inf)
-          row_sum[i] = row_sum[i] * correction + sum;
-          row_max[i] = m;
-          if (correction != T(1))
-            for (std::size_t d = 0; d < Dp; ++d) acc[i * Dp + d] *= correction;
+        const std::size_t cols = std::min(k_tile, tile_keys - j0);
+        // A tile on the causal diagonal goes in chunks of 6 rows (the register block of
+        // tile_product), each computing scores and P v only up to the last key its rows see:
+        // about half of the diagonal tile's work, which is 4 of the 10 tiles at T = 256.
+        const bool diagonal = first_pos < j0 + cols - 1;
+        const std::size_t chunk = diagonal ? 6 : rows;
+        for (std::size_t r0 = 0; r0 < rows; r0 += chunk) {
+          const std::size_t n = std::min(chunk, rows - r0), last_key = first_pos + r0 + n - 1;  // inclusive
+          if (last_key < j0) continue;  // no row of the chunk sees a key of this tile
+          const std::size_t seen = std::min(cols, last_key - j0 + 1), seen_pad = round_up(seen, W);
+          T* st = scores.data() + r0 * k_tile;
+          tile_scores(st, qh + (i0 + r0) * D, D, kt.data(), Tk_pad, n, seen, seen_pad, Dh, scale, first_pos + r0, j0);
+          // Online softmax: m' = max(m, max_j s_j); l' = l e^(m - m') + sum_j e^(s_j - m'); the
+          // output so far is rescaled by e^(m - m'). Key 0 is in every row's first tile, so m is
+          // finite from then on and a row with no visible key in a later tile adds exactly 0.
+          for (std::size_t i = r0; i < r0 + n; ++i) {
+            T* sr = scores.data() + i * k_tile;
+            T m = std::max(row_max[i], detail::max_of<Batch<T>>(sr, seen_pad));
+            T sum = detail::exp_shifted_sum<Batch<T>>(sr, seen_pad, m);
+            T correction = std::exp(row_max[i] - m);  // 0 on the first tile (m was -inf)
+            row_sum[i] = row_sum[i] * correction + sum;
+            row_max[i] = m;
+            if (correction != T(1))
+              for (std::size_t d = 0; d < Dp; ++d) acc[i * Dp + d] *= correction;
+          }
+          // acc (n, Dp) += P (n, seen) v[j0:j0+seen]
+          detail::tile_product<Batch<T>>(acc.data() + r0 * Dp, Dp, st, k_tile, 1, vp.data() + j0 * Dp, Dp, n, Dp, seen,
+                                         T(1), true);
         }
-        // acc (rows, Dp) += P (rows, cols) v[j0:j0+cols]
-        detail::tile_product<Batch<T>>(acc.data(), Dp, st, k_tile, 1, vp.data() + j0 * Dp, Dp, rows, Dp, cols, T(1),
-                                       true);
       }
       for (std::size_t i = 0; i < rows; ++i) {
         T inv = T(1) / row_sum[i];
