@@ -205,29 +205,49 @@ void attention_backward(T* dq, T* dk, T* dv, const T* dout, const T* out, const 
       std::fill(dk_tile.begin(), dk_tile.end(), T(0));
       std::fill(dv_tile.begin(), dv_tile.end(), T(0));
       for (std::size_t i0 = first_query / q_tile * q_tile; i0 < Tq; i0 += q_tile) {
-        const std::size_t rows = std::min(q_tile, Tq - i0);
+        const std::size_t rows = std::min(q_tile, Tq - i0), first_pos = s.q_offset + i0;
+        // As in the forward, a tile on the causal diagonal goes in chunks of 6 rows (of queries for
+        // P, dS and dq; of keys for dk and dv), each only over the keys or queries it pairs with.
+        const bool diagonal = first_pos < j0 + cols - 1;
+        const std::size_t chunk = diagonal ? 6 : std::max(rows, cols);
         T *pt = p.data(), *dst = ds.data();
-        tile_scores(pt, qh + i0 * D, D, kt.data(), Tk_pad, rows, cols, cols_pad, Dh, scale, s.q_offset + i0, j0);
-        for (std::size_t i = 0; i < rows; ++i) detail::exp_shifted_sum<Batch<T>>(pt + i * k_tile, cols_pad, lh[i0 + i]);
-        if (dv)  // dv_tile (cols, Dp) += P^T dout_tile
-          detail::tile_product<Batch<T>>(dv_tile.data(), Dp, pt, 1, k_tile, dop.data() + i0 * Dp, Dp, cols, Dp, rows,
-                                         T(1), true);
-        if (!dq && !dk) continue;
-        // dP (rows, cols_pad) = dout_tile v^T, then dS in place.
-        detail::tile_product<Batch<T>>(dst, k_tile, doh + i0 * D, D, 1, vt.data() + j0, Tk_pad, rows, cols_pad, Dh,
-                                       T(1), false);
-        for (std::size_t i = 0; i < rows; ++i) {
-          const T* pr = pt + i * k_tile;
-          T* dr = dst + i * k_tile;
-          const T centre = delta[i0 + i];
-          for (std::size_t j = 0; j < cols_pad; ++j) dr[j] = pr[j] * (dr[j] - centre) * scale;
+        for (std::size_t r0 = 0; r0 < rows; r0 += chunk) {
+          const std::size_t n = std::min(chunk, rows - r0), last_key = first_pos + r0 + n - 1;  // inclusive
+          const std::size_t seen = last_key < j0 ? 0 : std::min(cols, last_key - j0 + 1), seen_pad = round_up(seen, W);
+          T *pc = pt + r0 * k_tile, *dc = dst + r0 * k_tile;
+          for (std::size_t i = 0; i < n; ++i) {  // the dk and dv products below read whole columns: zero the rest
+            std::fill(pc + i * k_tile + seen_pad, pc + i * k_tile + cols_pad, T(0));
+            std::fill(dc + i * k_tile + seen_pad, dc + i * k_tile + cols_pad, T(0));
+          }
+          if (seen == 0) continue;
+          tile_scores(pc, qh + (i0 + r0) * D, D, kt.data(), Tk_pad, n, seen, seen_pad, Dh, scale, first_pos + r0, j0);
+          for (std::size_t i = 0; i < n; ++i) detail::exp_shifted_sum<Batch<T>>(pc + i * k_tile, seen_pad, lh[i0 + r0 + i]);
+          if (!dq && !dk) continue;
+          // dP (n, seen_pad) = dout_chunk v^T, then dS in place.
+          detail::tile_product<Batch<T>>(dc, k_tile, doh + (i0 + r0) * D, D, 1, vt.data() + j0, Tk_pad, n, seen_pad,
+                                         Dh, T(1), false);
+          for (std::size_t i = 0; i < n; ++i) {
+            const T* pr = pc + i * k_tile;
+            T* dr = dc + i * k_tile;
+            const T centre = delta[i0 + r0 + i];
+            for (std::size_t j = 0; j < seen_pad; ++j) dr[j] = pr[j] * (dr[j] - centre) * scale;
+          }
+          if (dq)  // dq_acc (n, Dp) += dS k[j0:j0+seen]
+            detail::tile_product<Batch<T>>(dq_acc.data() + (i0 + r0) * Dp, Dp, dc, k_tile, 1, kp.data() + j0 * Dp, Dp, n,
+                                           Dp, seen, T(1), true);
         }
-        if (dk)  // dk_tile (cols, Dp) += dS^T q_tile
-          detail::tile_product<Batch<T>>(dk_tile.data(), Dp, dst, 1, k_tile, qp.data() + i0 * Dp, Dp, cols, Dp, rows,
-                                         T(1), true);
-        if (dq)  // dq_acc (rows, Dp) += dS k_tile
-          detail::tile_product<Batch<T>>(dq_acc.data() + i0 * Dp, Dp, dst, k_tile, 1, kp.data() + j0 * Dp, Dp, rows,
-                                         Dp, cols, T(1), true);
+        for (std::size_t c0 = 0; c0 < cols; c0 += chunk) {
+          const std::size_t n = std::min(chunk, cols - c0);
+          const std::size_t first = j0 + c0 > first_pos ? j0 + c0 - first_pos : 0;  // first query seeing key j0 + c0
+          if (first >= rows) break;
+          const std::size_t K = rows - first;
+          if (dv)  // dv_tile (n, Dp) += P^T dout_tile
+            detail::tile_product<Batch<T>>(dv_tile.data() + c0 * Dp, Dp, pt + first * k_tile + c0, 1, k_tile,
+                                           dop.data() + (i0 + first) * Dp, Dp, n, Dp, K, T(1), true);
+          if (dk)  // dk_tile (n, Dp) += dS^T q_tile
+            detail::tile_product<Batch<T>>(dk_tile.data() + c0 * Dp, Dp, dst + first * k_tile + c0, 1, k_tile,
+                                           qp.data() + (i0 + first) * Dp, Dp, n, Dp, K, T(1), true);
+        }
       }
       if (dk) add_rows(dk + (hv.kv_row0 + j0) * D + hv.col0, D, dk_tile.data(), Dp, cols, Dh);
       if (dv) add_rows(dv + (hv.kv_row0 + j0) * D + hv.col0, D, dv_tile.data(), Dp, cols, Dh);
