@@ -17,6 +17,9 @@ namespace {
 // 64 x 64 tiles: a tile of scores (16 KiB in float) and the key and query slices it is made from
 // stay in L1/L2 at Dh <= 64.
 constexpr std::size_t q_tile = 64, k_tile = 64;
+// A tile on the causal diagonal goes in chunks of this many rows, the register block of
+// tile_product, each only over the keys (or queries) it pairs with.
+constexpr std::size_t diagonal_chunk = 6;
 
 template <class T> constexpr T minus_infinity = -std::numeric_limits<T>::infinity();
 
@@ -76,7 +79,7 @@ void tile_scores(T* s, const T* q, std::size_t D, const T* kt, std::size_t ld_kt
 }
 
 /// The one-query (decoding) form, for one or two query rows: scores with dot products straight
-/// from the key rows, no tiles and no transposed copies. p (Tk) is scratch.
+/// from the key rows, no tiles and no transposed copies. p (q_offset + q_len) is scratch.
 template <class T>
 void attention_rows(T* oh, T* lse, const T* qh, const T* kh, const T* vh, const AttentionShape& s, T* p) {
   const std::size_t D = s.model_dim(), Dh = s.head_dim;
@@ -96,29 +99,29 @@ void attention_rows(T* oh, T* lse, const T* qh, const T* kh, const T* vh, const 
 
 template <class T>
 void attention_forward(T* out, T* lse, const T* q, const T* k, const T* v, const AttentionShape& s) {
-  const std::size_t D = s.model_dim(), Dh = s.head_dim, Tq = s.q_len, Tk = s.kv_len;
+  const std::size_t D = s.model_dim(), Dh = s.head_dim, Tq = s.q_len;
   constexpr std::size_t W = Batch<T>::size;
-  const std::size_t Dp = round_up(Dh, W), Tk_pad = round_up(Tk, W) + k_tile;
+  const std::size_t keys = s.q_offset + Tq;  // keys any query sees; later ones (up to kv_len) are not read
+  const std::size_t Dp = round_up(Dh, W), keys_pad = round_up(keys, W);
   const T scale = T(1) / std::sqrt(T(Dh));
-  detail::parallel_for(s.batch * s.n_heads, Tq * (s.q_offset + Tq) * Dh * 2, [&](std::size_t pair) {
+  detail::parallel_for(s.batch * s.n_heads, Tq * keys * Dh * 2, [&](std::size_t pair) {
     HeadView hv = head_view(s, pair);
     const T* qh = q + hv.q_row0 * D + hv.col0;
     const T* kh = k + hv.kv_row0 * D + hv.col0;
     const T* vh = v + hv.kv_row0 * D + hv.col0;
     T* oh = out + hv.q_row0 * D + hv.col0;
     T* lh = lse ? lse + hv.lse0 : nullptr;
-    const std::size_t keys = s.q_offset + Tq;  // keys any query sees
     if (Tq <= 2) {
       thread_local std::vector<T> p;
       p.resize(keys);
       return attention_rows(oh, lh, qh, kh, vh, s, p.data());
     }
-    // Per pair: keys transposed (Dh, Tk_pad) and values padded (keys, Dp), so that every tile
+    // Per pair: keys transposed (Dh, keys_pad) and values padded (keys, Dp), so that every tile
     // product reads whole vectors; per query tile: scores (q_tile, k_tile) and the output (q_tile, Dp).
     thread_local std::vector<T> kt, vp, scores, acc, row_max, row_sum;
-    kt.resize(Dh * Tk_pad), vp.resize(keys * Dp), scores.resize(q_tile * k_tile), acc.resize(q_tile * Dp);
+    kt.resize(Dh * keys_pad), vp.resize(keys * Dp), scores.resize(q_tile * k_tile), acc.resize(q_tile * Dp);
     row_max.resize(q_tile), row_sum.resize(q_tile);
-    copy_transposed(kt.data(), Tk_pad, kh, D, keys, Dh);
+    copy_transposed(kt.data(), keys_pad, kh, D, keys, Dh);
     copy_padded(vp.data(), Dp, vh, D, keys, Dh);
     for (std::size_t i0 = 0; i0 < Tq; i0 += q_tile) {
       const std::size_t rows = std::min(q_tile, Tq - i0), first_pos = s.q_offset + i0;
@@ -128,17 +131,16 @@ void attention_forward(T* out, T* lse, const T* q, const T* k, const T* v, const
       std::fill(row_sum.begin(), row_sum.end(), T(0));
       for (std::size_t j0 = 0; j0 < tile_keys; j0 += k_tile) {
         const std::size_t cols = std::min(k_tile, tile_keys - j0);
-        // A tile on the causal diagonal goes in chunks of 6 rows (the register block of
-        // tile_product), each computing scores and P v only up to the last key its rows see:
-        // about half of the diagonal tile's work, which is 4 of the 10 tiles at T = 256.
+        // On the diagonal, chunks compute scores and P v only up to the last key their rows see:
+        // about half of a diagonal tile's work, and 4 of the 10 tiles at T = 256 are diagonal.
         const bool diagonal = first_pos < j0 + cols - 1;
-        const std::size_t chunk = diagonal ? 6 : rows;
+        const std::size_t chunk = diagonal ? diagonal_chunk : rows;
         for (std::size_t r0 = 0; r0 < rows; r0 += chunk) {
           const std::size_t n = std::min(chunk, rows - r0), last_key = first_pos + r0 + n - 1;  // inclusive
           if (last_key < j0) continue;  // no row of the chunk sees a key of this tile
           const std::size_t seen = std::min(cols, last_key - j0 + 1), seen_pad = round_up(seen, W);
           T* st = scores.data() + r0 * k_tile;
-          tile_scores(st, qh + (i0 + r0) * D, D, kt.data(), Tk_pad, n, seen, seen_pad, Dh, scale, first_pos + r0, j0);
+          tile_scores(st, qh + (i0 + r0) * D, D, kt.data(), keys_pad, n, seen, seen_pad, Dh, scale, first_pos + r0, j0);
           // Online softmax: m' = max(m, max_j s_j); l' = l e^(m - m') + sum_j e^(s_j - m'); the
           // output so far is rescaled by e^(m - m'). Key 0 is in every row's first tile, so m is
           // finite from then on and a row with no visible key in a later tile adds exactly 0.
@@ -174,9 +176,9 @@ void attention_forward(T* out, T* lse, const T* q, const T* k, const T* v, const
 template <class T>
 void attention_backward(T* dq, T* dk, T* dv, const T* dout, const T* out, const T* lse, const T* q, const T* k,
                         const T* v, const AttentionShape& s) {
-  const std::size_t D = s.model_dim(), Dh = s.head_dim, Tq = s.q_len, Tk = s.kv_len;
+  const std::size_t D = s.model_dim(), Dh = s.head_dim, Tq = s.q_len;
   constexpr std::size_t W = Batch<T>::size;
-  const std::size_t Dp = round_up(Dh, W), keys = s.q_offset + Tq, Tk_pad = round_up(Tk, W) + k_tile;
+  const std::size_t Dp = round_up(Dh, W), keys = s.q_offset + Tq, keys_pad = round_up(keys, W);
   const T scale = T(1) / std::sqrt(T(Dh));
   if (!dq && !dk && !dv) return;
   detail::parallel_for(s.batch * s.n_heads, Tq * keys * Dh * 4, [&](std::size_t pair) {
@@ -189,14 +191,14 @@ void attention_backward(T* dq, T* dk, T* dv, const T* dout, const T* out, const 
     const T* lh = lse + hv.lse0;
     // Operands laid out for tile_product: q, dout and k padded to Dp columns; k and v transposed.
     thread_local std::vector<T> qp, dop, kp, kt, vt, delta, dq_acc, dk_tile, dv_tile, p, ds;
-    qp.resize(Tq * Dp), dop.resize(Tq * Dp), kp.resize(keys * Dp), kt.resize(Dh * Tk_pad), vt.resize(Dh * Tk_pad);
+    qp.resize(Tq * Dp), dop.resize(Tq * Dp), kp.resize(keys * Dp), kt.resize(Dh * keys_pad), vt.resize(Dh * keys_pad);
     delta.resize(Tq), dq_acc.assign(dq ? Tq * Dp : 0, T(0)), dk_tile.resize(k_tile * Dp), dv_tile.resize(k_tile * Dp);
     p.resize(q_tile * k_tile), ds.resize(q_tile * k_tile);
     copy_padded(qp.data(), Dp, qh, D, Tq, Dh);
     copy_padded(dop.data(), Dp, doh, D, Tq, Dh);
     copy_padded(kp.data(), Dp, kh, D, keys, Dh);
-    copy_transposed(kt.data(), Tk_pad, kh, D, keys, Dh);
-    copy_transposed(vt.data(), Tk_pad, vh, D, keys, Dh);
+    copy_transposed(kt.data(), keys_pad, kh, D, keys, Dh);
+    copy_transposed(vt.data(), keys_pad, vh, D, keys, Dh);
     for (std::size_t i = 0; i < Tq; ++i) delta[i] = detail::dot<Batch<T>>(doh + i * D, oh + i * D, Dh);
     for (std::size_t j0 = 0; j0 < keys; j0 += k_tile) {
       const std::size_t cols = std::min(k_tile, keys - j0), cols_pad = round_up(cols, W);
@@ -206,10 +208,9 @@ void attention_backward(T* dq, T* dk, T* dv, const T* dout, const T* out, const 
       std::fill(dv_tile.begin(), dv_tile.end(), T(0));
       for (std::size_t i0 = first_query / q_tile * q_tile; i0 < Tq; i0 += q_tile) {
         const std::size_t rows = std::min(q_tile, Tq - i0), first_pos = s.q_offset + i0;
-        // As in the forward, a tile on the causal diagonal goes in chunks of 6 rows (of queries for
-        // P, dS and dq; of keys for dk and dv), each only over the keys or queries it pairs with.
+        // On the diagonal, chunks of queries (for P, dS and dq) and of keys (for dk and dv).
         const bool diagonal = first_pos < j0 + cols - 1;
-        const std::size_t chunk = diagonal ? 6 : std::max(rows, cols);
+        const std::size_t chunk = diagonal ? diagonal_chunk : std::max(rows, cols);
         T *pt = p.data(), *dst = ds.data();
         for (std::size_t r0 = 0; r0 < rows; r0 += chunk) {
           const std::size_t n = std::min(chunk, rows - r0), last_key = first_pos + r0 + n - 1;  // inclusive
@@ -220,11 +221,11 @@ void attention_backward(T* dq, T* dk, T* dv, const T* dout, const T* out, const 
             std::fill(dc + i * k_tile + seen_pad, dc + i * k_tile + cols_pad, T(0));
           }
           if (seen == 0) continue;
-          tile_scores(pc, qh + (i0 + r0) * D, D, kt.data(), Tk_pad, n, seen, seen_pad, Dh, scale, first_pos + r0, j0);
+          tile_scores(pc, qh + (i0 + r0) * D, D, kt.data(), keys_pad, n, seen, seen_pad, Dh, scale, first_pos + r0, j0);
           for (std::size_t i = 0; i < n; ++i) detail::exp_shifted_sum<Batch<T>>(pc + i * k_tile, seen_pad, lh[i0 + r0 + i]);
           if (!dq && !dk) continue;
           // dP (n, seen_pad) = dout_chunk v^T, then dS in place.
-          detail::tile_product<Batch<T>>(dc, k_tile, doh + (i0 + r0) * D, D, 1, vt.data() + j0, Tk_pad, n, seen_pad,
+          detail::tile_product<Batch<T>>(dc, k_tile, doh + (i0 + r0) * D, D, 1, vt.data() + j0, keys_pad, n, seen_pad,
                                          Dh, T(1), false);
           for (std::size_t i = 0; i < n; ++i) {
             const T* pr = pc + i * k_tile;
