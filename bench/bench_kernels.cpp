@@ -2,6 +2,7 @@
 // and attention (GFLOP/s, % of the peak) and elementwise/row kernels (GB/s, % of the same-size
 // memcpy), at 1 and 2 threads. Every kernel is checked against a naive reference before it is timed.
 #include <fmt/core.h>
+#include <immintrin.h>
 
 #include <charconv>
 #include <cmath>
@@ -71,6 +72,7 @@ struct Options {
   int repeats = 20;
   double min_sample_s = 2e-3;  // calls are batched into samples this long, so the timer adds no noise
   std::string out = (std::filesystem::path(__FILE__).parent_path() / "results" / "kernels_cpu.json").string();
+  std::string only;  // a group (matmul, attention, rows) to run alone, with the references
 };
 
 struct Operand {  // a row-major matrix used as op(X) in a product
@@ -134,6 +136,73 @@ Case peak_case(std::size_t n, int max_threads) {
   };
   return {"reference", "cblas_sgemm peak", fmt::format("{}^3 per thread", n), Unit::flops, 2.0 * n * n * n, verify, run,
           true};
+}
+
+// ---- the FMA peak: the physical limit ----
+// Register-only multiply-adds, one loop per instruction set, compiled for it by a target
+// attribute (this file is built for the baseline) and run only where the CPU has it: `chains`
+// independent accumulators (more than FMA latency x FMA ports, 4 x 2 on current x86 cores), so
+// the loop is bound by FMA throughput alone. SSE2 has no FMA: a multiply and an add, 2 flops.
+constexpr int fma_chains = 12;
+constexpr long fma_iterations = 1 << 18;
+
+__attribute__((target("avx512f"))) float fma_loop_avx512(float seed) {
+  __m512 acc[fma_chains], x = _mm512_set1_ps(0.999999f), y = _mm512_set1_ps(seed);
+  for (int c = 0; c < fma_chains; ++c) acc[c] = _mm512_set1_ps(float(c));
+  for (long n = 0; n < fma_iterations; ++n)
+    for (int c = 0; c < fma_chains; ++c) acc[c] = _mm512_fmadd_ps(acc[c], x, y);
+  alignas(64) float lanes[16];
+  float sum = 0;
+  for (int c = 0; c < fma_chains; ++c) {
+    _mm512_store_ps(lanes, acc[c]);
+    for (float l : lanes) sum += l;
+  }
+  return sum;
+}
+__attribute__((target("avx2,fma"))) float fma_loop_avx2(float seed) {
+  __m256 acc[fma_chains], x = _mm256_set1_ps(0.999999f), y = _mm256_set1_ps(seed);
+  for (int c = 0; c < fma_chains; ++c) acc[c] = _mm256_set1_ps(float(c));
+  for (long n = 0; n < fma_iterations; ++n)
+    for (int c = 0; c < fma_chains; ++c) acc[c] = _mm256_fmadd_ps(acc[c], x, y);
+  alignas(32) float lanes[8];
+  float sum = 0;
+  for (int c = 0; c < fma_chains; ++c) {
+    _mm256_store_ps(lanes, acc[c]);
+    for (float l : lanes) sum += l;
+  }
+  return sum;
+}
+float fma_loop_sse2(float seed) {
+  __m128 acc[fma_chains], x = _mm_set1_ps(0.999999f), y = _mm_set1_ps(seed);
+  for (int c = 0; c < fma_chains; ++c) acc[c] = _mm_set1_ps(float(c));
+  for (long n = 0; n < fma_iterations; ++n)
+    for (int c = 0; c < fma_chains; ++c) acc[c] = _mm_add_ps(_mm_mul_ps(acc[c], x), y);
+  alignas(16) float lanes[4];
+  float sum = 0;
+  for (int c = 0; c < fma_chains; ++c) {
+    _mm_store_ps(lanes, acc[c]);
+    for (float l : lanes) sum += l;
+  }
+  return sum;
+}
+
+/// The FMA peak of one SIMD level in float: fma_loop on every kernel thread, flops counted per thread.
+Case fma_peak_case(tapegrad::SimdLevel level) {
+  std::size_t lanes = level == tapegrad::SimdLevel::avx512 ? 16 : level == tapegrad::SimdLevel::avx2 ? 8 : 4;
+  float (*loop)(float) = level == tapegrad::SimdLevel::avx512 ? fma_loop_avx512
+                         : level == tapegrad::SimdLevel::avx2 ? fma_loop_avx2
+                                                              : fma_loop_sse2;
+  auto sink = std::make_shared<std::vector<float>>(64);
+  auto run = [loop, sink] {
+#pragma omp parallel num_threads(tapegrad::num_threads())
+    (*sink)[omp_get_thread_num()] = loop(1e-7f);
+  };
+  auto verify = [run, sink] {  // the accumulators converge to seed / (1 - x), so a sum of them is finite
+    run();
+    if (!std::isfinite((*sink)[0])) throw std::runtime_error("fma peak loop: not finite");
+  };
+  return {"reference", fmt::format("fma peak {}", tapegrad::simd_level_name(level)), "registers only", Unit::flops,
+          2.0 * double(lanes) * fma_chains * double(fma_iterations), verify, run, true};
 }
 
 /// memcpy of n floats split over the kernel threads: the memory-bandwidth reference (bytes = 2 n 4).
@@ -212,7 +281,7 @@ std::vector<Case> matmul_cases() {
 
 struct AttentionData {
   kernels::AttentionShape s;
-  Buffer q, k, v, dout, out, probs, dq, dk, dv;
+  Buffer q, k, v, dout, out, lse, dq, dk, dv;
   double at(const Buffer& x, std::size_t b, std::size_t t, std::size_t h, std::size_t d) const {
     return x[(b * s.q_len + t) * s.model_dim() + h * s.head_dim + d];
   }
@@ -229,12 +298,20 @@ struct AttentionData {
     for (std::size_t j = 0; j <= i; ++j) p[j] /= sum, centre += p[j] * ds[j];
     for (std::size_t j = 0; j <= i; ++j) ds[j] = p[j] * (ds[j] - centre) * scale;
   }
-  void forward() { kernels::attention_forward(out.data(), probs.data(), q.data(), k.data(), v.data(), s); }
-  void backward() {
-    kernels::attention_backward(dq.data(), dk.data(), dv.data(), dout.data(), probs.data(), q.data(), k.data(),
-                                v.data(), s);
+  double reference_lse(std::size_t b, std::size_t h, std::size_t i) const {
+    std::vector<double> scores(i + 1);
+    for (std::size_t j = 0; j <= i; ++j)
+      for (std::size_t d = 0; d < s.head_dim; ++d) scores[j] += at(q, b, i, h, d) * at(k, b, j, h, d);
+    double m = *std::max_element(scores.begin(), scores.end()), sum = 0;
+    for (double x : scores) sum += std::exp((x - m) / std::sqrt(double(s.head_dim)));
+    return m / std::sqrt(double(s.head_dim)) + std::log(sum);
   }
-  /// Runs forward and backward on fresh outputs and checks out, probs, dq, dk and dv on one (b, h).
+  void forward() { kernels::attention_forward(out.data(), lse.data(), q.data(), k.data(), v.data(), s); }
+  void backward() {
+    kernels::attention_backward(dq.data(), dk.data(), dv.data(), dout.data(), out.data(), lse.data(), q.data(),
+                                k.data(), v.data(), s);
+  }
+  /// Runs forward and backward on fresh outputs and checks out, lse, dq, dk and dv on one (b, h).
   void verify() {
     for (Buffer* g : {&out, &dq, &dk, &dv}) fill_ones(*g);  // out is overwritten, the gradients accumulate
     forward();
@@ -243,8 +320,7 @@ struct AttentionData {
     std::vector<std::vector<double>> p(T), ds(T);
     for (std::size_t i = 0; i < T; ++i) reference_row(b, h, i, p[i], ds[i]);
     for (std::size_t t : {std::size_t(0), T / 3, T - 1}) {
-      for (std::size_t j = 0; j < T; ++j)
-        expect_close("attention_forward probs", t, probs[((b * s.n_heads + h) * T + t) * T + j], j <= t ? p[t][j] : 0, 1e-5);
+      expect_close("attention_forward lse", t, lse[(b * s.n_heads + h) * T + t], reference_lse(b, h, t), 1e-5);
       for (std::size_t d = 0; d < s.head_dim; ++d) {
         double o = 0, dq_ref = 1, dk_ref = 1, dv_ref = 1;
         for (std::size_t j = 0; j <= t; ++j) o += p[t][j] * at(v, b, j, h, d), dq_ref += ds[t][j] * at(k, b, j, h, d);
@@ -264,7 +340,7 @@ std::vector<Case> attention_cases(std::size_t B, std::size_t T, std::size_t H, s
   std::size_t n = B * T * H * Dh;
   auto a = std::make_shared<AttentionData>(AttentionData{{B, T, T, H, Dh, 0}, random_buffer(n, 7), random_buffer(n, 8),
                                                          random_buffer(n, 9), random_buffer(n, 11), Buffer(n),
-                                                         Buffer(B * H * T * T), Buffer(n), Buffer(n), Buffer(n)});
+                                                         Buffer(B * H * T), Buffer(n), Buffer(n), Buffer(n)});
   double forward_flops = 2.0 * 2.0 * double(B * H * Dh) * double(T * (T + 1) / 2);
   std::string shape = fmt::format("B{} T{} H{} Dh{}", B, T, H, Dh);
   return {{"attention", "attention_forward", shape, Unit::flops, forward_flops, [a] { a->verify(); }, [a] { a->forward(); }},
@@ -410,11 +486,14 @@ Options parse_options(int argc, char** argv) {
       options.repeats = 3, options.min_sample_s = 2e-4;
     } else if (flag == "--out") {
       options.out = value();
+    } else if (flag == "--only") {
+      options.only = value();
     } else if (flag == "--help") {
-      fmt::print("usage: bench_kernels [--threads 1,2] [--repeats N] [--quick] [--out PATH]\n{}", simd_usage_line());
+      fmt::print("usage: bench_kernels [--threads 1,2] [--repeats N] [--quick] [--out PATH] [--only GROUP]\n{}",
+                 simd_usage_line());
       std::exit(0);
     } else {
-      throw std::invalid_argument(fmt::format("unknown flag {}; flags: --threads 1,2 --repeats N --quick --out PATH", flag));
+      throw std::invalid_argument(fmt::format("unknown flag {}; flags: --threads 1,2 --repeats N --quick --out PATH --only GROUP", flag));
     }
   }
   return options;
@@ -427,18 +506,27 @@ int main(int argc, char** argv) try {
   tapegrad::set_num_threads(1);  // also pins OpenBLAS to one thread before its first call
   std::vector<Case> cases{peak_case(1024, *std::max_element(options.threads.begin(), options.threads.end())),
                           copy_case(2048 * 512, "(= one row operand)"), copy_case(std::size_t(16) << 20, "(> L3)")};
-  for (auto more : {matmul_cases(), attention_cases(8, 256, 8, 32), attention_cases(12, 64, 4, 32), row_cases(2048, 512)})
-    cases.insert(cases.end(), more.begin(), more.end());
+  for (tapegrad::SimdLevel level : tapegrad::supported_simd_levels()) cases.push_back(fma_peak_case(level));
+  // Attention at the shapes (Dh 32 and 64, T 256 and 1024; B*H chosen for calls of a few
+  // ms) and at config (b)'s.
+  for (auto more : {matmul_cases(), attention_cases(4, 256, 8, 32), attention_cases(4, 256, 4, 64),
+                    attention_cases(1, 1024, 8, 32), attention_cases(1, 1024, 4, 64), attention_cases(12, 64, 4, 32),
+                    row_cases(2048, 512)})
+    for (Case& c : more)
+      if (options.only.empty() || c.group == options.only) cases.push_back(std::move(c));
 
   nlohmann::json json = run_header();
   fmt::print("tapegrad kernels on {} ({} cpus, SIMD level {}, OpenBLAS core {}); {} samples, median per call\n",
              json["machine"]["cpu"].get<std::string>(), omp_get_num_procs(), tapegrad::simd_level_name(tapegrad::simd_level()),
              openblas_get_corename(), options.repeats);
   nlohmann::json results = nlohmann::json::array(), peak, copy;  // references by thread count: median and best rate
+  // The FMA peak of every level by thread count, and of the level the kernels run at (% fma).
+  nlohmann::json fma_peaks;
+  const std::string fma_in_use = fmt::format("fma peak {}", tapegrad::simd_level_name(tapegrad::simd_level()));
   for (int threads : options.threads) {
     tapegrad::set_num_threads(threads);
-    fmt::print("\n{:<27} {:<27} {:>3} {:>11} {:>23} {:>14} {:>6} {:>6}\n", "kernel", "shape", "thr", "median",
-               "min - max", "rate (median)", "% ref", "best");
+    fmt::print("\n{:<27} {:<27} {:>3} {:>11} {:>23} {:>14} {:>6} {:>6} {:>6}\n", "kernel", "shape", "thr", "median",
+               "min - max", "rate (median)", "% ref", "best", "% fma");
     for (const Case& c : cases) {
       c.verify();
       Timing timing = time_calls(c.call, options.repeats, options.min_sample_s);
@@ -448,13 +536,20 @@ int main(int argc, char** argv) try {
       nlohmann::json& reference = (flops ? peak : copy)[std::to_string(threads)];
       if (reference.is_null()) reference = {{"median", rate}, {"best", best_rate}};  // each unit's first reference
       double fraction = rate / reference["median"].get<double>(), best = best_rate / reference["best"].get<double>();
-      fmt::print("{:<27} {:<27} {:>3} {:>11} {:>23} {:>7.1f} {:<6} {:>5.0f}% {:>5.0f}%\n", c.name, c.shape, threads,
+      if (c.name.starts_with("fma peak ")) fma_peaks[c.name.substr(9)][std::to_string(threads)] = rate;
+      double fma_fraction = 0;
+      const auto fma_peak = nlohmann::json::json_pointer(fmt::format("/{}/{}", fma_in_use.substr(9), threads));
+      if (flops && c.name != fma_in_use && fma_peaks.contains(fma_peak))
+        fma_fraction = rate / fma_peaks[fma_peak].get<double>();
+      fmt::print("{:<27} {:<27} {:>3} {:>11} {:>23} {:>7.1f} {:<6} {:>5.0f}% {:>5.0f}% {:>6}\n", c.name, c.shape, threads,
                  format_seconds(timing.median_s), format_seconds(timing.min_s) + " - " + format_seconds(timing.max_s),
-                 rate, flops ? "GF/s" : "GB/s", 100 * fraction, 100 * best);
+                 rate, flops ? "GF/s" : "GB/s", 100 * fraction, 100 * best,
+                 fma_fraction > 0 ? fmt::format("{:.0f}%", 100 * fma_fraction) : "");
       results.push_back({{"group", c.group}, {"kernel", c.name}, {"shape", c.shape}, {"threads", threads},
                          {"median_s", timing.median_s}, {"min_s", timing.min_s}, {"max_s", timing.max_s},
                          {flops ? "flops_per_call" : "bytes_per_call", work}, {flops ? "gflops" : "gbytes_per_s", rate},
                          {"fraction_of_reference", fraction}, {"fraction_of_reference_best", best}});
+      if (fma_fraction > 0) results.back()["fraction_of_fma_peak"] = fma_fraction;
     }
   }
   json.update({
@@ -467,7 +562,9 @@ int main(int argc, char** argv) try {
       {"byte_count", "compulsory traffic: inputs read once, outputs written once, accumulated outputs read and "
                      "written; memcpy counts 2 bytes per byte copied; neither counts write-allocate reads, so a "
                      "kernel reading more than it writes can exceed 100% of memcpy"},
-      {"sgemm_peak_gflops", peak}, {"memcpy_gbytes_per_s", copy}, {"results", results}});
+      {"fraction_of_fma_peak", "median rate / the median FMA peak of the SIMD level in use, same thread count"},
+      {"sgemm_peak_gflops", peak}, {"fma_peak_gflops", fma_peaks}, {"memcpy_gbytes_per_s", copy},
+      {"results", results}});
   write_results(options.out, json);
   return 0;
 } catch (const std::exception& e) {

@@ -1,6 +1,7 @@
 // bench_train: ms/step and tokens/s of one full training step (forward, backward, clip 1.0, AdamW,
-// zero_grad) for SPEC section 7's configs (a), (b), (c) at 1 and 2 threads, and model FLOP/s as a
-// fraction of the sgemm peak measured here. Writes bench/results/train_cpu.json.
+// zero_grad) for SPEC section 7's configs (a)-(d) at 1 and 2 threads, model FLOP/s as a fraction
+// of the sgemm peak measured here, and each config's peak memory (resident set of a fresh process
+// running two steps, with and without remat). Writes bench/results/train_cpu.json.
 #include <cblas.h>
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -12,6 +13,8 @@
 #include <map>
 #include <optional>
 #include <sstream>
+
+#include <sys/resource.h>
 
 #include "bench/bench_common.h"
 #include "bench/train_common.h"
@@ -91,6 +94,30 @@ RunResult time_training(const bench::TrainConfig& config, int threads, int steps
   return result;
 }
 
+/// The peak resident set (MiB) of this process after a warm-up and one more training step of
+/// `config`: run by measure_peak_memory in a fresh process, so no other config's buffers count.
+double peak_memory_here(const bench::TrainConfig& config, bool remat) {
+  set_num_threads(1);
+  bench::Trainer trainer(config, remat);
+  trainer.step();
+  trainer.step();
+  rusage usage{};
+  getrusage(RUSAGE_SELF, &usage);
+  return double(usage.ru_maxrss) / 1024.0;  // KiB on Linux
+}
+
+/// Runs `bench_train --peak-memory NAME [--remat]` (this program, fresh) and reads its MiB.
+double measure_peak_memory(const std::string& name, bool remat) {
+  std::string command = fmt::format("'{}' --peak-memory {}{}", std::filesystem::read_symlink("/proc/self/exe").string(),
+                                    name, remat ? " --remat" : "");
+  std::string output = bench::command_output(command);
+  try {
+    return std::stod(output);
+  } catch (const std::exception&) {
+    throw std::runtime_error(fmt::format("peak memory of config {}: `{}` printed '{}'", name, command, output));
+  }
+}
+
 /// 0.1f as 0.1, not 0.10000000149011612: the shortest decimal that reads back as the same float.
 double as_double(float x) { return std::stod(fmt::format("{}", x)); }
 
@@ -151,8 +178,9 @@ void write_agreement(const std::string& dir, const std::vector<std::string>& nam
 
 int usage() {
   fmt::print(stderr,
-             "usage: bench_train [--configs a,b,c] [--threads 1,2] [--steps N] [--out PATH]\n"
-             "       bench_train --write-agreement DIR [--configs a,b,c]\n{}",
+             "usage: bench_train [--configs a,b,c,d,a-gpt2] [--threads 1,2] [--steps N] [--out PATH]\n"
+             "       bench_train --write-agreement DIR [--configs a,b,c,d,a-gpt2]\n"
+             "       bench_train --peak-memory CONFIG [--remat]   (prints MiB; run by bench_train itself)\n{}",
              bench::simd_usage_line());
   return 2;
 }
@@ -160,11 +188,12 @@ int usage() {
 }  // namespace
 
 int main(int argc, char** argv) try {
-  std::vector<std::string> config_names = {"a", "b", "c"};
+  std::vector<std::string> config_names = {"a", "b", "c", "d"};
   std::vector<int> thread_counts = {1, 2};
   int steps = 30;
   std::string out_path = std::string(TAPEGRAD_SOURCE_DIR) + "/bench/results/train_cpu.json";
-  std::string agreement_dir;
+  std::string agreement_dir, peak_memory_config;
+  bool remat = false;
   try {
     for (int i = 1; i < argc; ++i) {
       std::string arg = argv[i];
@@ -176,6 +205,8 @@ int main(int argc, char** argv) try {
       } else if (arg == "--steps" && has_value) steps = std::stoi(argv[++i]);
       else if (arg == "--out" && has_value) out_path = argv[++i];
       else if (arg == "--write-agreement" && has_value) agreement_dir = argv[++i];
+      else if (arg == "--peak-memory" && has_value) peak_memory_config = argv[++i];
+      else if (arg == "--remat") remat = true;
       else return usage();
     }
     for (const std::string& name : config_names) bench::train_config(name);  // rejects unknown names
@@ -189,6 +220,10 @@ int main(int argc, char** argv) try {
 
   if (!agreement_dir.empty()) {
     write_agreement(agreement_dir, config_names);
+    return 0;
+  }
+  if (!peak_memory_config.empty()) {
+    fmt::print("{:.1f}\n", peak_memory_here(bench::train_config(peak_memory_config), remat));
     return 0;
   }
 
@@ -237,6 +272,12 @@ int main(int argc, char** argv) try {
     }
   }
   measure_all_sgemm("after");
+  std::map<std::string, std::pair<double, double>> peak_memory;  // MiB without and with remat
+  for (const std::string& name : config_names) {
+    peak_memory[name] = {measure_peak_memory(name, false), measure_peak_memory(name, true)};
+    fmt::print("  config {} peak memory (fresh process, 2 steps): {:.1f} MiB, with remat {:.1f} MiB\n", name,
+               peak_memory[name].first, peak_memory[name].second);
+  }
 
   nlohmann::json j;
   j["machine"] = bench::machine();
@@ -244,6 +285,8 @@ int main(int argc, char** argv) try {
   j["date"] = bench::today();
   j["steps"] = steps;
   j["flops_formula"] = bench::kFlopsFormula;
+  j["peak_memory_is"] = "ru_maxrss of a fresh `bench_train --peak-memory CONFIG [--remat]` process after two steps at 1 "
+                        "thread: the whole process (model, AdamW state, tape, buffers, libraries)";
   j["sgemm"] = {{"m", sgemm_size}, {"n", sgemm_size}, {"k", sgemm_size}, {"repeats", sgemm_repeats},
                 {"peak_is", "best of the repeats, measured before and after the training runs"},
                 {"how", "1 thread: one cblas_sgemm call; more: tapegrad kernels::gemm split over OpenMP threads"}};
@@ -268,6 +311,8 @@ int main(int argc, char** argv) try {
     jc["matmul_params"] = bench::matmul_params(c);
     jc["flops_per_step"] = bench::step_flops(c);
     jc["attention_flops_per_step"] = bench::attention_flops(c);
+    jc["peak_memory_mib"] = peak_memory[name].first;
+    jc["peak_memory_mib_remat"] = peak_memory[name].second;
     for (int t : thread_counts) {
       const RunResult& r = runs[{name, t}];
       double seconds = r.ms.median * 1e-3;

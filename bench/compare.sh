@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # compare.sh: tapegrad against eager PyTorch on this machine, same model, same weights, same work
-# (issue 7): training tokens/s for configs (a), (b), (c) and cached decoding of 100 tokens. Builds
+# (issue 7): training tokens/s for configs (a)-(d), peak memory, and cached decoding of 100 tokens. Builds
 # (Release) if needed, runs bench_train, bench_kv_cache and torch_reference.py, and prints one table
 # of ratios, also saved as bench/results/compare.md.
 #   [STEPS=30] [REPEATS=5] [WAIT_QUIET=seconds] [BUILD_DIR=build] [RESULTS_DIR=bench/results] bash bench/compare.sh
@@ -61,7 +61,7 @@ torch_run() {  # torch_reference.py on tapegrad's own weights and batches, after
 [ "$have_torch" = 0 ] || "$build/bench_train" --write-agreement "$work/agreement"
 
 load_start="$(load)"
-for config in a b c; do
+for config in a b c d; do
   wait_quiet
   echo "== config $config: bench_train (load average $(load))"
   "$build/bench_train" --configs "$config" --steps "$steps" --out "$work/train_$config.json"
@@ -87,7 +87,7 @@ results, work, have_torch, load_start, load_end = sys.argv[1], sys.argv[2], sys.
 load = lambda path: json.load(open(path))
 
 # Merge the per-config runs into train_cpu.json: the peak is the best of every sgemm measurement.
-parts = [load(os.path.join(work, f"train_{c}.json")) for c in "abc"]
+parts = [load(os.path.join(work, f"train_{c}.json")) for c in "abcd"]
 train = dict(parts[0])
 train["configs"], train["sgemm_runs"], train["sgemm_peak_gflops"] = {}, {}, {}
 for part in parts:
@@ -106,7 +106,7 @@ kv = load(os.path.join(results, "kv_cache_cpu.json"))
 torch = None
 if have_torch:
     torch = load(os.path.join(work, "torch_decode.json"))
-    for c in "abc":
+    for c in "abcd":
         part = load(os.path.join(work, f"torch_{c}.json"))
         torch["configs"].update(part["configs"])
         torch["agreement"].update(part["agreement"])
@@ -117,7 +117,7 @@ def best(threads):
     return t, threads[t]
 
 rows = []
-for name, target in {"a": 2.0, "b": 2.0, "c": 1.3}.items():
+for name, target in {"a": 2.0, "b": 2.0, "c": 1.3, "d": 3.0}.items():
     t_threads, t = best(train["configs"][name]["threads"])
     tg = f"{t['tokens_per_s_median']:,.0f} ({t_threads} thr)"
     if torch:
@@ -127,6 +127,12 @@ for name, target in {"a": 2.0, "b": 2.0, "c": 1.3}.items():
                      f"{ratio:.2f}", f">= {target}", "yes" if ratio >= target else "NO"))
     else:
         rows.append((f"training ({name}) tokens/s", tg, "n/a", "n/a", f">= {target}", "n/a"))
+for name in "abcd":  # issue 16: at most half of PyTorch's on (d)
+    mine = train["configs"][name]["peak_memory_mib"]
+    theirs = torch["configs"][name].get("peak_memory_mib") if torch else None
+    rows.append((f"training ({name}) peak memory", f"{mine:.0f} MiB",
+                 f"{theirs:.0f} MiB" if theirs else "n/a", f"{mine / theirs:.2f}" if theirs else "n/a",
+                 "<= 0.5" if name == "d" else "", ("yes" if mine <= 0.5 * theirs else "NO") if theirs and name == "d" else ""))
 thr = train["configs"]["c"]["threads"]
 t_best = max(thr, key=lambda k: thr[k]["fraction_of_peak"])
 f = thr[t_best]["fraction_of_peak"]

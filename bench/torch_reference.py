@@ -11,6 +11,8 @@ import json
 import math
 import os
 import platform
+import resource
+import subprocess
 import statistics
 import struct
 import sys
@@ -27,7 +29,8 @@ CONFIGS = {
     "a": dict(d_model=64, n_heads=4, n_blocks=2, seq_len=128, batch=16),
     "b": dict(d_model=128, n_heads=4, n_blocks=4, seq_len=64, batch=12),
     "c": dict(d_model=256, n_heads=8, n_blocks=4, seq_len=256, batch=8),
-    # gpt2 (SPEC section 9) at (a)'s size (issue 13).
+    "d": dict(d_model=256, n_heads=8, n_blocks=4, seq_len=1024, batch=2),  # long context
+    # gpt2 (SPEC section 9) at (a)'s size.
     "a-gpt2": dict(d_model=64, n_heads=4, n_blocks=2, seq_len=128, batch=16, arch="gpt2"),
 }
 VOCAB = 65
@@ -425,6 +428,23 @@ def bench_training(name, threads, steps, directory):
                 tokens_per_s_median=B * T / (median * 1e-3), loss_first=first, loss_last=last)
 
 
+def peak_memory_here(name, directory):
+    """Peak resident set (MiB) of this process after a warm-up and one more training step of `name`."""
+    set_threads(1)
+    model, inputs, targets = training_setup(name, directory)
+    optimizer = make_optimizer(model)
+    for _ in range(2):
+        train_step(model, optimizer, inputs, targets)
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0  # KiB on Linux
+
+
+def measure_peak_memory(name, directory):
+    """peak_memory_here in a fresh interpreter, so that no other config's buffers count (as bench_train)."""
+    command = [sys.executable, os.path.abspath(__file__), "--peak-memory", name]
+    command += ["--agreement", directory] if directory else ["--skip-agreement"]
+    return float(subprocess.run(command, check=True, capture_output=True, text=True).stdout.split()[-1])
+
+
 def bench_decoding(threads, repeats, directory):
     """bench_kv_cache's work: model (65, 64, 4, 2, 256), prompt 8, 100 greedy tokens; 1 warm-up; its
     seed-0 weights when the agreement directory is given."""
@@ -462,17 +482,21 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--agreement", metavar="DIR", help="checkpoints from `bench_train --write-agreement DIR`")
     parser.add_argument("--skip-agreement", action="store_true", help="time without checking (not recommended)")
-    parser.add_argument("--configs", default="a,b,c", help="training configs to time (may be empty)")
+    parser.add_argument("--configs", default="a,b,c,d", help="training configs to time (may be empty)")
     parser.add_argument("--no-decode", action="store_true", help="skip the decoding benchmark")
     parser.add_argument("--threads", default="1,2")
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--repeats", type=int, default=5, help="decoding repeats")
     parser.add_argument("--out", default=os.path.join(ROOT, "bench", "results", "torch_cpu.json"))
+    parser.add_argument("--peak-memory", metavar="CONFIG", help=argparse.SUPPRESS)  # the child of measure_peak_memory
     args = parser.parse_args()
+    if args.peak_memory:
+        print(f"{peak_memory_here(args.peak_memory, args.agreement):.1f}")
+        return 0
     names = [n for n in args.configs.split(",") if n]
     threads = [int(t) for t in args.threads.split(",") if t]
     if any(n not in CONFIGS for n in names) or not threads or min(threads) < 1 or args.steps < 1 or args.repeats < 1:
-        parser.error("configs are a, b, c; threads and steps are positive")
+        parser.error("configs are a, b, c, d; threads and steps are positive")
     if not args.agreement and not args.skip_agreement:
         parser.error("--agreement DIR is required (or --skip-agreement)")
 
@@ -483,7 +507,9 @@ def main():
     print(f"  BLAS: {blas[0] if blas else 'not OpenBLAS (threads set through torch only)'}")
     out = {"machine": machine(), "date": datetime.datetime.utcnow().strftime("%Y-%m-%d"), "torch": torch.__version__,
            "python": platform.python_version(), "blas": blas[0] if blas else "unknown",
-           "threads_note": "t threads = torch.set_num_threads(t) and openblas_set_num_threads(t)", "steps": args.steps}
+           "threads_note": "t threads = torch.set_num_threads(t) and openblas_set_num_threads(t)", "steps": args.steps,
+           "peak_memory_is": "ru_maxrss of a fresh `torch_reference.py --peak-memory CONFIG` process after two steps "
+                             "at 1 thread: the whole process (interpreter, torch, model, AdamW state, autograd graph)"}
     if args.agreement:
         ok, agreement = check_agreement(args.agreement, names)
         out["agreement"] = agreement
@@ -504,6 +530,8 @@ def main():
         best = max(entry["threads"], key=lambda k: entry["threads"][k]["tokens_per_s_median"])
         entry["best_threads"] = int(best)
         entry["best_tokens_per_s"] = entry["threads"][best]["tokens_per_s_median"]
+        entry["peak_memory_mib"] = measure_peak_memory(name, args.agreement)
+        print(f"  config {name} peak memory (fresh process, 2 steps): {entry['peak_memory_mib']:.1f} MiB", flush=True)
         out["configs"][name] = entry
 
     if not args.no_decode:

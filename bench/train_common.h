@@ -20,7 +20,7 @@
 namespace tapegrad::bench {
 
 struct TrainConfig {
-  std::string name;  // "a", "b", "c", "a-gpt2"
+  std::string name;  // "a", "b", "c", "d", "a-gpt2"
   std::size_t vocab = 65, d_model = 0, n_heads = 0, n_blocks = 0, seq_len = 0, batch = 0;
   std::string arch = "rotary";  // or "gpt2" (SPEC section 9)
   std::size_t d_ff() const { return 4 * d_model; }
@@ -29,14 +29,15 @@ struct TrainConfig {
 };
 
 /// SPEC section 7: (a) d64 h4 L2 seq128 batch16, (b) d128 h4 L4 seq64 batch12,
-/// (c) d256 h8 L4 seq256 batch8; vocab 65, max_len = seq, d_ff = 4 d_model. "a-gpt2" is gpt2 at
-/// (a)'s size (issue 13).
+/// (c) d256 h8 L4 seq256 batch8, and the long context (d) d256 h8 L4 seq1024 batch2; vocab 65,
+/// max_len = seq, d_ff = 4 d_model. "a-gpt2" is gpt2 at (a)'s size.
 inline TrainConfig train_config(const std::string& name) {
   if (name == "a") return {"a", 65, 64, 4, 2, 128, 16};
   if (name == "b") return {"b", 65, 128, 4, 4, 64, 12};
   if (name == "c") return {"c", 65, 256, 8, 4, 256, 8};
+  if (name == "d") return {"d", 65, 256, 8, 4, 1024, 2};
   if (name == "a-gpt2") return {"a-gpt2", 65, 64, 4, 2, 128, 16, "gpt2"};
-  throw std::invalid_argument("unknown config '" + name + "' (expected a, b, c or a-gpt2)");
+  throw std::invalid_argument("unknown config '" + name + "' (expected a, b, c, d or a-gpt2)");
 }
 
 /// Parameters that take part in a matmul: per block Wq, Wk, Wv, Wo (d x d) and W1, W3, W2

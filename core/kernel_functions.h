@@ -82,19 +82,19 @@ template <class T> void swiglu_forward(T* y, const T* a, const T* b, std::size_t
 /// da += dy * b * silu'(a); db += dy * silu(a).
 template <class T> void swiglu_backward(T* da, T* db, const T* dy, const T* a, const T* b, std::size_t n);
 
-// ---- causal multi-head attention ------------------------------------------------------------
+// ---- causal multi-head attention (flash-style: Dao et al. 2022) ------------------------------
 
-
-/// Per (batch, head): scores = q k^T / sqrt(Dh), -inf above the causal diagonal, softmax, times v.
-/// q (B, Tq, H*Dh), k and v (B, Tk, H*Dh) -> out (B, Tq, H*Dh); probs (B, H, Tq, Tk) is written
-/// (zeros where masked) and is what backward needs. The causal half is skipped in row blocks.
+/// Per (batch, head): scores = q k^T / sqrt(Dh), -inf where key j > q_offset + i, softmax, times v.
+/// q (B, Tq, H*Dh), k and v (B, Tk, H*Dh) -> out (B, Tq, H*Dh); writes lse (B, H, Tq), each row's
+/// log-sum-exp of scores, if non-null: with out it is all backward needs (O(T) memory, not O(T^2)).
+/// Computed in tiles with an online softmax; causal tiles are skipped.
 template <class T>
-void attention_forward(T* out, T* probs, const T* q, const T* k, const T* v, const AttentionShape& s);
-/// dv += P^T dout; dS = P * (dP - rowsum(dP * P)) with dP = dout v^T; dq += dS k / sqrt(Dh);
-/// dk += dS^T q / sqrt(Dh).
+void attention_forward(T* out, T* lse, const T* q, const T* k, const T* v, const AttentionShape& s);
+/// P = exp(scores - lse) recomputed per tile; dv += P^T dout; dS = P * (dP - rowsum(dout * out))
+/// with dP = dout v^T; dq += dS k / sqrt(Dh); dk += dS^T q / sqrt(Dh).
 template <class T>
-void attention_backward(T* dq, T* dk, T* dv, const T* dout, const T* probs, const T* q, const T* k, const T* v,
-                        const AttentionShape& s);
+void attention_backward(T* dq, T* dk, T* dv, const T* dout, const T* out, const T* lse, const T* q, const T* k,
+                        const T* v, const AttentionShape& s);
 
 // ---- cross-entropy --------------------------------------------------------------
 

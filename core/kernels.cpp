@@ -115,15 +115,15 @@ template <class T> void swiglu_backward(T* da, T* db, const T* dy, const T* a, c
 }
 
 template <class T>
-void attention_forward(T* out, T* probs, const T* q, const T* k, const T* v, const AttentionShape& s) {
+void attention_forward(T* out, T* lse, const T* q, const T* k, const T* v, const AttentionShape& s) {
   if (s.q_offset + s.q_len > s.kv_len) throw std::invalid_argument("attention: q_offset + q_len exceeds kv_len");
-  active_table<T>().attention_forward(out, probs, q, k, v, s);
+  active_table<T>().attention_forward(out, lse, q, k, v, s);
 }
 template <class T>
-void attention_backward(T* dq, T* dk, T* dv, const T* dout, const T* probs, const T* q, const T* k, const T* v,
-                        const AttentionShape& s) {
+void attention_backward(T* dq, T* dk, T* dv, const T* dout, const T* out, const T* lse, const T* q, const T* k,
+                        const T* v, const AttentionShape& s) {
   if (s.q_offset + s.q_len > s.kv_len) throw std::invalid_argument("attention: q_offset + q_len exceeds kv_len");
-  active_table<T>().attention_backward(dq, dk, dv, dout, probs, q, k, v, s);
+  active_table<T>().attention_backward(dq, dk, dv, dout, out, lse, q, k, v, s);
 }
 
 template <class T>
@@ -166,7 +166,7 @@ void cross_entropy_backward(T* dlogits, T dloss, const T* logits, const T* lse, 
   template void swiglu_forward<T>(T*, const T*, const T*, std::size_t);                                         \
   template void swiglu_backward<T>(T*, T*, const T*, const T*, const T*, std::size_t);                          \
   template void attention_forward<T>(T*, T*, const T*, const T*, const T*, const AttentionShape&);              \
-  template void attention_backward<T>(T*, T*, T*, const T*, const T*, const T*, const T*, const T*,             \
+  template void attention_backward<T>(T*, T*, T*, const T*, const T*, const T*, const T*, const T*, const T*,   \
                                       const AttentionShape&);                                                    \
   template T cross_entropy_forward<T>(T*, const T*, const std::int32_t*, std::size_t, std::size_t);             \
   template void cross_entropy_backward<T>(T*, T, const T*, const T*, const std::int32_t*, std::size_t, std::size_t);

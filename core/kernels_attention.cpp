@@ -1,8 +1,11 @@
-// Causal multi-head attention (Vaswani et al. 2017) over packed heads: head h of a row is columns
-// [h*Dh, (h+1)*Dh) of the (.., H*Dh) q, k, v tensors, read in place through BLAS leading
-// dimensions. Each (batch, head) pair is independent and runs on its own thread; within it,
-// queries go in row blocks that only touch the keys their causal window reaches.
+// Causal multi-head attention (Vaswani et al. 2017) over packed heads, computed flash-style
+// (Dao et al. 2022, FlashAttention; Dao 2023, FlashAttention-2): tiles of queries and keys, an online
+// softmax, only the log-sum-exp of each row saved, and probabilities recomputed in backward, so
+// memory is O(T) per head. Head h of a row is columns [h*Dh, (h+1)*Dh) of the (.., H*Dh) tensors.
+// Each (batch, head) pair runs on one thread, in a fixed order: results do not depend on the
+// thread count.
 #include <cmath>
+#include <limits>
 #include <vector>
 
 #include "core/kernel_level.h"
@@ -11,79 +14,246 @@ namespace tapegrad::kernels::TAPEGRAD_SIMD_LEVEL {
 
 namespace {
 
-constexpr std::size_t row_block = 64;
+// 64 x 64 tiles: a tile of scores (16 KiB in float) and the key and query slices it is made from
+// stay in L1/L2 at Dh <= 64.
+constexpr std::size_t q_tile = 64, k_tile = 64;
+// A tile on the causal diagonal goes in chunks of this many rows, the register block of
+// tile_product, each only over the keys (or queries) it pairs with.
+constexpr std::size_t diagonal_chunk = 6;
+
+template <class T> constexpr T minus_infinity = -std::numeric_limits<T>::infinity();
+
+std::size_t round_up(std::size_t n, std::size_t m) { return (n + m - 1) / m * m; }
 
 struct HeadView {  // one (batch, head) pair's slices
-  std::size_t q_row0, kv_row0, col0, probs0;
+  std::size_t q_row0, kv_row0, col0, lse0;
 };
 
 HeadView head_view(const AttentionShape& s, std::size_t pair) {
   std::size_t b = pair / s.n_heads, h = pair % s.n_heads;
-  return {b * s.q_len, b * s.kv_len, h * s.head_dim, pair * s.q_len * s.kv_len};
+  return {b * s.q_len, b * s.kv_len, h * s.head_dim, pair * s.q_len};
+}
+
+/// dst (rows, ld) = the head's slice src (rows, Dh) of a (.., D) tensor, zero-padded to ld columns.
+template <class T>
+void copy_padded(T* dst, std::size_t ld, const T* src, std::size_t D, std::size_t rows, std::size_t Dh) {
+  for (std::size_t r = 0; r < rows; ++r) {  // a plain loop: a memmove call per short row costs more
+    for (std::size_t d = 0; d < Dh; ++d) dst[r * ld + d] = src[r * D + d];
+    for (std::size_t d = Dh; d < ld; ++d) dst[r * ld + d] = T(0);
+  }
+}
+
+/// dst (Dh, ld) = the head's slice src (rows, Dh) transposed; columns rows..ld are zero. Eight
+/// source rows at a time, so that each store writes 8 consecutive elements of a row of dst (one
+/// element per store, strided by ld, measured as half of the forward's own time at T = 256).
+template <class T>
+void copy_transposed(T* dst, std::size_t ld, const T* src, std::size_t D, std::size_t rows, std::size_t Dh) {
+  constexpr std::size_t block = 8;
+  for (std::size_t d = 0; d < Dh; ++d) std::fill(dst + d * ld + rows, dst + (d + 1) * ld, T(0));
+  std::size_t r0 = 0;
+  for (; r0 + block <= rows; r0 += block)
+    for (std::size_t d = 0; d < Dh; ++d)
+      for (std::size_t r = 0; r < block; ++r) dst[d * ld + r0 + r] = src[(r0 + r) * D + d];
+  for (std::size_t r = r0; r < rows; ++r)
+    for (std::size_t d = 0; d < Dh; ++d) dst[d * ld + r] = src[r * D + d];
+}
+
+/// dst[r * ld_dst + d] += src[r * ld_src + d] for r < rows, d < Dh.
+template <class T>
+void add_rows(T* dst, std::size_t ld_dst, const T* src, std::size_t ld_src, std::size_t rows, std::size_t Dh) {
+  for (std::size_t r = 0; r < rows; ++r)
+    for (std::size_t d = 0; d < Dh; ++d) dst[r * ld_dst + d] += src[r * ld_src + d];
+}
+
+/// Scores of a tile, s (rows, cols_pad) = scale * q_tile kt[:, j0:], with -inf where query i0 + i
+/// (absolute position q_offset + i0 + i) may not see key j0 + j, and in the padding columns.
+template <class T>
+void tile_scores(T* s, const T* q, std::size_t D, const T* kt, std::size_t ld_kt, std::size_t rows, std::size_t cols,
+                 std::size_t cols_pad, std::size_t Dh, T scale, std::size_t first_query_pos, std::size_t j0) {
+  detail::tile_product<Batch<T>>(s, k_tile, q, D, 1, kt + j0, ld_kt, rows, cols_pad, Dh, scale, false);
+  for (std::size_t i = 0; i < rows; ++i) {
+    std::size_t last_key = first_query_pos + i;  // inclusive
+    std::size_t visible = last_key < j0 ? 0 : std::min(cols, last_key - j0 + 1);
+    std::fill(s + i * k_tile + visible, s + i * k_tile + cols_pad, minus_infinity<T>);
+  }
+}
+
+/// The one-query (decoding) form, for one or two query rows: scores with dot products straight
+/// from the key rows, no tiles and no transposed copies. p (q_offset + q_len) is scratch.
+template <class T>
+void attention_rows(T* oh, T* lse, const T* qh, const T* kh, const T* vh, const AttentionShape& s, T* p) {
+  const std::size_t D = s.model_dim(), Dh = s.head_dim;
+  const T scale = T(1) / std::sqrt(T(Dh));
+  for (std::size_t i = 0; i < s.q_len; ++i) {
+    std::size_t visible = s.q_offset + i + 1;
+    std::size_t done = detail::dots_with_rows<Batch<T>>(p, qh + i * D, kh, D, Dh, visible, scale, false);
+    for (std::size_t j = done; j < visible; ++j) p[j] = scale * detail::dot<Batch<T>>(qh + i * D, kh + j * D, Dh);
+    T m = detail::max_of<Batch<T>>(p, visible);
+    T sum = detail::exp_shifted_sum<Batch<T>>(p, visible, m);
+    detail::row_times_matrix<Batch<T>>(oh + i * D, p, 1, vh, D, visible, Dh, T(1) / sum, false);
+    if (lse) lse[i] = m + std::log(sum);
+  }
 }
 
 }  // namespace
 
 template <class T>
-void attention_forward(T* out, T* probs, const T* q, const T* k, const T* v, const AttentionShape& s) {
-  const std::size_t D = s.model_dim(), Dh = s.head_dim, Tq = s.q_len, Tk = s.kv_len;
+void attention_forward(T* out, T* lse, const T* q, const T* k, const T* v, const AttentionShape& s) {
+  const std::size_t D = s.model_dim(), Dh = s.head_dim, Tq = s.q_len;
+  constexpr std::size_t W = Batch<T>::size;
+  const std::size_t keys = s.q_offset + Tq;  // keys any query sees; later ones (up to kv_len) are not read
+  const std::size_t Dp = round_up(Dh, W), keys_pad = round_up(keys, W);
   const T scale = T(1) / std::sqrt(T(Dh));
-  detail::parallel_for(s.batch * s.n_heads, Tq * Tk * Dh * 2, [&](std::size_t pair) {
+  detail::parallel_for(s.batch * s.n_heads, Tq * keys * Dh * 2, [&](std::size_t pair) {
     HeadView hv = head_view(s, pair);
     const T* qh = q + hv.q_row0 * D + hv.col0;
     const T* kh = k + hv.kv_row0 * D + hv.col0;
     const T* vh = v + hv.kv_row0 * D + hv.col0;
     T* oh = out + hv.q_row0 * D + hv.col0;
-    T* ph = probs + hv.probs0;
-    for (std::size_t i0 = 0; i0 < Tq; i0 += row_block) {
-      std::size_t rows = std::min(row_block, Tq - i0), keys = s.q_offset + i0 + rows;
-      T* p = ph + i0 * Tk;
-      // scores (rows, keys) = q_blk k^T / sqrt(Dh)
-      gemm<T>(false, true, rows, keys, Dh, scale, qh + i0 * D, D, kh, D, T(0), p, Tk);
-      for (std::size_t i = 0; i < rows; ++i) {
-        T* pr = p + i * Tk;
-        std::size_t visible = s.q_offset + i0 + i + 1;  // masked scores are -inf: probability exactly 0
-        T inv = T(1) / detail::exp_shifted_sum<Batch<T>>(pr, visible, detail::max_of<Batch<T>>(pr, visible));
-        for (std::size_t j = 0; j < visible; ++j) pr[j] *= inv;
-        std::fill(pr + visible, pr + Tk, T(0));
+    T* lh = lse ? lse + hv.lse0 : nullptr;
+    if (Tq <= 2) {
+      thread_local std::vector<T> p;
+      p.resize(keys);
+      return attention_rows(oh, lh, qh, kh, vh, s, p.data());
+    }
+    // Per pair: keys transposed (Dh, keys_pad) and values padded (keys, Dp), so that every tile
+    // product reads whole vectors; per query tile: scores (q_tile, k_tile) and the output (q_tile, Dp).
+    thread_local std::vector<T> kt, vp, scores, acc, row_max, row_sum;
+    kt.resize(Dh * keys_pad), vp.resize(keys * Dp), scores.resize(q_tile * k_tile), acc.resize(q_tile * Dp);
+    row_max.resize(q_tile), row_sum.resize(q_tile);
+    copy_transposed(kt.data(), keys_pad, kh, D, keys, Dh);
+    copy_padded(vp.data(), Dp, vh, D, keys, Dh);
+    for (std::size_t i0 = 0; i0 < Tq; i0 += q_tile) {
+      const std::size_t rows = std::min(q_tile, Tq - i0), first_pos = s.q_offset + i0;
+      const std::size_t tile_keys = first_pos + rows;  // keys this tile's queries see: later tiles are skipped
+      std::fill(acc.begin(), acc.end(), T(0));
+      std::fill(row_max.begin(), row_max.end(), minus_infinity<T>);
+      std::fill(row_sum.begin(), row_sum.end(), T(0));
+      for (std::size_t j0 = 0; j0 < tile_keys; j0 += k_tile) {
+        const std::size_t cols = std::min(k_tile, tile_keys - j0);
+        // On the diagonal, chunks compute scores and P v only up to the last key their rows see:
+        // about half of a diagonal tile's work, and 4 of the 10 tiles at T = 256 are diagonal.
+        const bool diagonal = first_pos < j0 + cols - 1;
+        const std::size_t chunk = diagonal ? diagonal_chunk : rows;
+        for (std::size_t r0 = 0; r0 < rows; r0 += chunk) {
+          const std::size_t n = std::min(chunk, rows - r0), last_key = first_pos + r0 + n - 1;  // inclusive
+          if (last_key < j0) continue;  // no row of the chunk sees a key of this tile
+          const std::size_t seen = std::min(cols, last_key - j0 + 1), seen_pad = round_up(seen, W);
+          T* st = scores.data() + r0 * k_tile;
+          tile_scores(st, qh + (i0 + r0) * D, D, kt.data(), keys_pad, n, seen, seen_pad, Dh, scale, first_pos + r0, j0);
+          // Online softmax: m' = max(m, max_j s_j); l' = l e^(m - m') + sum_j e^(s_j - m'); the
+          // output so far is rescaled by e^(m - m'). Key 0 is in every row's first tile, so m is
+          // finite from then on and a row with no visible key in a later tile adds exactly 0.
+          for (std::size_t i = r0; i < r0 + n; ++i) {
+            T* sr = scores.data() + i * k_tile;
+            T m = std::max(row_max[i], detail::max_of<Batch<T>>(sr, seen_pad));
+            T sum = detail::exp_shifted_sum<Batch<T>>(sr, seen_pad, m);
+            T correction = std::exp(row_max[i] - m);  // 0 on the first tile (m was -inf)
+            row_sum[i] = row_sum[i] * correction + sum;
+            row_max[i] = m;
+            if (correction != T(1))
+              for (std::size_t d = 0; d < Dp; ++d) acc[i * Dp + d] *= correction;
+          }
+          // acc (n, Dp) += P (n, seen) v[j0:j0+seen]
+          detail::tile_product<Batch<T>>(acc.data() + r0 * Dp, Dp, st, k_tile, 1, vp.data() + j0 * Dp, Dp, n, Dp, seen,
+                                         T(1), true);
+        }
       }
-      // out_blk (rows, Dh) = P_blk v
-      gemm<T>(false, false, rows, Dh, keys, T(1), p, Tk, vh, D, T(0), oh + i0 * D, D);
+      for (std::size_t i = 0; i < rows; ++i) {
+        T inv = T(1) / row_sum[i];
+        for (std::size_t d = 0; d < Dh; ++d) oh[(i0 + i) * D + d] = acc[i * Dp + d] * inv;
+        if (lh) lh[i0 + i] = row_max[i] + std::log(row_sum[i]);
+      }
     }
   });
 }
 
+// With P_ij = exp(s_ij - lse_i) recomputed per tile, dP = dout v^T and
+// delta_i = sum_j P_ij dP_ij = dout_i . out_i (FlashAttention-2):
+//   dS = P * (dP - delta) / sqrt(Dh);  dv += P^T dout;  dq += dS k;  dk += dS^T q.
+// Key tiles are the outer loop (their dk, dv are summed in place); dq is summed over the key tiles
+// of the pair in a per-pair buffer, so each element's sum has one fixed order.
 template <class T>
-void attention_backward(T* dq, T* dk, T* dv, const T* dout, const T* probs, const T* q, const T* k, const T* v,
-                        const AttentionShape& s) {
-  const std::size_t D = s.model_dim(), Dh = s.head_dim, Tq = s.q_len, Tk = s.kv_len;
+void attention_backward(T* dq, T* dk, T* dv, const T* dout, const T* out, const T* lse, const T* q, const T* k,
+                        const T* v, const AttentionShape& s) {
+  const std::size_t D = s.model_dim(), Dh = s.head_dim, Tq = s.q_len;
+  constexpr std::size_t W = Batch<T>::size;
+  const std::size_t Dp = round_up(Dh, W), keys = s.q_offset + Tq, keys_pad = round_up(keys, W);
   const T scale = T(1) / std::sqrt(T(Dh));
-  detail::parallel_for(s.batch * s.n_heads, Tq * Tk * Dh * 4, [&](std::size_t pair) {
-    thread_local std::vector<T> scratch;
-    scratch.resize(row_block * Tk);
+  if (!dq && !dk && !dv) return;
+  detail::parallel_for(s.batch * s.n_heads, Tq * keys * Dh * 4, [&](std::size_t pair) {
     HeadView hv = head_view(s, pair);
     const T* qh = q + hv.q_row0 * D + hv.col0;
     const T* kh = k + hv.kv_row0 * D + hv.col0;
     const T* vh = v + hv.kv_row0 * D + hv.col0;
     const T* doh = dout + hv.q_row0 * D + hv.col0;
-    const T* ph = probs + hv.probs0;
-    for (std::size_t i0 = 0; i0 < Tq; i0 += row_block) {
-      std::size_t rows = std::min(row_block, Tq - i0), keys = s.q_offset + i0 + rows;
-      const T* p = ph + i0 * Tk;
-      T* ds = scratch.data();  // (rows, keys)
-      if (dv) gemm<T>(true, false, keys, Dh, rows, T(1), p, Tk, doh + i0 * D, D, T(1), dv + hv.kv_row0 * D + hv.col0, D);
-      if (!dq && !dk) continue;
-      // dP = dout_blk v^T; dS = P * (dP - sum_j dP_j P_j), with the 1/sqrt(Dh) of the scores folded in.
-      gemm<T>(false, true, rows, keys, Dh, T(1), doh + i0 * D, D, vh, D, T(0), ds, keys);
-      for (std::size_t i = 0; i < rows; ++i) {
-        const T* pr = p + i * Tk;
-        T* dr = ds + i * keys;
-        T centre = detail::dot<Batch<T>>(dr, pr, keys);
-        for (std::size_t j = 0; j < keys; ++j) dr[j] = pr[j] * (dr[j] - centre) * scale;
+    const T* oh = out + hv.q_row0 * D + hv.col0;
+    const T* lh = lse + hv.lse0;
+    // Operands laid out for tile_product: q, dout and k padded to Dp columns; k and v transposed.
+    thread_local std::vector<T> qp, dop, kp, kt, vt, delta, dq_acc, dk_tile, dv_tile, p, ds;
+    qp.resize(Tq * Dp), dop.resize(Tq * Dp), kp.resize(keys * Dp), kt.resize(Dh * keys_pad), vt.resize(Dh * keys_pad);
+    delta.resize(Tq), dq_acc.assign(dq ? Tq * Dp : 0, T(0)), dk_tile.resize(k_tile * Dp), dv_tile.resize(k_tile * Dp);
+    p.resize(q_tile * k_tile), ds.resize(q_tile * k_tile);
+    copy_padded(qp.data(), Dp, qh, D, Tq, Dh);
+    copy_padded(dop.data(), Dp, doh, D, Tq, Dh);
+    copy_padded(kp.data(), Dp, kh, D, keys, Dh);
+    copy_transposed(kt.data(), keys_pad, kh, D, keys, Dh);
+    copy_transposed(vt.data(), keys_pad, vh, D, keys, Dh);
+    for (std::size_t i = 0; i < Tq; ++i) delta[i] = detail::dot<Batch<T>>(doh + i * D, oh + i * D, Dh);
+    for (std::size_t j0 = 0; j0 < keys; j0 += k_tile) {
+      const std::size_t cols = std::min(k_tile, keys - j0), cols_pad = round_up(cols, W);
+      // Query i sees key j when j <= q_offset + i: tiles of queries wholly before j0 are skipped.
+      const std::size_t first_query = j0 > s.q_offset ? j0 - s.q_offset : 0;
+      std::fill(dk_tile.begin(), dk_tile.end(), T(0));
+      std::fill(dv_tile.begin(), dv_tile.end(), T(0));
+      for (std::size_t i0 = first_query / q_tile * q_tile; i0 < Tq; i0 += q_tile) {
+        const std::size_t rows = std::min(q_tile, Tq - i0), first_pos = s.q_offset + i0;
+        // On the diagonal, chunks of queries (for P, dS and dq) and of keys (for dk and dv).
+        const bool diagonal = first_pos < j0 + cols - 1;
+        const std::size_t chunk = diagonal ? diagonal_chunk : std::max(rows, cols);
+        T *pt = p.data(), *dst = ds.data();
+        for (std::size_t r0 = 0; r0 < rows; r0 += chunk) {
+          const std::size_t n = std::min(chunk, rows - r0), last_key = first_pos + r0 + n - 1;  // inclusive
+          const std::size_t seen = last_key < j0 ? 0 : std::min(cols, last_key - j0 + 1), seen_pad = round_up(seen, W);
+          T *pc = pt + r0 * k_tile, *dc = dst + r0 * k_tile;
+          for (std::size_t i = 0; i < n; ++i) {  // the dk and dv products below read whole columns: zero the rest
+            std::fill(pc + i * k_tile + seen_pad, pc + i * k_tile + cols_pad, T(0));
+            std::fill(dc + i * k_tile + seen_pad, dc + i * k_tile + cols_pad, T(0));
+          }
+          if (seen == 0) continue;
+          tile_scores(pc, qh + (i0 + r0) * D, D, kt.data(), keys_pad, n, seen, seen_pad, Dh, scale, first_pos + r0, j0);
+          for (std::size_t i = 0; i < n; ++i) detail::exp_shifted_sum<Batch<T>>(pc + i * k_tile, seen_pad, lh[i0 + r0 + i]);
+          if (!dq && !dk) continue;
+          // dP (n, seen_pad) = dout_chunk v^T, then dS in place.
+          detail::tile_product<Batch<T>>(dc, k_tile, doh + (i0 + r0) * D, D, 1, vt.data() + j0, keys_pad, n, seen_pad,
+                                         Dh, T(1), false);
+          for (std::size_t i = 0; i < n; ++i) {
+            const T* pr = pc + i * k_tile;
+            T* dr = dc + i * k_tile;
+            const T centre = delta[i0 + r0 + i];
+            for (std::size_t j = 0; j < seen_pad; ++j) dr[j] = pr[j] * (dr[j] - centre) * scale;
+          }
+          if (dq)  // dq_acc (n, Dp) += dS k[j0:j0+seen]
+            detail::tile_product<Batch<T>>(dq_acc.data() + (i0 + r0) * Dp, Dp, dc, k_tile, 1, kp.data() + j0 * Dp, Dp, n,
+                                           Dp, seen, T(1), true);
+        }
+        for (std::size_t c0 = 0; c0 < cols; c0 += chunk) {
+          const std::size_t n = std::min(chunk, cols - c0);
+          const std::size_t first = j0 + c0 > first_pos ? j0 + c0 - first_pos : 0;  // first query seeing key j0 + c0
+          if (first >= rows) break;
+          const std::size_t K = rows - first;
+          if (dv)  // dv_tile (n, Dp) += P^T dout_tile
+            detail::tile_product<Batch<T>>(dv_tile.data() + c0 * Dp, Dp, pt + first * k_tile + c0, 1, k_tile,
+                                           dop.data() + (i0 + first) * Dp, Dp, n, Dp, K, T(1), true);
+          if (dk)  // dk_tile (n, Dp) += dS^T q_tile
+            detail::tile_product<Batch<T>>(dk_tile.data() + c0 * Dp, Dp, dst + first * k_tile + c0, 1, k_tile,
+                                           qp.data() + (i0 + first) * Dp, Dp, n, Dp, K, T(1), true);
+        }
       }
-      if (dq) gemm<T>(false, false, rows, Dh, keys, T(1), ds, keys, kh, D, T(1), dq + (hv.q_row0 + i0) * D + hv.col0, D);
-      if (dk) gemm<T>(true, false, keys, Dh, rows, T(1), ds, keys, qh + i0 * D, D, T(1), dk + hv.kv_row0 * D + hv.col0, D);
+      if (dk) add_rows(dk + (hv.kv_row0 + j0) * D + hv.col0, D, dk_tile.data(), Dp, cols, Dh);
+      if (dv) add_rows(dv + (hv.kv_row0 + j0) * D + hv.col0, D, dv_tile.data(), Dp, cols, Dh);
     }
+    if (dq) add_rows(dq + hv.q_row0 * D + hv.col0, D, dq_acc.data(), Dp, Tq, Dh);
   });
 }
 
@@ -91,8 +261,8 @@ template void attention_forward<float>(float*, float*, const float*, const float
 template void attention_forward<double>(double*, double*, const double*, const double*, const double*,
                                         const AttentionShape&);
 template void attention_backward<float>(float*, float*, float*, const float*, const float*, const float*,
-                                        const float*, const float*, const AttentionShape&);
+                                        const float*, const float*, const float*, const AttentionShape&);
 template void attention_backward<double>(double*, double*, double*, const double*, const double*, const double*,
-                                         const double*, const double*, const AttentionShape&);
+                                         const double*, const double*, const double*, const AttentionShape&);
 
 }  // namespace tapegrad::kernels::TAPEGRAD_SIMD_LEVEL

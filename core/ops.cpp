@@ -235,13 +235,13 @@ Var attention(const Var& q, const Var& k, const Var& v, std::size_t n_heads) {
   kernels::AttentionShape shape{s[0], s[1], s[1], n_heads, s[2] / n_heads, 0};
   Op op("attention", {q, k, v});
   Tensor y = Tensor::uninitialized(s);
-  Tensor probs = Tensor::uninitialized({s[0], n_heads, s[1], s[1]});  // (B, H, T, T)
-  kernels::attention_forward(y.data(), probs.data(), q.value().data(), k.value().data(), v.value().data(), shape);
-  std::size_t bytes = probs.bytes();
+  Tensor lse = Tensor::uninitialized({s[0], n_heads, s[1]});  // (B, H, T): all backward needs besides y
+  kernels::attention_forward(y.data(), lse.data(), q.value().data(), k.value().data(), v.value().data(), shape);
+  std::size_t bytes = lse.bytes();
   // the derivative is in kernels::attention_backward
-  return op.finish(std::move(y), [q, k, v, probs = std::move(probs), shape](const Tensor& dy, const Tensor&) {
-    kernels::attention_backward(grad_ptr(q), grad_ptr(k), grad_ptr(v), dy.data(), probs.data(), q.value().data(),
-                                k.value().data(), v.value().data(), shape);
+  return op.finish(std::move(y), [q, k, v, lse = std::move(lse), shape](const Tensor& dy, const Tensor& y) {
+    kernels::attention_backward(grad_ptr(q), grad_ptr(k), grad_ptr(v), dy.data(), y.data(), lse.data(),
+                                q.value().data(), k.value().data(), v.value().data(), shape);
   }, bytes);
 }
 

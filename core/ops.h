@@ -47,7 +47,7 @@ Var rope(const Var& x, std::shared_ptr<const kernels::RopeTable<float>> table, s
          std::size_t offset = 0);
 /// y = silu(a) * b, same shapes. Saves a and b.
 Var swiglu(const Var& a, const Var& b);
-/// Causal multi-head attention; q, k, v (B, T, H*Dh) -> (B, T, H*Dh); saves probs (B, H, T, T).
+/// Causal multi-head attention; q, k, v (B, T, H*Dh) -> (B, T, H*Dh); saves lse (B, H, T) and uses its output.
 Var attention(const Var& q, const Var& k, const Var& v, std::size_t n_heads);
 /// Mean over rows of -log softmax(logits)[target]; logits (.., V), one target per row; saves
 /// logsumexp (rows). Every target must be < V.

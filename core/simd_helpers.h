@@ -180,4 +180,64 @@ std::size_t dots_with_rows(typename B::value_type* c, const typename B::value_ty
   return n;
 }
 
+// C[i, 0:V*W] (+)= alpha * sum_k A(i, k) b[k * ldb + 0:V*W] for R rows i at once, A(i, k) =
+// a[i * a_row + k * a_col]: R x V accumulators stay in registers across all of k (R = 6, V = 2 is
+// the 6x16 block of AVX2 sgemm kernels: 12 accumulators, 2 loads and 6 broadcasts per 12 FMAs).
+template <class B, std::size_t R, std::size_t V>
+inline void tile_block(typename B::value_type* c, std::size_t ldc, const typename B::value_type* a, std::size_t a_row,
+                       std::size_t a_col, const typename B::value_type* b, std::size_t ldb, std::size_t K,
+                       typename B::value_type alpha, bool accumulate) {
+  using T = typename B::value_type;
+  constexpr std::size_t W = B::size;
+  B sum[R][V];
+  for (auto& row : sum)
+    for (auto& s : row) s = B(T(0));
+  for (std::size_t k = 0; k < K; ++k) {
+    B col[V];
+    for (std::size_t v = 0; v < V; ++v) col[v] = B::load_unaligned(b + k * ldb + v * W);
+    for (std::size_t r = 0; r < R; ++r) {
+      B x(a[r * a_row + k * a_col]);
+      for (std::size_t v = 0; v < V; ++v) sum[r][v] = fma(x, col[v], sum[r][v]);
+    }
+  }
+  for (std::size_t r = 0; r < R; ++r)
+    for (std::size_t v = 0; v < V; ++v) {
+      B total = sum[r][v] * B(alpha);
+      if (accumulate) total += B::load_unaligned(c + r * ldc + v * W);
+      total.store_unaligned(c + r * ldc + v * W);
+    }
+}
+
+template <class B, std::size_t V>
+inline void tile_rows(typename B::value_type* c, std::size_t ldc, const typename B::value_type* a, std::size_t a_row,
+                      std::size_t a_col, const typename B::value_type* b, std::size_t ldb, std::size_t M, std::size_t K,
+                      typename B::value_type alpha, bool accumulate) {
+  constexpr std::size_t R = 6;
+  std::size_t i = 0;
+  for (; i + R <= M; i += R) tile_block<B, R, V>(c + i * ldc, ldc, a + i * a_row, a_row, a_col, b, ldb, K, alpha, accumulate);
+  auto* ci = c + i * ldc;
+  auto* ai = a + i * a_row;
+  switch (M - i) {
+    case 5: return tile_block<B, 5, V>(ci, ldc, ai, a_row, a_col, b, ldb, K, alpha, accumulate);
+    case 4: return tile_block<B, 4, V>(ci, ldc, ai, a_row, a_col, b, ldb, K, alpha, accumulate);
+    case 3: return tile_block<B, 3, V>(ci, ldc, ai, a_row, a_col, b, ldb, K, alpha, accumulate);
+    case 2: return tile_block<B, 2, V>(ci, ldc, ai, a_row, a_col, b, ldb, K, alpha, accumulate);
+    case 1: return tile_block<B, 1, V>(ci, ldc, ai, a_row, a_col, b, ldb, K, alpha, accumulate);
+    default: return;
+  }
+}
+
+/// A small matrix product held in registers, for attention's tiles: C (M, N) (+)= alpha * A B with
+/// A(i, k) = a[i * a_row + k * a_col] (a row-major matrix, or with a_row = 1 a transposed one) and
+/// B (K, N) row-major with leading dimension ldb. N must be a multiple of B::size (callers pad).
+template <class B>
+void tile_product(typename B::value_type* c, std::size_t ldc, const typename B::value_type* a, std::size_t a_row,
+                  std::size_t a_col, const typename B::value_type* b, std::size_t ldb, std::size_t M, std::size_t N,
+                  std::size_t K, typename B::value_type alpha, bool accumulate) {
+  constexpr std::size_t W = B::size, V = sizeof(B) >= 64 ? 4 : 2;  // 32 vector registers at 512 bits, else 16
+  std::size_t j = 0;
+  for (; j + V * W <= N; j += V * W) tile_rows<B, V>(c + j, ldc, a, a_row, a_col, b + j, ldb, M, K, alpha, accumulate);
+  for (; j + W <= N; j += W) tile_rows<B, 1>(c + j, ldc, a, a_row, a_col, b + j, ldb, M, K, alpha, accumulate);
+}
+
 }  // namespace tapegrad::detail

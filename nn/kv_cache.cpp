@@ -66,7 +66,6 @@ const float* RotaryDecoder::run_cached(std::span<const std::int32_t> tokens, KVC
     ensure_size(cache.up_, rows * F);
     ensure_size(cache.logits_, rows * V);
   }
-  ensure_size(cache.probs_, H * std::max(rows * (pos + rows), c.max_len));  // a step needs H * max_len at most
 
   float *x = cache.x_.data(), *xn = cache.normed_.data(), *q = cache.q_.data(), *att = cache.attended_.data();
   const std::size_t Dh = c.head_dim(), kv_len = pos + rows;
@@ -81,7 +80,7 @@ const float* RotaryDecoder::run_cached(std::span<const std::int32_t> tokens, KVC
     kernels::matmul_forward(Vv + pos * D, xn, b.attn.wv.weight.value().data(), rows, D, D);
     kernels::rope_forward(q, q, *rope_, 1, rows, H, Dh, pos);
     kernels::rope_forward(K + pos * D, K + pos * D, *rope_, 1, rows, H, Dh, pos);
-    kernels::attention_forward<float>(att, cache.probs_.data(), q, K, Vv, {1, rows, kv_len, H, Dh, pos});
+    kernels::attention_forward<float>(att, nullptr, q, K, Vv, {1, rows, kv_len, H, Dh, pos});
     kernels::add_matmul_forward(x, x, att, b.attn.wo.weight.value().data(), rows, D, D);  // x += att Wo
     kernels::rms_norm_forward<float>(xn, nullptr, x, b.ffn_norm.weight.value().data(), rows, D, b.ffn_norm.eps);
     kernels::matmul_forward(cache.gate_.data(), xn, b.ffn.w1.weight.value().data(), rows, D, F);

@@ -29,7 +29,7 @@ class KVCache {
   std::vector<float> keys_, values_;   // (n_blocks, max_len, d_model), rotated keys
   // Scratch for a pass of up to `capacity_rows_` tokens; grows only when a longer prefill comes.
   std::size_t capacity_rows_ = 0;
-  std::vector<float> x_, normed_, q_, attended_, gate_, up_, logits_, probs_;
+  std::vector<float> x_, normed_, q_, attended_, gate_, up_, logits_;
 };
 
 }  // namespace tapegrad::nn

@@ -115,7 +115,7 @@ template <class B> void check_helpers(Failures& f, std::string_view name) {
 
   {  // sums_of_lanes: lane r is the sum of acc[r]'s lanes
     B acc[W];
-    alignas(64) T lanes[W], got[W];
+    alignas(64) T lanes[W], got[W] = {};
     for (std::size_t r = 0; r < W; ++r) {
       for (std::size_t i = 0; i < W; ++i) lanes[i] = T(100 * r + i);
       acc[r] = B::load_aligned(lanes);
@@ -173,6 +173,34 @@ template <class B> void check_helpers(Failures& f, std::string_view name) {
             f.add("{}: dots_with_rows K={} N={} accumulate={}: c[{}] = {}, want {}", name, K, N, accumulate, r, c[r], want);
         }
       }
+
+  // tile_product: C (M, N) (+)= alpha * A B, A row-major (a_row = lda, a_col = 1) or transposed
+  // (a_row = 1, a_col = lda); M up to 13 covers two 6-row blocks and every remainder, N up to 9W
+  // the 2- and 4-vector column blocks and their 1-vector remainder.
+  for (std::size_t M : {std::size_t(0), std::size_t(1), std::size_t(5), std::size_t(6), std::size_t(7), std::size_t(13)})
+    for (std::size_t N : {std::size_t(0), W, 2 * W, 3 * W, 5 * W, 9 * W})
+      for (std::size_t K : {std::size_t(0), std::size_t(1), std::size_t(5)})
+        for (bool transposed : {false, true})
+          for (bool accumulate : {false, true}) {
+            const std::size_t lda = transposed ? M + 3 : K + 2, ldb = N + 1, ldc = N + 2;
+            const std::size_t a_row = transposed ? 1 : lda, a_col = transposed ? lda : 1;
+            const std::vector<T> a_tile = small_ints<T>(16 * 16 + 1, M + K), b_tile = small_ints<T>(5 * ldb + 2, N + K);
+            const T* ap = a_tile.data() + 1;  // unaligned on purpose
+            const T* bp = b_tile.data() + 2;
+            T alpha = T(0.5);
+            std::vector<T> c = small_ints<T>(M * ldc + 1, M + N), want = c;
+            for (std::size_t i = 0; i < M; ++i)
+              for (std::size_t j = 0; j < N; ++j) {
+                T sum = 0;
+                for (std::size_t k = 0; k < K; ++k) sum += ap[i * a_row + k * a_col] * bp[k * ldb + j];
+                want[i * ldc + j] = alpha * sum + (accumulate ? want[i * ldc + j] : T(0));
+              }
+            detail::tile_product<B>(c.data(), ldc, ap, a_row, a_col, bp, ldb, M, N, K, alpha, accumulate);
+            for (std::size_t i = 0; i < c.size(); ++i)  // the padding columns and c[M * ldc] stay untouched
+              if (c[i] != want[i])
+                f.add("{}: tile_product M={} N={} K={} transposed={} accumulate={}: c[{}] = {}, want {}", name, M, N, K,
+                      transposed, accumulate, i, c[i], want[i]);
+          }
 }
 
 }  // namespace tapegrad::simd_checks

@@ -9,81 +9,212 @@
 using namespace tapegrad;
 
 namespace {
-// Plain triple loop: scores with -inf above the diagonal, softmax, weighted sum; per head.
-std::vector<double> naive_attention(const Tensor& q, const Tensor& k, const Tensor& v, std::size_t B, std::size_t T,
-                                    std::size_t H) {
-  std::size_t D = q.shape()[2], Dh = D / H;
-  std::vector<double> out(B * T * D);
-  for (std::size_t b = 0; b < B; ++b)
-    for (std::size_t h = 0; h < H; ++h)
-      for (std::size_t i = 0; i < T; ++i) {
-        std::vector<double> s(T);
+
+// The sizes the flash kernel's 64 x 64 tiles make interesting: one query, one short of a tile, a
+// whole tile, one past it, and several tiles with a partial last one; head sizes of 2 to 8 vectors.
+const std::size_t lengths[] = {1, 63, 64, 65, 200};
+const std::size_t head_sizes[] = {16, 32, 64};
+
+struct Reference {
+  std::vector<double> out, lse;  // (B, Tq, H*Dh), (B, H, Tq)
+};
+
+// Plain triple loop in double: scores with -inf where key j > q_offset + i, softmax, weighted sum.
+template <class T>
+Reference naive_attention(const std::vector<T>& q, const std::vector<T>& k, const std::vector<T>& v,
+                          const kernels::AttentionShape& s) {
+  const std::size_t D = s.model_dim(), Dh = s.head_dim, Tq = s.q_len, Tk = s.kv_len;
+  Reference r{std::vector<double>(s.batch * Tq * D), std::vector<double>(s.batch * s.n_heads * Tq)};
+  for (std::size_t b = 0; b < s.batch; ++b)
+    for (std::size_t h = 0; h < s.n_heads; ++h)
+      for (std::size_t i = 0; i < Tq; ++i) {
+        std::vector<double> p(Tk);
         double m = -std::numeric_limits<double>::infinity();
-        for (std::size_t j = 0; j < T; ++j) {
+        for (std::size_t j = 0; j < Tk; ++j) {
           double dot = 0;
-          for (std::size_t d = 0; d < Dh; ++d) dot += double(q[(b * T + i) * D + h * Dh + d]) * k[(b * T + j) * D + h * Dh + d];
-          s[j] = j <= i ? dot / std::sqrt(double(Dh)) : -std::numeric_limits<double>::infinity();
-          m = std::max(m, s[j]);
+          for (std::size_t d = 0; d < Dh; ++d)
+            dot += double(q[(b * Tq + i) * D + h * Dh + d]) * double(k[(b * Tk + j) * D + h * Dh + d]);
+          p[j] = j <= s.q_offset + i ? dot / std::sqrt(double(Dh)) : -std::numeric_limits<double>::infinity();
+          m = std::max(m, p[j]);
         }
         double z = 0;
-        for (double& e : s) z += (e = std::exp(e - m));
+        for (double& e : p) z += (e = std::exp(e - m));
+        r.lse[(b * s.n_heads + h) * Tq + i] = m + std::log(z);
         for (std::size_t d = 0; d < Dh; ++d) {
           double acc = 0;
-          for (std::size_t j = 0; j < T; ++j) acc += s[j] / z * v[(b * T + j) * D + h * Dh + d];
-          out[(b * T + i) * D + h * Dh + d] = acc;
+          for (std::size_t j = 0; j < Tk; ++j) acc += p[j] / z * double(v[(b * Tk + j) * D + h * Dh + d]);
+          r.out[(b * Tq + i) * D + h * Dh + d] = acc;
         }
       }
-  return out;
+  return r;
 }
+
+struct Inputs {
+  std::vector<double> q, k, v, R;  // R: the fixed weights of the gradient-check loss sum(out * R)
+};
+
+Inputs random_inputs(const kernels::AttentionShape& s) {
+  std::size_t nq = s.batch * s.q_len * s.model_dim(), nk = s.batch * s.kv_len * s.model_dim();
+  return {test::random_vector<double>(nq, 1), test::random_vector<double>(nk, 2), test::random_vector<double>(nk, 3),
+          test::random_vector<double>(nq, 4)};
+}
+
+// Central differences of sum(out * R) in double for every element of x when it has at most 64,
+// else for 64 elements at a fixed odd stride, drifting by one every 7 so that every column and
+// head is hit, plus the last one: at T = 200 and Dh = 64 a full check would take minutes.
+// eps = 1e-5, not the usual 1e-6: a key reaches every later output, so the loss sums up to
+// B*T*H*Dh = 51,200 rounded terms whose noise (about 2e-13) divided by 2 eps gave errors of 2e-7
+// at eps = 1e-6 (the analytic dk matched a plain double loop to 1e-15); at 1e-5 that noise is
+// 2e-8, and the truncation error, O(eps^2) times a third derivative of order 1, about 1e-10.
+void check_gradient(const std::string& what, std::vector<double>& x, const std::vector<double>& analytic,
+                    const std::function<std::vector<double>()>& forward, const std::vector<double>& R) {
+  std::vector<std::size_t> indices;
+  const std::size_t checked = 64;
+  const double eps = 1e-5;
+  if (x.size() <= checked) {
+    for (std::size_t i = 0; i < x.size(); ++i) indices.push_back(i);
+  } else {
+    std::size_t stride = x.size() / checked | 1;
+    for (std::size_t i = 0; i < checked; ++i) indices.push_back((i * stride + i / 7) % x.size());
+    indices.push_back(x.size() - 1);
+  }
+  auto loss = [&] {
+    std::vector<double> y = forward();
+    double total = 0;
+    for (std::size_t i = 0; i < y.size(); ++i) total += y[i] * R[i];
+    return total;
+  };
+  for (std::size_t i : indices) {
+    double saved = x[i];
+    x[i] = saved + eps;
+    double plus = loss();
+    x[i] = saved - eps;
+    double minus = loss();
+    x[i] = saved;
+    double numerical = (plus - minus) / (2 * eps);
+    bool ok = std::fabs(analytic[i] - numerical) <= test::kDoubleAtol + test::kDoubleRtol * std::fabs(numerical);
+    if (!ok) {
+      FAIL_CHECK(what << ": element " << i << ": analytic " << analytic[i] << ", numerical " << numerical);
+      return;
+    }
+  }
+}
+
+// Runs the enclosing scope's kernels on one thread: the gradient checks make thousands of short
+// calls, and a parallel region per call costs more than it saves on a loaded machine.
+struct OneThread {
+  int saved = num_threads();
+  OneThread() { set_num_threads(1); }
+  ~OneThread() { set_num_threads(saved); }
+};
+
+// Forward against the triple loop, then dq, dk and dv against central differences, all in double.
+void check_attention(const kernels::AttentionShape& s) {
+  OneThread one_thread;
+  CAPTURE(s.batch);
+  CAPTURE(s.q_len);
+  CAPTURE(s.kv_len);
+  CAPTURE(s.n_heads);
+  CAPTURE(s.head_dim);
+  CAPTURE(s.q_offset);
+  Inputs in = random_inputs(s);
+  std::size_t nq = in.q.size(), nk = in.k.size();
+  std::vector<double> out(nq), lse(s.batch * s.n_heads * s.q_len), dq(nq), dk(nk), dv(nk);
+  kernels::attention_forward<double>(out.data(), lse.data(), in.q.data(), in.k.data(), in.v.data(), s);
+  Reference ref = naive_attention(in.q, in.k, in.v, s);
+  for (std::size_t i = 0; i < nq; ++i) REQUIRE(out[i] == doctest::Approx(ref.out[i]).epsilon(1e-12).scale(1));
+  for (std::size_t i = 0; i < lse.size(); ++i) REQUIRE(lse[i] == doctest::Approx(ref.lse[i]).epsilon(1e-12).scale(1));
+  kernels::attention_backward<double>(dq.data(), dk.data(), dv.data(), in.R.data(), out.data(), lse.data(),
+                                      in.q.data(), in.k.data(), in.v.data(), s);
+  auto forward = [&] {
+    std::vector<double> y(nq);
+    kernels::attention_forward<double>(y.data(), nullptr, in.q.data(), in.k.data(), in.v.data(), s);
+    return y;
+  };
+  check_gradient("attention dq", in.q, dq, forward, in.R);
+  check_gradient("attention dk", in.k, dk, forward, in.R);
+  check_gradient("attention dv", in.v, dv, forward, in.R);
+}
+
 }  // namespace
 
-TEST_CASE("attention matches a plain triple loop with a -inf causal mask") {
-  // T = 70 crosses the 64-row block boundary of the kernel.
-  for (auto [B, T, H, Dh] : {std::tuple{1, 1, 1, 2}, {2, 5, 1, 4}, {2, 7, 4, 2}, {1, 70, 2, 8}}) {
-    std::size_t D = H * Dh;
-    Tensor q = test::random_tensor({std::size_t(B), std::size_t(T), D}, 1);
-    Tensor k = test::random_tensor({std::size_t(B), std::size_t(T), D}, 2);
-    Tensor v = test::random_tensor({std::size_t(B), std::size_t(T), D}, 3);
-    Tensor out = attention(Var(q), Var(k), Var(v), H).value();
-    auto ref = naive_attention(q, k, v, B, T, H);
-    for (std::size_t i = 0; i < ref.size(); ++i) REQUIRE(out[i] == doctest::Approx(ref[i]).epsilon(1e-4).scale(1));
+TEST_CASE("flash attention matches a plain triple loop, in float, with a -inf causal mask") {
+  for (std::size_t T : lengths)
+    for (std::size_t Dh : head_sizes) {
+      CAPTURE(T);
+      CAPTURE(Dh);
+      const std::size_t B = 2, H = 2, D = H * Dh;
+      Tensor q = test::random_tensor({B, T, D}, 1), k = test::random_tensor({B, T, D}, 2);
+      Tensor v = test::random_tensor({B, T, D}, 3);
+      Tensor out = attention(Var(q), Var(k), Var(v), H).value();
+      auto as_vector = [](const Tensor& t) { return std::vector<float>(t.data(), t.data() + t.size()); };
+      Reference ref = naive_attention(as_vector(q), as_vector(k), as_vector(v), {B, T, T, H, Dh, 0});
+      for (std::size_t i = 0; i < ref.out.size(); ++i)
+        REQUIRE(out[i] == doctest::Approx(ref.out[i]).epsilon(1e-5).scale(1));
+    }
+}
+
+TEST_CASE("flash attention forward matches the triple loop and its gradients match central differences in double") {
+  for (std::size_t T : lengths)
+    for (std::size_t Dh : head_sizes) check_attention({T < 100 ? 2u : 1u, T, T, 2, Dh, 0});  // 1 sequence at T = 200: time
+  check_attention({1, 67, 67, 1, 2, 0});  // a head of 2: every column is padding of a SIMD vector
+}
+
+TEST_CASE("flash attention with a query offset (the KV-cache form) matches the triple loop and central differences") {
+  // A prefill continuing a cached sequence (queries 65..69 of 70 keys), a chunk that leaves the
+  // last keys unseen (their gradients are 0), and one decoding query.
+  for (std::size_t Dh : head_sizes) {
+    check_attention({1, 5, 70, 2, Dh, 65});
+    check_attention({2, 3, 70, 2, Dh, 60});
+    check_attention({1, 1, 130, 2, Dh, 129});
   }
 }
 
-TEST_CASE("attention with a query offset (the KV-cache form) equals the matching rows of the full pass") {
-  const std::size_t T = 9, H = 2, Dh = 4, D = H * Dh, start = 6;
+TEST_CASE("attention with a query offset equals the matching rows of the full pass") {
+  const std::size_t T = 131, H = 2, Dh = 16, D = H * Dh;
   auto q = test::random_vector<float>(T * D, 1), k = test::random_vector<float>(T * D, 2), v = test::random_vector<float>(T * D, 3);
-  std::vector<float> full(T * D), probs(H * T * T);
-  kernels::attention_forward<float>(full.data(), probs.data(), q.data(), k.data(), v.data(), {1, T, T, H, Dh, 0});
-  std::vector<float> tail((T - start) * D), tail_probs(H * (T - start) * T);
-  kernels::attention_forward<float>(tail.data(), tail_probs.data(), q.data() + start * D, k.data(), v.data(),
-                                    {1, T - start, T, H, Dh, start});
-  for (std::size_t i = 0; i < tail.size(); ++i) CHECK(tail[i] == full[start * D + i]);
+  std::vector<float> full(T * D), lse(H * T);
+  kernels::attention_forward<float>(full.data(), lse.data(), q.data(), k.data(), v.data(), {1, T, T, H, Dh, 0});
+  for (std::size_t start : {std::size_t(6), std::size_t(64), std::size_t(129), T - 1}) {
+    CAPTURE(start);
+    std::vector<float> tail((T - start) * D), tail_lse(H * (T - start));
+    kernels::attention_forward<float>(tail.data(), tail_lse.data(), q.data() + start * D, k.data(), v.data(),
+                                      {1, T - start, T, H, Dh, start});
+    // The tiles start at a different query, so sums run in a different order: float rounding.
+    for (std::size_t i = 0; i < tail.size(); ++i)
+      REQUIRE(tail[i] == doctest::Approx(full[start * D + i]).epsilon(1e-5).scale(1));
+    for (std::size_t h = 0; h < H; ++h)
+      for (std::size_t i = 0; i < T - start; ++i)
+        REQUIRE(tail_lse[h * (T - start) + i] == doctest::Approx(lse[h * T + start + i]).epsilon(1e-5));
+  }
 }
 
-// T = 67 crosses the kernel's 64-row query block: dq, dk and dv of rows on both sides are checked.
-TEST_CASE("attention backward matches central differences in double and in float") {
-  for (auto [B, T, H, Dh] : {std::tuple{1, 1, 1, 2}, {2, 4, 2, 2}, {1, 67, 1, 2}}) {
-    kernels::AttentionShape s{std::size_t(B), std::size_t(T), std::size_t(T), std::size_t(H), std::size_t(Dh), 0};
-    std::size_t n = B * T * H * Dh;
-    auto q = test::random_vector<double>(n, 1), k = test::random_vector<double>(n, 2), v = test::random_vector<double>(n, 3);
-    auto R = test::random_vector<double>(n, 4);
-    std::vector<double> probs(B * H * T * T), out(n), dq(n), dk(n), dv(n);
-    kernels::attention_forward<double>(out.data(), probs.data(), q.data(), k.data(), v.data(), s);
-    kernels::attention_backward<double>(dq.data(), dk.data(), dv.data(), R.data(), probs.data(), q.data(), k.data(),
-                                        v.data(), s);
-    auto forward = [&] {
-      std::vector<double> y(n), p(B * H * T * T);
-      kernels::attention_forward<double>(y.data(), p.data(), q.data(), k.data(), v.data(), s);
-      return y;
-    };
-    test::check_double("attention dq", q, forward, R, dq);
-    test::check_double("attention dk", k, forward, R, dk);
-    test::check_double("attention dv", v, forward, R, dv);
-  }
+TEST_CASE("flash attention gives bit-identical results on 1 and 2 threads") {
+  const kernels::AttentionShape s{2, 130, 130, 4, 32, 0};
+  const std::size_t n = s.batch * s.q_len * s.model_dim();
+  auto q = test::random_vector<float>(n, 1), k = test::random_vector<float>(n, 2), v = test::random_vector<float>(n, 3);
+  auto dout = test::random_vector<float>(n, 4);
+  auto run = [&](int threads) {
+    int saved = num_threads();
+    set_num_threads(threads);
+    std::vector<float> out(n), lse(s.batch * s.n_heads * s.q_len), dq(n), dk(n), dv(n);
+    kernels::attention_forward(out.data(), lse.data(), q.data(), k.data(), v.data(), s);
+    kernels::attention_backward(dq.data(), dk.data(), dv.data(), dout.data(), out.data(), lse.data(), q.data(),
+                                k.data(), v.data(), s);
+    set_num_threads(saved);
+    for (auto* part : {&lse, &dq, &dk, &dv}) out.insert(out.end(), part->begin(), part->end());
+    return out;
+  };
+  CHECK(run(1) == run(2));
+}
+
+TEST_CASE("the attention op's gradients match central differences in float") {
   test::check_float_op("attention", [](const std::vector<Var>& v) { return attention(v[0], v[1], v[2], 2); },
                        {test::random_tensor({2, 3, 4}, 5), test::random_tensor({2, 3, 4}, 6),
                         test::random_tensor({2, 3, 4}, 7)});
+  test::check_float_op("attention", [](const std::vector<Var>& v) { return attention(v[0], v[1], v[2], 1); },
+                       {test::random_tensor({1, 66, 2}, 8), test::random_tensor({1, 66, 2}, 9),
+                        test::random_tensor({1, 66, 2}, 10)});
 }
 
 TEST_CASE("attention names the shapes it was given") {

@@ -184,20 +184,29 @@ TEST_CASE("every kernel gives the same results at every level and at 16 emulated
     dlogits.push_back(loss);
     return widen(dlogits);
   });
-  check_levels_agree("attention forward and backward, and the one-query (decoding) form", rtol, [&](const Table& k) {
-    const std::size_t D = heads * head_dim;
-    auto q = test::random_vector<float>(seq * D, 7), key = test::random_vector<float>(seq * D, 8);
-    auto v = test::random_vector<float>(seq * D, 9), dout = test::random_vector<float>(seq * D, 10);
-    std::vector<float> out(seq * D), probs(heads * seq * seq), dq(seq * D), dk(seq * D), dv(seq * D);
-    kernels::AttentionShape shape{1, seq, seq, heads, head_dim, 0};
-    k.attention_forward(out.data(), probs.data(), q.data(), key.data(), v.data(), shape);
-    k.attention_backward(dq.data(), dk.data(), dv.data(), dout.data(), probs.data(), q.data(), key.data(), v.data(), shape);
-    std::vector<float> last(D), last_probs(heads * seq);
-    k.attention_forward(last.data(), last_probs.data(), q.data() + (seq - 1) * D, key.data(), v.data(),
-                        {1, 1, seq, heads, head_dim, seq - 1});
-    for (auto* part : {&dq, &dk, &dv, &last}) out.insert(out.end(), part->begin(), part->end());
-    return widen(out);
-  });
+  // Flash attention: seq 37 (one partial tile) and 70 (crosses the 64-query and 64-key tiles; head
+  // size 32 runs whole register blocks), with the log-sum-exp and all three gradients; then the
+  // KV-cache forms: a prefill of 5 queries at offset 65 and one query (the decoding kernel).
+  for (auto [length, n_heads, size] : {std::tuple{seq, heads, head_dim}, std::tuple{std::size_t(70), std::size_t(2), std::size_t(32)}})
+    check_levels_agree("attention forward and backward, the prefill and the one-query (decoding) forms", rtol,
+                       [&](const Table& kt) {
+      const std::size_t T = length, H = n_heads, Dh = size, D = H * Dh;
+      auto q = test::random_vector<float>(T * D, 7), k = test::random_vector<float>(T * D, 8);
+      auto v = test::random_vector<float>(T * D, 9), dout = test::random_vector<float>(T * D, 10);
+      std::vector<float> out(T * D), lse(H * T), dq(T * D), dk(T * D), dv(T * D);
+      kernels::AttentionShape shape{1, T, T, H, Dh, 0};
+      kt.attention_forward(out.data(), lse.data(), q.data(), k.data(), v.data(), shape);
+      kt.attention_backward(dq.data(), dk.data(), dv.data(), dout.data(), out.data(), lse.data(), q.data(), k.data(),
+                            v.data(), shape);
+      std::vector<float> tail(5 * D), tail_lse(5 * H), last(D), last_lse(H);
+      kt.attention_forward(tail.data(), tail_lse.data(), q.data() + (T - 5) * D, k.data(), v.data(),
+                           {1, 5, T, H, Dh, T - 5});
+      kt.attention_forward(last.data(), last_lse.data(), q.data() + (T - 1) * D, k.data(), v.data(),
+                           {1, 1, T, H, Dh, T - 1});
+      for (auto* part : {&lse, &dq, &dk, &dv, &tail, &tail_lse, &last, &last_lse})
+        out.insert(out.end(), part->begin(), part->end());
+      return widen(out);
+    });
 }
 
 TEST_CASE("each level's prelinked objects define global symbols only in that level's namespace") {
