@@ -65,6 +65,7 @@ int main(int argc, char** argv) {
                  "goes to <out>.loss.svg)");
 
   std::unique_ptr<tapegrad::dist::Communicator> comm;  // MPI is finalized when it goes
+  bool failed_alone = false;
   const int status = run_program(app, argc, argv, [&] {
     auto given = [&](const char* flag, std::size_t value) {
       return app.count(flag) ? std::optional(value) : std::nullopt;
@@ -89,13 +90,15 @@ int main(int argc, char** argv) {
       return train(o, stop_signal, *comm) == TrainOutcome::interrupted ? 128 + stop_signal.load() : 0;
     } catch (const UsageError&) {
       if (comm->rank() != 0 && failure_is_agreed()) return 2;  // rank 0 prints it
+      failed_alone = !failure_is_agreed();
       throw;
     } catch (const std::exception&) {
       if (comm->rank() != 0 && failure_is_agreed()) return 1;
+      failed_alone = !failure_is_agreed();
       throw;
     }
   });
-  // An error on one rank alone: the others would wait for it in their next collective.
-  if (status != 0 && comm && comm->size() > 1 && !failure_is_agreed()) comm->abort(status);
+  // An error on this rank alone: the others would wait for it in their next collective.
+  if (failed_alone && comm->size() > 1) comm->abort(status);
   return status;
 }
