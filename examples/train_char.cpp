@@ -83,6 +83,7 @@ int main(int argc, char** argv) {
     o.inject_nan_at = seam("TAPEGRAD_TEST_INJECT_NAN_AT_STEP");
     o.inject_nan_batch_at = seam("TAPEGRAD_TEST_INJECT_NAN_BATCH_AT_STEP");
     o.fail_save_at = seam("TAPEGRAD_TEST_FAIL_SAVE_AT_STEP");
+    o.perturb_last_rank_at = seam("TAPEGRAD_TEST_PERTURB_LAST_RANK_AT_STEP");  // under mpirun
     // Under mpirun or srun, one rank of a data-parallel run (SPEC section 11).
     comm = tapegrad::dist::make_communicator(argc, argv);
     const auto& stop_signal = install_stop_handlers();

@@ -545,6 +545,8 @@ TrainOutcome train(const TrainOptions& o, const std::atomic<int>& stop_signal, d
     run.optimizer.step();
     run.optimizer.zero_grad();
     ++run.step;
+    if (o.perturb_last_rank_at && *o.perturb_last_rank_at == run.step && ranks > 1 && comm.rank() + 1 == comm.size())
+      run.model.head.bias.mutable_value()[0] += 1.0f;
     const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
     metrics.add({run.step, loss, std::nullopt, lr, double(o.batch * o.seq) / seconds, wall()});
     exchange_seconds += comm_seconds, step_seconds += seconds, ++steps_run;

@@ -42,6 +42,7 @@ struct TrainOptions {
   std::optional<std::int64_t> inject_nan_at;        // a NaN in the head bias before this step
   std::optional<std::int64_t> inject_nan_batch_at;  // a NaN in this step's batch (its first logit)
   std::optional<std::int64_t> fail_save_at;         // the save after this step fails like a full disk
+  std::optional<std::int64_t> perturb_last_rank_at;  // after this step the last rank's weights drift
 
   /// Throws UsageError naming the first bad value (the model shape is checked when it is built).
   void validate() const;

@@ -284,3 +284,15 @@ TEST_CASE("SIGTERM or SIGUSR1 to mpirun saves at a step boundary; the run resume
     }
   }
 }
+
+TEST_CASE("replicas that drift apart are caught at the next save, on every rank, and the last checkpoint is kept") {
+  if (!mpi_available()) return;
+  fs::path dir = work_dir("dp_drift"), data = write_corpus(dir), ckpt = dir / "h.safetensors";
+  Result r = run_mpi(2, tiny6(data, ckpt, 10) + Args{"--eval-every", "0", "--save-every", "2"}, {},
+                     {"TAPEGRAD_TEST_PERTURB_LAST_RANK_AT_STEP=3"});
+  CHECK(r.status != 0);
+  CHECK(test::contains(r.err, "train_char: step 4: the parameters of rank 1 (hash "));
+  CHECK(test::contains(r.err, "the replicas diverged"));
+  CHECK(saved_step(ckpt) == 2);
+  CHECK(!has_temporary_files(dir));
+}
