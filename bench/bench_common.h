@@ -16,6 +16,8 @@
 #include <string>
 #include <vector>
 
+#include "core/simd.h"
+
 namespace tapegrad::bench {
 
 struct Stats {
@@ -48,17 +50,23 @@ inline std::string command_output(const std::string& command) {
   return out;
 }
 
-/// "AMD EPYC 7B13 64-Core Processor"
-inline std::string cpu_model() {
+/// The first value of a /proc/cpuinfo field ("model name" -> "AMD EPYC 7B13 64-Core Processor").
+inline std::string cpuinfo(const std::string& field) {
   std::ifstream in("/proc/cpuinfo");
   std::string line;
   while (std::getline(in, line))
-    if (line.rfind("model name", 0) == 0) return line.substr(line.find(':') + 2);
-  return "unknown CPU";
+    if (line.rfind(field, 0) == 0 && line.find(':') != std::string::npos &&
+        line.substr(0, line.find(':')).find_last_not_of(" \t") + 1 == field.size())
+      return line.substr(line.find(':') + 2);
+  return "unknown";
 }
+inline std::string cpu_model() { return cpuinfo("model name"); }
 
-/// "AMD EPYC ... (2 cores)"
-inline std::string machine() { return cpu_model() + " (" + command_output("nproc") + " cores)"; }
+/// "AMD EPYC ... (2 cores, family 25 model 1, avx2)": the CPU and the SIMD level in use.
+inline std::string machine() {
+  return fmt::format("{} ({} cores, family {} model {}, {})", cpu_model(), command_output("nproc"), cpuinfo("cpu family"),
+                     cpuinfo("model"), simd_level_name(simd_level()));
+}
 
 /// The source tree's commit, with "+dirty" when it has uncommitted changes (other than the
 /// results files the benchmarks themselves write).
@@ -73,10 +81,13 @@ inline std::string commit() {
 
 inline std::string today() { return command_output("date -u +%Y-%m-%d"); }
 
-/// The header of a results file: CPU, cores and OpenBLAS kernel, commit, UTC time, and the load
-/// average before the run (how busy the shared machine was).
+/// The header of a results file: CPU (model, family, model number), cores, the SIMD level in use
+/// and whether the rest was built with -march=native, the OpenBLAS kernel, commit, UTC time, and
+/// the load average before the run (how busy the shared machine was).
 inline nlohmann::json run_header() {
-  return {{"machine", {{"cpu", cpu_model()}, {"nproc", omp_get_num_procs()},
+  return {{"machine", {{"cpu", cpu_model()}, {"cpu_family", cpuinfo("cpu family")}, {"cpu_model_number", cpuinfo("model")},
+                       {"nproc", omp_get_num_procs()}, {"simd_level", simd_level_name(simd_level())},
+                       {"simd_supported", supported_simd_level_names()}, {"native_build", TAPEGRAD_NATIVE_BUILD != 0},
                        {"openblas_core", openblas_get_corename()}}},
           {"commit", commit()},
           {"date", command_output("date -u +%Y-%m-%dT%H:%M:%SZ")},

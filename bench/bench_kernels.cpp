@@ -353,9 +353,6 @@ std::vector<Case> row_cases(std::size_t rows, std::size_t dim) {
           double x0 = a[even], x1 = a[even + 1];
           return i % 2 ? x0 * std::sin(angle) + x1 * std::cos(angle) : x0 * std::cos(angle) - x1 * std::sin(angle);
         }}});
-  add("softmax_rows (in place)", shape, 2.0 * n, [=] { kernels::softmax_rows(y, rows, dim); },
-      {{&d->y, [=](auto i) { return std::exp(a[i] - logsumexp(a + i / dim * dim, dim)); }}},
-      [=] { std::copy_n(a, n, y); });
   for (std::size_t cols : {vocab, dim}) {
     const float* logits = cols == vocab ? d->logits65.data() : a;
     const std::int32_t* targets = d->ids.data();

@@ -18,92 +18,15 @@ int num_threads();
 
 namespace kernels {
 
-// ---- matmul (BLAS) --------------------------------------------------------------------------
+// ---- the kernels' types ----------------------------------------------------------------------
 
-/// C (M, N) = alpha * op(A) op(B) + beta * C, row-major with leading dimensions; op(X) is X or
-/// X^T by the flags. Splits the larger output dimension across threads when worth it.
-template <class T>
-void gemm(bool trans_a, bool trans_b, std::size_t M, std::size_t N, std::size_t K, T alpha, const T* A,
-          std::size_t lda, const T* B, std::size_t ldb, T beta, T* C, std::size_t ldc);
-
-/// y = x w; x (M, K), w (K, N) -> y (M, N).
-template <class T>
-void matmul_forward(T* y, const T* x, const T* w, std::size_t M, std::size_t K, std::size_t N);
-/// dx += dy w^T (M, K); dw += x^T dy (K, N).
-template <class T>
-void matmul_backward(T* dx, T* dw, const T* dy, const T* x, const T* w, std::size_t M, std::size_t K,
-                     std::size_t N);
-/// y = r + x w, the residual add folded into the matmul (one gemm with beta = 1); r and y (M, N)
-/// may be the same buffer.
-template <class T>
-void add_matmul_forward(T* y, const T* r, const T* x, const T* w, std::size_t M, std::size_t K, std::size_t N);
-/// dr += dy; then as matmul_backward.
-template <class T>
-void add_matmul_backward(T* dr, T* dx, T* dw, const T* dy, const T* x, const T* w, std::size_t M, std::size_t K,
-                         std::size_t N);
-
-// ---- elementwise ----------------------------------------------------------------------------
-
-template <class T> void add_forward(T* y, const T* a, const T* b, std::size_t n);        // y = a + b
-template <class T> void accumulate(T* dst, const T* src, std::size_t n);                 // dst += src
-template <class T> void mul_forward(T* y, const T* a, const T* b, std::size_t n);        // y = a * b
-/// da += dy * b; db += dy * a.
-template <class T> void mul_backward(T* da, T* db, const T* dy, const T* a, const T* b, std::size_t n);
-template <class T> void scale_forward(T* y, const T* x, T s, std::size_t n);             // y = s x
-template <class T> void scale_backward(T* dx, const T* dy, T s, std::size_t n);          // dx += s dy
-/// y (R, C) = x (R, C) + bias (C) on every row.
-template <class T> void add_bias_forward(T* y, const T* x, const T* bias, std::size_t rows, std::size_t cols);
-/// dx += dy; dbias += sum over rows of dy.
-template <class T>
-void add_bias_backward(T* dx, T* dbias, const T* dy, std::size_t rows, std::size_t cols);
-
-// ---- embedding ------------------------------------------------------------------------------
-
-/// y (N, D) = table (V, D)[ids (N)]; ids must already be checked against V.
-template <class T> void embedding_forward(T* y, const T* table, const std::int32_t* ids, std::size_t n, std::size_t dim);
-/// dtable[ids[i]] += dy[i], in order (deterministic).
-template <class T>
-void embedding_backward(T* dtable, const T* dy, const std::int32_t* ids, std::size_t n, std::size_t dim);
-
-// ---- RMSNorm (Zhang & Sennrich 2019) --------------------------------------------------------
-
-/// y = x * rstd * w, rstd = 1 / sqrt(mean(x^2) + eps); x (R, D), w (D); writes rstd (R) if non-null.
-template <class T>
-void rms_norm_forward(T* y, T* rstd, const T* x, const T* w, std::size_t rows, std::size_t dim, T eps);
-/// g = dy * w: dx += rstd * g - x * rstd^3 * mean(g * x); dw += sum over rows of dy * x * rstd.
-template <class T>
-void rms_norm_backward(T* dx, T* dw, const T* dy, const T* x, const T* w, const T* rstd, std::size_t rows,
-                       std::size_t dim);
-
-// ---- RoPE, interleaved pairs (RoFormer, Su et al. 2021, Eq. 15) -----------------------------
-
-/// cos and sin of m * theta^(-2i/Dh) for m < max_len, i < Dh/2, computed in double and rounded once.
+/// RoPE, interleaved pairs (RoFormer, Su et al. 2021, Eq. 15): cos and sin of m * theta^(-2i/Dh)
+/// for m < max_len, i < Dh/2, computed in double and rounded once.
 template <class T> struct RopeTable {
   std::size_t max_len = 0, half = 0;
   std::vector<T> cos, sin;  // (max_len, half)
 };
 template <class T> RopeTable<T> make_rope_table(std::size_t max_len, std::size_t head_dim, double theta = 10000.0);
-/// x (B, T, H*Dh) -> y, position of row t = offset + t; y may alias x.
-template <class T>
-void rope_forward(T* y, const T* x, const RopeTable<T>& table, std::size_t batch, std::size_t seq_len,
-                  std::size_t n_heads, std::size_t head_dim, std::size_t offset);
-/// The rotation is orthogonal: dx += R(-a) dy.
-template <class T>
-void rope_backward(T* dx, const T* dy, const RopeTable<T>& table, std::size_t batch, std::size_t seq_len,
-                   std::size_t n_heads, std::size_t head_dim, std::size_t offset);
-
-// ---- SiLU and SwiGLU (Shazeer 2020) ---------------------------------------------------------
-
-/// y = a * sigmoid(a).
-template <class T> void silu_forward(T* y, const T* a, std::size_t n);
-/// da += dy * s * (1 + a * (1 - s)), s = sigmoid(a).
-template <class T> void silu_backward(T* da, const T* dy, const T* a, std::size_t n);
-/// y = silu(a) * b.
-template <class T> void swiglu_forward(T* y, const T* a, const T* b, std::size_t n);
-/// da += dy * b * silu'(a); db += dy * silu(a).
-template <class T> void swiglu_backward(T* da, T* db, const T* dy, const T* a, const T* b, std::size_t n);
-
-// ---- causal multi-head attention ------------------------------------------------------------
 
 struct AttentionShape {
   std::size_t batch = 1;
@@ -115,28 +38,7 @@ struct AttentionShape {
   std::size_t model_dim() const { return n_heads * head_dim; }
 };
 
-/// Per (batch, head): scores = q k^T / sqrt(Dh), -inf above the causal diagonal, softmax, times v.
-/// q (B, Tq, H*Dh), k and v (B, Tk, H*Dh) -> out (B, Tq, H*Dh); probs (B, H, Tq, Tk) is written
-/// (zeros where masked) and is what backward needs. The causal half is skipped in row blocks.
-template <class T>
-void attention_forward(T* out, T* probs, const T* q, const T* k, const T* v, const AttentionShape& s);
-/// dv += P^T dout; dS = P * (dP - rowsum(dP * P)) with dP = dout v^T; dq += dS k / sqrt(Dh);
-/// dk += dS^T q / sqrt(Dh).
-template <class T>
-void attention_backward(T* dq, T* dk, T* dv, const T* dout, const T* probs, const T* q, const T* k, const T* v,
-                        const AttentionShape& s);
-
-// ---- softmax and cross-entropy --------------------------------------------------------------
-
-/// Row softmax in place over x (R, C).
-template <class T> void softmax_rows(T* x, std::size_t rows, std::size_t cols);
-/// Mean over rows of logsumexp(logits[i]) - logits[i, targets[i]]; logits (N, V); writes lse (N).
-template <class T>
-T cross_entropy_forward(T* lse, const T* logits, const std::int32_t* targets, std::size_t n, std::size_t vocab);
-/// dlogits += dloss / N * (softmax(logits) - onehot(targets)).
-template <class T>
-void cross_entropy_backward(T* dlogits, T dloss, const T* logits, const T* lse, const std::int32_t* targets,
-                            std::size_t n, std::size_t vocab);
+#include "core/kernel_functions.h"
 
 }  // namespace kernels
 }  // namespace tapegrad

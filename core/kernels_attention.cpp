@@ -5,10 +5,9 @@
 #include <cmath>
 #include <vector>
 
-#include "core/kernels.h"
-#include "core/parallel.h"
+#include "core/kernel_level.h"
 
-namespace tapegrad::kernels {
+namespace tapegrad::kernels::TAPEGRAD_SIMD_LEVEL {
 
 namespace {
 
@@ -23,15 +22,10 @@ HeadView head_view(const AttentionShape& s, std::size_t pair) {
   return {b * s.q_len, b * s.kv_len, h * s.head_dim, pair * s.q_len * s.kv_len};
 }
 
-void check_shape(const AttentionShape& s) {
-  if (s.q_offset + s.q_len > s.kv_len) throw std::invalid_argument("attention: q_offset + q_len exceeds kv_len");
-}
-
 }  // namespace
 
 template <class T>
 void attention_forward(T* out, T* probs, const T* q, const T* k, const T* v, const AttentionShape& s) {
-  check_shape(s);
   const std::size_t D = s.model_dim(), Dh = s.head_dim, Tq = s.q_len, Tk = s.kv_len;
   const T scale = T(1) / std::sqrt(T(Dh));
   detail::parallel_for(s.batch * s.n_heads, Tq * Tk * Dh * 2, [&](std::size_t pair) {
@@ -49,7 +43,7 @@ void attention_forward(T* out, T* probs, const T* q, const T* k, const T* v, con
       for (std::size_t i = 0; i < rows; ++i) {
         T* pr = p + i * Tk;
         std::size_t visible = s.q_offset + i0 + i + 1;  // masked scores are -inf: probability exactly 0
-        T inv = T(1) / detail::exp_shifted_sum(pr, visible, detail::max_of(pr, visible));
+        T inv = T(1) / detail::exp_shifted_sum<Batch<T>>(pr, visible, detail::max_of<Batch<T>>(pr, visible));
         for (std::size_t j = 0; j < visible; ++j) pr[j] *= inv;
         std::fill(pr + visible, pr + Tk, T(0));
       }
@@ -62,7 +56,6 @@ void attention_forward(T* out, T* probs, const T* q, const T* k, const T* v, con
 template <class T>
 void attention_backward(T* dq, T* dk, T* dv, const T* dout, const T* probs, const T* q, const T* k, const T* v,
                         const AttentionShape& s) {
-  check_shape(s);
   const std::size_t D = s.model_dim(), Dh = s.head_dim, Tq = s.q_len, Tk = s.kv_len;
   const T scale = T(1) / std::sqrt(T(Dh));
   detail::parallel_for(s.batch * s.n_heads, Tq * Tk * Dh * 4, [&](std::size_t pair) {
@@ -85,7 +78,7 @@ void attention_backward(T* dq, T* dk, T* dv, const T* dout, const T* probs, cons
       for (std::size_t i = 0; i < rows; ++i) {
         const T* pr = p + i * Tk;
         T* dr = ds + i * keys;
-        T centre = detail::dot(dr, pr, keys);
+        T centre = detail::dot<Batch<T>>(dr, pr, keys);
         for (std::size_t j = 0; j < keys; ++j) dr[j] = pr[j] * (dr[j] - centre) * scale;
       }
       if (dq) gemm<T>(false, false, rows, Dh, keys, T(1), ds, keys, kh, D, T(1), dq + (hv.q_row0 + i0) * D + hv.col0, D);
@@ -102,4 +95,4 @@ template void attention_backward<float>(float*, float*, float*, const float*, co
 template void attention_backward<double>(double*, double*, double*, const double*, const double*, const double*,
                                          const double*, const double*, const AttentionShape&);
 
-}  // namespace tapegrad::kernels
+}  // namespace tapegrad::kernels::TAPEGRAD_SIMD_LEVEL

@@ -1,30 +1,15 @@
-// gemm through cblas (row-major, transpose flags, beta = 1 to accumulate gradients), and the
-// kernel thread setting. BLAS runs single-threaded; large products are split across OpenMP
-// threads by output rows or columns, so each output element is one unsplit BLAS reduction and
-// results do not depend on the thread count.
+// gemm: cblas (row-major, transpose flags, beta = 1 to accumulate gradients) for real products,
+// register-blocked row loops for one or two rows. BLAS runs single-threaded; large products are
+// split across OpenMP threads by output rows or columns, so each output element is one unsplit
+// BLAS reduction and results do not depend on the thread count.
 #include <cblas.h>
 #include <omp.h>
 
 #include <algorithm>
 
-#include "core/kernels.h"
-#include "core/parallel.h"
+#include "core/kernel_level.h"
 
-namespace tapegrad {
-
-static int g_threads = 0;
-
-void set_num_threads(int n) {
-  openblas_set_num_threads(1);
-  g_threads = n > 0 ? n : omp_get_num_procs();
-}
-
-int num_threads() {
-  if (g_threads == 0) set_num_threads(0);
-  return g_threads;
-}
-
-namespace kernels {
+namespace tapegrad::kernels::TAPEGRAD_SIMD_LEVEL {
 
 static void blas_gemm(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int M, int N, int K, float alpha, const float* A,
                       int lda, const float* B, int ldb, float beta, float* C, int ldc) {
@@ -47,13 +32,13 @@ static void small_gemm(bool trans_a, bool trans_b, std::size_t M, std::size_t N,
     const T* a = trans_a ? A + i : A + i * lda;
     std::size_t a_stride = trans_a ? lda : 1;
     if (!trans_b) {
-      detail::row_times_matrix(c, a, a_stride, B, ldb, K, N, alpha, beta != T(0));
+      detail::row_times_matrix<Batch<T>>(c, a, a_stride, B, ldb, K, N, alpha, beta != T(0));
       continue;
     }
     std::size_t n0 = 0;
-    if (!trans_a) n0 = detail::dots_with_rows(c, a, B, ldb, K, N, alpha, beta != T(0));
+    if (!trans_a) n0 = detail::dots_with_rows<Batch<T>>(c, a, B, ldb, K, N, alpha, beta != T(0));
     for (std::size_t n = n0; n < N; ++n) {  // c[n] = a . row n of B
-      T sum = trans_a ? T(0) : detail::dot(a, B + n * ldb, K);
+      T sum = trans_a ? T(0) : detail::dot<Batch<T>>(a, B + n * ldb, K);
       if (trans_a)
         for (std::size_t k = 0; k < K; ++k) sum += a[k * a_stride] * B[n * ldb + k];
       c[n] = alpha * sum + (beta != T(0) ? c[n] : T(0));
@@ -94,42 +79,9 @@ void gemm(bool trans_a, bool trans_b, std::size_t M, std::size_t N, std::size_t 
   }
 }
 
-template <class T>
-void matmul_forward(T* y, const T* x, const T* w, std::size_t M, std::size_t K, std::size_t N) {
-  gemm<T>(false, false, M, N, K, T(1), x, K, w, N, T(0), y, N);
-}
+template void gemm<float>(bool, bool, std::size_t, std::size_t, std::size_t, float, const float*, std::size_t,
+                          const float*, std::size_t, float, float*, std::size_t);
+template void gemm<double>(bool, bool, std::size_t, std::size_t, std::size_t, double, const double*, std::size_t,
+                           const double*, std::size_t, double, double*, std::size_t);
 
-template <class T>
-void matmul_backward(T* dx, T* dw, const T* dy, const T* x, const T* w, std::size_t M, std::size_t K,
-                     std::size_t N) {
-  if (dx) gemm<T>(false, true, M, K, N, T(1), dy, N, w, N, T(1), dx, K);
-  if (dw) gemm<T>(true, false, K, N, M, T(1), x, K, dy, N, T(1), dw, N);
-}
-
-template <class T>
-void add_matmul_forward(T* y, const T* r, const T* x, const T* w, std::size_t M, std::size_t K, std::size_t N) {
-  if (y != r) std::copy(r, r + M * N, y);
-  gemm<T>(false, false, M, N, K, T(1), x, K, w, N, T(1), y, N);
-}
-
-template <class T>
-void add_matmul_backward(T* dr, T* dx, T* dw, const T* dy, const T* x, const T* w, std::size_t M, std::size_t K,
-                         std::size_t N) {
-  if (dr) accumulate(dr, dy, M * N);
-  matmul_backward(dx, dw, dy, x, w, M, K, N);
-}
-
-#define TAPEGRAD_INSTANTIATE(T)                                                                                 \
-  template void gemm<T>(bool, bool, std::size_t, std::size_t, std::size_t, T, const T*, std::size_t, const T*, \
-                        std::size_t, T, T*, std::size_t);                                                       \
-  template void matmul_forward<T>(T*, const T*, const T*, std::size_t, std::size_t, std::size_t);              \
-  template void matmul_backward<T>(T*, T*, const T*, const T*, const T*, std::size_t, std::size_t, std::size_t); \
-  template void add_matmul_forward<T>(T*, const T*, const T*, const T*, std::size_t, std::size_t, std::size_t);  \
-  template void add_matmul_backward<T>(T*, T*, T*, const T*, const T*, const T*, std::size_t, std::size_t,      \
-                                       std::size_t);
-TAPEGRAD_INSTANTIATE(float)
-TAPEGRAD_INSTANTIATE(double)
-#undef TAPEGRAD_INSTANTIATE
-
-}  // namespace kernels
-}  // namespace tapegrad
+}  // namespace tapegrad::kernels::TAPEGRAD_SIMD_LEVEL

@@ -1,13 +1,12 @@
-// Row-wise kernels: embedding, RMSNorm, RoPE, softmax and cross-entropy. Plain loops over
+// Row-wise kernels: embedding, RMSNorm, RoPE and cross-entropy. Plain loops over
 // contiguous rows, rows spread over threads; cross-row sums (dw, dtable) run serially in row
 // order so results are identical for every thread count.
 #include <cmath>
 #include <numbers>
 
-#include "core/kernels.h"
-#include "core/parallel.h"
+#include "core/kernel_level.h"
 
-namespace tapegrad::kernels {
+namespace tapegrad::kernels::TAPEGRAD_SIMD_LEVEL {
 
 // ---- embedding ----
 
@@ -31,7 +30,7 @@ void rms_norm_forward(T* y, T* rstd, const T* x, const T* w, std::size_t rows, s
   detail::parallel_for(rows, dim * 3, [&](std::size_t r) {
     const T* xr = x + r * dim;
     T* yr = y + r * dim;
-    T s = T(1) / std::sqrt(detail::dot(xr, xr, dim) / T(dim) + eps);
+    T s = T(1) / std::sqrt(detail::dot<Batch<T>>(xr, xr, dim) / T(dim) + eps);
     if (rstd) rstd[r] = s;
     for (std::size_t j = 0; j < dim; ++j) yr[j] = xr[j] * s * w[j];
   });
@@ -47,7 +46,7 @@ void rms_norm_backward(T* dx, T* dw, const T* dy, const T* x, const T* w, const 
       const T* xr = x + r * dim;
       const T* gr = dy + r * dim;
       T* dxr = dx + r * dim;
-      using B = detail::Batch<T>;
+      using B = Batch<T>;
       constexpr std::size_t W = B::size;
       T s = rstd[r];
       B acc0(T(0)), acc1(T(0));
@@ -78,21 +77,6 @@ void rms_norm_backward(T* dx, T* dw, const T* dy, const T* x, const T* w, const 
 }
 
 // ---- RoPE ----
-
-template <class T> RopeTable<T> make_rope_table(std::size_t max_len, std::size_t head_dim, double theta) {
-  RopeTable<T> table;
-  table.max_len = max_len;
-  table.half = head_dim / 2;
-  table.cos.resize(max_len * table.half);
-  table.sin.resize(max_len * table.half);
-  for (std::size_t m = 0; m < max_len; ++m)
-    for (std::size_t i = 0; i < table.half; ++i) {
-      double angle = double(m) * std::pow(theta, -2.0 * double(i) / double(head_dim));
-      table.cos[m * table.half + i] = T(std::cos(angle));
-      table.sin[m * table.half + i] = T(std::sin(angle));
-    }
-  return table;
-}
 
 // Rotates each pair (x[2i], x[2i+1]) of each head by +angle (sign = 1) or -angle (sign = -1),
 // writing (accumulate = false) or adding (accumulate = true) into y.
@@ -134,22 +118,14 @@ void rope_backward(T* dx, const T* dy, const RopeTable<T>& table, std::size_t ba
   rope_apply(dx, dy, table, batch, seq_len, n_heads, head_dim, offset, T(-1), true);
 }
 
-// ---- softmax and cross-entropy ----
-
-template <class T> void softmax_rows(T* x, std::size_t rows, std::size_t cols) {
-  detail::parallel_for(rows, cols * 8, [&](std::size_t r) {
-    T* xr = x + r * cols;
-    T inv = T(1) / detail::exp_shifted_sum(xr, cols, detail::max_of(xr, cols));
-    for (std::size_t j = 0; j < cols; ++j) xr[j] *= inv;
-  });
-}
+// ---- cross-entropy ----
 
 template <class T>
 T cross_entropy_forward(T* lse, const T* logits, const std::int32_t* targets, std::size_t n, std::size_t vocab) {
   detail::parallel_for(n, vocab * 8, [&](std::size_t r) {
     const T* xr = logits + r * vocab;
-    T m = detail::max_of(xr, vocab);
-    lse[r] = m + std::log(detail::sum_exp_shifted(xr, vocab, m));
+    T m = detail::max_of<Batch<T>>(xr, vocab);
+    lse[r] = m + std::log(detail::sum_exp_shifted<Batch<T>>(xr, vocab, m));
   });
   double total = 0;  // summed in row order for thread-count independence
   for (std::size_t r = 0; r < n; ++r) total += double(lse[r]) - double(logits[r * vocab + std::size_t(targets[r])]);
@@ -164,7 +140,7 @@ void cross_entropy_backward(T* dlogits, T dloss, const T* logits, const T* lse, 
   detail::parallel_for(n, vocab * 8, [&](std::size_t r) {
     const T* xr = logits + r * vocab;
     T* dr = dlogits + r * vocab;
-    using B = detail::Batch<T>;
+    using B = Batch<T>;
     constexpr std::size_t W = B::size;
     std::size_t j = 0;
     for (; j + W <= vocab; j += W)
@@ -179,16 +155,14 @@ void cross_entropy_backward(T* dlogits, T dloss, const T* logits, const T* lse, 
   template void embedding_backward<T>(T*, const T*, const std::int32_t*, std::size_t, std::size_t);             \
   template void rms_norm_forward<T>(T*, T*, const T*, const T*, std::size_t, std::size_t, T);                   \
   template void rms_norm_backward<T>(T*, T*, const T*, const T*, const T*, const T*, std::size_t, std::size_t); \
-  template RopeTable<T> make_rope_table<T>(std::size_t, std::size_t, double);                                    \
   template void rope_forward<T>(T*, const T*, const RopeTable<T>&, std::size_t, std::size_t, std::size_t,        \
                                 std::size_t, std::size_t);                                                       \
   template void rope_backward<T>(T*, const T*, const RopeTable<T>&, std::size_t, std::size_t, std::size_t,       \
                                  std::size_t, std::size_t);                                                      \
-  template void softmax_rows<T>(T*, std::size_t, std::size_t);                                                   \
   template T cross_entropy_forward<T>(T*, const T*, const std::int32_t*, std::size_t, std::size_t);             \
   template void cross_entropy_backward<T>(T*, T, const T*, const T*, const std::int32_t*, std::size_t, std::size_t);
 TAPEGRAD_INSTANTIATE(float)
 TAPEGRAD_INSTANTIATE(double)
 #undef TAPEGRAD_INSTANTIATE
 
-}  // namespace tapegrad::kernels
+}  // namespace tapegrad::kernels::TAPEGRAD_SIMD_LEVEL

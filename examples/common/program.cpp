@@ -14,6 +14,8 @@
 #include <fstream>
 #include <sstream>
 
+#include "core/simd.h"
+
 namespace tapegrad::examples {
 
 namespace {
@@ -48,6 +50,14 @@ CLI::Validator non_negative() {
 }
 
 int run_program(CLI::App& app, int argc, char** argv, const std::function<int()>& body) {
+  std::string simd_error;
+  try {
+    app.footer(fmt::format("SIMD level: {} (of {}; TAPEGRAD_SIMD=sse2|avx2|avx512 chooses another)",
+                           simd_level_name(simd_level()), supported_simd_level_names()));
+  } catch (const std::exception& e) {  // a bad TAPEGRAD_SIMD: reported after --help has had its chance
+    simd_error = e.what();
+    app.footer(fmt::format("SIMD level: none ({})", simd_error));
+  }
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -56,6 +66,7 @@ int run_program(CLI::App& app, int argc, char** argv, const std::function<int()>
     return 2;
   }
   try {
+    if (!simd_error.empty()) throw std::runtime_error(simd_error);
     return body();
   } catch (const UsageError& e) {
     print_error(app, fmt::format("{} (see --help)", e.what()));

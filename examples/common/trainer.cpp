@@ -239,8 +239,10 @@ void broadcast_state(dist::Communicator& comm, Run& run) {
 [[noreturn]] void diverged(const char* what, double value, const Run& run, MetricsLog& metrics, bool leader) {
   g_agreed_failure = true;  // the loss and the gradient norm are the same on every rank
   if (leader) metrics.write();
+  // A NaN's sign bit depends on the instruction set that made it and means nothing to a user.
+  std::string shown = std::isnan(value) ? std::string("nan") : fmt::format("{}", value);
   throw std::runtime_error(
-      fmt::format("the {} is {} at step {}; stopped without saving ({})", what, value, run.step + 1, run.kept()));
+      fmt::format("the {} is {} at step {}; stopped without saving ({})", what, shown, run.step + 1, run.kept()));
 }
 
 std::atomic<int> g_stop_signal{0};

@@ -61,6 +61,7 @@ TEST_CASE("attention with a query offset (the KV-cache form) equals the matching
   for (std::size_t i = 0; i < tail.size(); ++i) CHECK(tail[i] == full[start * D + i]);
 }
 
+// T = 67 crosses the kernel's 64-row query block: dq, dk and dv of rows on both sides are checked.
 TEST_CASE("attention backward matches central differences in double and in float") {
   for (auto [B, T, H, Dh] : {std::tuple{1, 1, 1, 2}, {2, 4, 2, 2}, {1, 67, 1, 2}}) {
     kernels::AttentionShape s{std::size_t(B), std::size_t(T), std::size_t(T), std::size_t(H), std::size_t(Dh), 0};
@@ -76,10 +77,6 @@ TEST_CASE("attention backward matches central differences in double and in float
       kernels::attention_forward<double>(y.data(), p.data(), q.data(), k.data(), v.data(), s);
       return y;
     };
-    if (T > 64) {  // checking every element at T = 67 costs seconds; the block edge is what matters here
-      test::check_double("attention dv", v, forward, R, dv);
-      continue;
-    }
     test::check_double("attention dq", q, forward, R, dq);
     test::check_double("attention dk", k, forward, R, dk);
     test::check_double("attention dv", v, forward, R, dv);

@@ -243,11 +243,12 @@ TEST_CASE("Ctrl-C saves a checkpoint that resumes, and exits with status 130") {
   fs::path dir = work_dir("interrupt"), data = write_corpus(dir), ckpt = dir / "i.safetensors";
   const fs::path out = dir / "stdout.txt", err = dir / "stderr.txt";
   pid_t pid = start("train_char", tiny(data, ckpt, 1000000) + std::vector<std::string>{"--eval-every", "0"}, out, err);
-  // Wait until the run is in its loop (its header is printed after the handler is installed).
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
-  while (!test::contains(read_bytes(out), "training: ") && std::chrono::steady_clock::now() < deadline)
+  // Wait until the run has made progress: its first periodic save (step 500) is printed after the
+  // signal handler is installed and after steps have been taken.
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  while (!test::contains(read_bytes(out), ": saved ") && std::chrono::steady_clock::now() < deadline)
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  REQUIRE_MESSAGE(test::contains(read_bytes(out), ": saved "), read_bytes(out));
   REQUIRE(::kill(pid, SIGINT) == 0);
   CHECK(wait_for(pid) == 130);
   CHECK(test::contains(read_bytes(out), "interrupted by signal 2 at step "));

@@ -1,6 +1,7 @@
 #include <doctest/doctest.h>
 
 #include "core/ops.h"
+#include "core/simd.h"
 #include "nn/generate.h"
 #include "nn/rotary_decoder.h"
 #include "support/checks.h"
@@ -73,17 +74,18 @@ TEST_CASE("reset gives the same outputs as a fresh cache; running past max_len i
   model.prefill(std::span(ids).first(5), cache);
   cache.reset();
   CHECK(cache.position() == 0);
-  std::vector<float> after_reset;
+  std::vector<float> after_reset;  // every step's logits, in order
   for (auto id : ids) {
     auto l = model.step(id, cache);
-    after_reset.assign(l.begin(), l.end());
+    after_reset.insert(after_reset.end(), l.begin(), l.end());
   }
   KVCache fresh = model.make_cache();
   std::vector<float> from_fresh;
   for (auto id : ids) {
     auto l = model.step(id, fresh);
-    from_fresh.assign(l.begin(), l.end());
+    from_fresh.insert(from_fresh.end(), l.begin(), l.end());
   }
+  CHECK(after_reset.size() == ids.size() * 13);
   CHECK(after_reset == from_fresh);
   CHECK(test::error_of([&] { model.step(1, cache); }) ==
         "KVCache: 1 tokens at position 8 run past max_len 8; reset() to start a new sequence");
@@ -181,4 +183,24 @@ TEST_CASE("generate is generic: a model with only forward decodes the same token
   std::vector<std::int32_t> prompt = {3};
   GenerateOptions options{.max_new = 12, .sampling = {.temperature = 1.0f}, .seed = 5};
   CHECK(generate(ForwardOnly{model}, prompt, options).tokens == generate(model, prompt, options).tokens);
+}
+
+TEST_CASE("the seed model decodes the same greedy text at every SIMD level, with and without the cache") {
+  RotaryDecoder model = rotary_decoder(65, 64, 4, 2, 256);  // the seed benchmark's model
+  sharpen(model, 11);
+  std::vector<std::int32_t> prompt = random_ids(8, 65, 12);
+  GenerateOptions greedy{.max_new = 100, .sampling = {.temperature = 0.0f}};
+  GenerateOptions no_cache = greedy;
+  no_cache.use_cache = false;
+  SimdLevel saved = simd_level();
+  std::vector<std::int32_t> reference;
+  for (SimdLevel level : supported_simd_levels()) {
+    CAPTURE(simd_level_name(level));
+    set_simd_level(level);
+    auto cached = generate(model, prompt, greedy).tokens;
+    CHECK(cached == generate(model, prompt, no_cache).tokens);
+    if (reference.empty()) reference = cached;
+    CHECK(cached == reference);
+  }
+  set_simd_level(saved);
 }

@@ -1,0 +1,53 @@
+// Private to core/: run-time dispatch of the kernels. Every core/kernels_*.cpp file is compiled
+// once per SIMD level (core/simd.h), with that level's compiler flags, into namespace
+// kernels::<level>; each level fills one KernelTable, and the public kernels (core/kernels.cpp)
+// call through the table of the level in use. The build makes every other symbol of a level's
+// objects local (CMakeLists.txt), so code compiled for AVX-512 is never linked into another level.
+#pragma once
+
+#include "core/kernels.h"
+#include "core/simd.h"
+
+namespace tapegrad::kernels {
+
+template <class T> struct KernelTable {
+  decltype(&gemm<T>) gemm;
+  decltype(&add_forward<T>) add_forward;
+  decltype(&accumulate<T>) accumulate;
+  decltype(&mul_forward<T>) mul_forward;
+  decltype(&mul_backward<T>) mul_backward;
+  decltype(&scale_forward<T>) scale_forward;
+  decltype(&scale_backward<T>) scale_backward;
+  decltype(&add_bias_forward<T>) add_bias_forward;
+  decltype(&add_bias_backward<T>) add_bias_backward;
+  decltype(&embedding_forward<T>) embedding_forward;
+  decltype(&embedding_backward<T>) embedding_backward;
+  decltype(&rms_norm_forward<T>) rms_norm_forward;
+  decltype(&rms_norm_backward<T>) rms_norm_backward;
+  decltype(&rope_forward<T>) rope_forward;
+  decltype(&rope_backward<T>) rope_backward;
+  decltype(&silu_forward<T>) silu_forward;
+  decltype(&silu_backward<T>) silu_backward;
+  decltype(&swiglu_forward<T>) swiglu_forward;
+  decltype(&swiglu_backward<T>) swiglu_backward;
+  decltype(&attention_forward<T>) attention_forward;
+  decltype(&attention_backward<T>) attention_backward;
+  decltype(&cross_entropy_forward<T>) cross_entropy_forward;
+  decltype(&cross_entropy_backward<T>) cross_entropy_backward;
+};
+
+namespace sse2 { template <class T> const KernelTable<T>& table(); }
+namespace avx2 { template <class T> const KernelTable<T>& table(); }
+namespace avx512 { template <class T> const KernelTable<T>& table(); }
+
+/// The table of the level in use.
+template <class T> const KernelTable<T>& active_table() {
+  switch (simd_level()) {
+    case SimdLevel::avx512: return avx512::table<T>();
+    case SimdLevel::avx2: return avx2::table<T>();
+    case SimdLevel::sse2: break;
+  }
+  return sse2::table<T>();
+}
+
+}  // namespace tapegrad::kernels

@@ -1,0 +1,178 @@
+// Checks of the SIMD primitives the kernels rely on and of the width-generic helpers of
+// core/simd_helpers.h, each against a plain scalar loop. Templates on the batch type B: the
+// per-level objects (simd_checks_level.cpp) run them on xsimd's batches as compiled for each SIMD
+// level, test_simd.cpp on emulated batches of any width. They return failure messages rather
+// than use doctest, so that no test-framework code is compiled with a level's flags.
+//
+// Inputs are small integers wherever the result is a sum of products: every partial sum is then
+// exact in float, so the SIMD and scalar results must be equal whatever order the lanes are added
+// in, and a lane that lands in the wrong place cannot hide inside a tolerance.
+#pragma once
+
+#include <fmt/format.h>
+
+#include <cmath>
+#include <cstddef>
+#include <string>
+#include <vector>
+
+#include "core/simd_helpers.h"
+
+namespace tapegrad::simd_checks {
+
+struct Failures {
+  std::vector<std::string> messages;
+  template <class... A> void add(fmt::format_string<A...> f, A&&... a) {
+    if (messages.size() < 20) messages.push_back(fmt::format(f, std::forward<A>(a)...));
+  }
+};
+
+// Deterministic small integers in [-4, 4], as T.
+template <class T> std::vector<T> small_ints(std::size_t n, std::size_t seed) {
+  std::vector<T> v(n);
+  std::size_t s = seed * 2654435761u + 12345;
+  for (auto& x : v) {
+    s = s * 6364136223846793005ull + 1442695040888963407ull;
+    x = T(int((s >> 33) % 9) - 4);
+  }
+  return v;
+}
+
+template <class T> bool close(T got, T want, T rtol) { return std::fabs(got - want) <= rtol * std::fabs(want) + rtol * 1e-30; }
+
+// The xsimd operations the kernels and helpers use, lane by lane against scalar arithmetic.
+template <class B> void check_primitives(Failures& f, std::string_view name) {
+  using T = typename B::value_type;
+  constexpr std::size_t W = B::size;
+  const T exp_rtol = sizeof(T) == 4 ? T(4e-7) : T(1e-15);
+  alignas(64) T x[4 * W], y[4 * W], out[4 * W];
+  auto xs = small_ints<T>(4 * W, 1), ys = small_ints<T>(4 * W, 2);
+  for (std::size_t i = 0; i < 4 * W; ++i) x[i] = xs[i] + T(i) / T(8), y[i] = ys[i] == 0 ? T(3) : ys[i];
+  for (std::size_t offset = 0; offset < W; ++offset) {  // unaligned loads and stores
+    B::load_unaligned(x + offset).store_unaligned(out + offset);
+    for (std::size_t i = 0; i < W; ++i)
+      if (out[offset + i] != x[offset + i]) f.add("{}: load/store_unaligned at offset {}: lane {}", name, offset, i);
+  }
+  B a = B::load_aligned(x), b = B::load_aligned(y), c = B::load_aligned(x + W);
+  auto expect = [&](B got, const char* op, auto scalar) {
+    got.store_aligned(out);
+    for (std::size_t i = 0; i < W; ++i)
+      if (out[i] != scalar(i)) f.add("{}: {} lane {}: got {}, want {}", name, op, i, out[i], scalar(i));
+  };
+  expect(B(T(2.5)), "broadcast", [&](std::size_t) { return T(2.5); });
+  expect(a + b, "add", [&](std::size_t i) { return x[i] + y[i]; });
+  expect(a - b, "sub", [&](std::size_t i) { return x[i] - y[i]; });
+  expect(a * b, "mul", [&](std::size_t i) { return x[i] * y[i]; });
+  expect(a / b, "div", [&](std::size_t i) { return x[i] / y[i]; });
+  expect(-a, "neg", [&](std::size_t i) { return -x[i]; });
+  expect(xsimd::fma(a, b, c), "fma", [&](std::size_t i) { return std::fma(x[i], y[i], x[W + i]); });
+  expect(xsimd::max(a, c), "max", [&](std::size_t i) { return std::max(x[i], x[W + i]); });
+  expect(xsimd::sqrt(xsimd::abs(a)), "sqrt(abs)", [&](std::size_t i) { return std::sqrt(std::fabs(x[i])); });
+  T sum = 0;
+  for (std::size_t i = 0; i < W; ++i) sum += x[i];
+  if (T got = xsimd::hadd(a); got != sum) f.add("{}: hadd: got {}, want {}", name, got, sum);
+  // exp over the range softmax and SiLU use, including underflow to 0.
+  for (T v : {T(-200), T(-87), T(-30), T(-1.5), T(-1e-3), T(0), T(1e-3), T(0.7), T(10), T(80)}) {
+    B e = xsimd::exp(B(v) + B::load_aligned(x) * B(T(0.01)));
+    e.store_aligned(out);
+    for (std::size_t i = 0; i < W; ++i) {
+      T want = std::exp(v + x[i] * T(0.01));
+      if (!close(out[i], want, exp_rtol) && !(want < T(1e-30) && out[i] < T(1e-30)))
+        f.add("{}: exp({}) lane {}: got {}, want {}", name, v + x[i] * T(0.01), i, out[i], want);
+    }
+  }
+}
+
+// Every helper of core/simd_helpers.h against a scalar loop, for sizes 0 to 3W + 1 (9W + 1 where
+// the helper has blocks of up to 8W), unaligned pointers, and the strides the kernels pass.
+template <class B> void check_helpers(Failures& f, std::string_view name) {
+  using T = typename B::value_type;
+  constexpr std::size_t W = B::size;
+  const T exp_rtol = sizeof(T) == 4 ? T(2e-6) : T(1e-13);
+  const std::size_t big = 9 * W + 1;
+  auto a = small_ints<T>(4 * big + 8, 3), b = small_ints<T>(4 * big * big + 8, 4);
+
+  for (std::size_t n = 0; n <= 3 * W + 1; ++n) {
+    const T* x = a.data() + 1;  // unaligned on purpose
+    const T* y = b.data() + 3;
+    T want = 0;
+    for (std::size_t i = 0; i < n; ++i) want += x[i] * y[i];
+    if (T got = detail::dot<B>(x, y, n); got != want) f.add("{}: dot n={}: got {}, want {}", name, n, got, want);
+    if (n == 0) continue;
+    T m = x[0];
+    for (std::size_t i = 1; i < n; ++i) m = std::max(m, x[i]);
+    if (T got = detail::max_of<B>(x, n); got != m) f.add("{}: max_of n={}: got {}, want {}", name, n, got, m);
+    double exp_sum = 0;
+    for (std::size_t i = 0; i < n; ++i) exp_sum += std::exp(double(x[i] - m));
+    if (T got = detail::sum_exp_shifted<B>(x, n, m); !close(got, T(exp_sum), exp_rtol))
+      f.add("{}: sum_exp_shifted n={}: got {}, want {}", name, n, got, exp_sum);
+    std::vector<T> z(x, x + n);
+    T total = detail::exp_shifted_sum<B>(z.data(), n, m);
+    if (!close(total, T(exp_sum), exp_rtol)) f.add("{}: exp_shifted_sum n={}: sum {}, want {}", name, n, total, exp_sum);
+    for (std::size_t i = 0; i < n; ++i)
+      if (!close(z[i], T(std::exp(double(x[i] - m))), exp_rtol)) f.add("{}: exp_shifted_sum n={}: element {}", name, n, i);
+  }
+
+  {  // sums_of_lanes: lane r is the sum of acc[r]'s lanes
+    B acc[W];
+    alignas(64) T lanes[W], got[W];
+    for (std::size_t r = 0; r < W; ++r) {
+      for (std::size_t i = 0; i < W; ++i) lanes[i] = T(100 * r + i);
+      acc[r] = B::load_aligned(lanes);
+    }
+    detail::sums_of_lanes(acc).store_aligned(got);
+    for (std::size_t r = 0; r < W; ++r) {
+      T want = T(100 * r * W + W * (W - 1) / 2);
+      if (got[r] != want) f.add("{}: sums_of_lanes row {}: got {}, want {}", name, r, got[r], want);
+    }
+  }
+
+  // row_times_matrix: c[0:n] (+)= alpha * sum_k a[k * a_stride] * b[k * ldb + j]; a_stride 1 (a row)
+  // and 5 (a column of a transposed operand), ldb > n (a slice of a wider matrix).
+  for (std::size_t K : {std::size_t(0), std::size_t(1), std::size_t(3), std::size_t(7)})
+    for (std::size_t a_stride : {std::size_t(1), std::size_t(5)})
+      for (std::size_t n = 0; n <= big; ++n)
+        for (bool accumulate : {false, true}) {
+          std::size_t ldb = n + 3;
+          const T* ap = a.data() + 1;
+          const T* bp = b.data() + 2;
+          T alpha = T(0.5);
+          std::vector<T> c = small_ints<T>(n + 1, n), want = c;
+          for (std::size_t j = 0; j < n; ++j) {
+            T sum = 0;
+            for (std::size_t k = 0; k < K; ++k) sum += ap[k * a_stride] * bp[k * ldb + j];
+            want[j] = alpha * sum + (accumulate ? want[j] : T(0));
+          }
+          detail::row_times_matrix<B>(c.data(), ap, a_stride, bp, ldb, K, n, alpha, accumulate);
+          for (std::size_t j = 0; j <= n; ++j)  // c[n] is past the end and must be untouched
+            if (c[j] != want[j])
+              f.add("{}: row_times_matrix K={} a_stride={} n={} accumulate={}: c[{}] = {}, want {}", name, K, a_stride,
+                    n, accumulate, j, c[j], want[j]);
+        }
+
+  // dots_with_rows: c[r] (+)= alpha * a . b[r * ldb + 0:K] for the whole groups of W rows it takes.
+  for (std::size_t K : {std::size_t(0), W, 2 * W, 3 * W, W + 1})
+    for (std::size_t N = 0; N <= 3 * W + 1; ++N)
+      for (bool accumulate : {false, true}) {
+        std::size_t ldb = K + 3;
+        const T* ap = a.data() + 1;
+        const T* bp = b.data() + 2;
+        T alpha = T(0.25);
+        std::vector<T> c = small_ints<T>(N, N + 7), before = c;
+        std::size_t done = detail::dots_with_rows<B>(c.data(), ap, bp, ldb, K, N, alpha, accumulate);
+        std::size_t expected_done = K % W == 0 ? N / W * W : 0;
+        if (done != expected_done) f.add("{}: dots_with_rows K={} N={}: did {} rows, want {}", name, K, N, done, expected_done);
+        for (std::size_t r = 0; r < N; ++r) {
+          T want = before[r];
+          if (r < done) {
+            T sum = 0;
+            for (std::size_t k = 0; k < K; ++k) sum += ap[k] * bp[r * ldb + k];
+            want = alpha * sum + (accumulate ? before[r] : T(0));
+          }
+          if (c[r] != want)
+            f.add("{}: dots_with_rows K={} N={} accumulate={}: c[{}] = {}, want {}", name, K, N, accumulate, r, c[r], want);
+        }
+      }
+}
+
+}  // namespace tapegrad::simd_checks

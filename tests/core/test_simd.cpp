@@ -1,0 +1,212 @@
+// SIMD levels: the primitives and helpers at every level the CPU runs and at emulated widths, the
+// level choice itself, and the kernels agreeing across levels.
+#include <doctest/doctest.h>
+
+#include <fmt/format.h>
+
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+
+#include "core/kernels.h"
+#include "core/simd.h"
+#include "support/helpers.h"
+#include "tests/core/emulated_batch.h"
+#include "tests/core/simd_checks.h"
+
+using namespace tapegrad;
+
+namespace tapegrad::simd_checks {
+namespace sse2 { std::vector<std::string> run(); std::size_t float_lanes(); }
+namespace avx2 { std::vector<std::string> run(); std::size_t float_lanes(); }
+namespace avx512 { std::vector<std::string> run(); std::size_t float_lanes(); }
+}  // namespace tapegrad::simd_checks
+
+namespace {
+
+struct LevelChecks {
+  SimdLevel level;
+  std::vector<std::string> (*run)();
+  std::size_t (*float_lanes)();
+};
+const LevelChecks level_checks[] = {
+    {SimdLevel::sse2, simd_checks::sse2::run, simd_checks::sse2::float_lanes},
+    {SimdLevel::avx2, simd_checks::avx2::run, simd_checks::avx2::float_lanes},
+    {SimdLevel::avx512, simd_checks::avx512::run, simd_checks::avx512::float_lanes},
+};
+
+void require_no_failures(const std::vector<std::string>& failures) {
+  for (const auto& message : failures) FAIL_CHECK(message);
+  REQUIRE(failures.empty());
+}
+
+// Restores the level in use when a test that switches levels ends.
+struct LevelGuard {
+  SimdLevel saved = simd_level();
+  ~LevelGuard() { set_simd_level(saved); }
+};
+
+}  // namespace
+
+TEST_CASE("the xsimd primitives and the SIMD helpers match scalar loops at every level this CPU runs") {
+  auto supported = supported_simd_levels();
+  REQUIRE(!supported.empty());
+  CHECK(supported.front() == SimdLevel::sse2);
+  for (const auto& checks : level_checks) {
+    bool runs = std::find(supported.begin(), supported.end(), checks.level) != supported.end();
+    if (!runs) {
+      MESSAGE("this CPU cannot run " << simd_level_name(checks.level) << "; its 16-lane code is checked emulated below");
+      continue;
+    }
+    CAPTURE(simd_level_name(checks.level));
+    CHECK(checks.float_lanes() == std::size_t(checks.level == SimdLevel::sse2 ? 4 : checks.level == SimdLevel::avx2 ? 8 : 16));
+    require_no_failures(checks.run());
+  }
+}
+
+TEST_CASE("the SIMD helpers match scalar loops on emulated batches of 2 to 32 lanes") {
+  using testing::EmulatedBatch;
+  simd_checks::Failures f;
+  simd_checks::check_helpers<EmulatedBatch<float, 16>>(f, "float x16");  // AVX-512's width
+  simd_checks::check_helpers<EmulatedBatch<double, 8>>(f, "double x8");
+  simd_checks::check_helpers<EmulatedBatch<float, 32>>(f, "float x32");
+  simd_checks::check_helpers<EmulatedBatch<float, 2>>(f, "float x2");
+  require_no_failures(f.messages);
+}
+
+TEST_CASE("the SIMD level is the widest the CPU supports unless TAPEGRAD_SIMD names one") {
+  CHECK(simd_level_name(SimdLevel::sse2) == "sse2");
+  CHECK(simd_level_name(SimdLevel::avx2) == "avx2");
+  CHECK(simd_level_name(SimdLevel::avx512) == "avx512");
+  auto supported = supported_simd_levels();
+  const char* forced = std::getenv("TAPEGRAD_SIMD");
+  if (forced && *forced)
+    CHECK(simd_level_name(simd_level()) == forced);
+  else
+    CHECK(simd_level() == supported.back());
+  LevelGuard guard;
+  for (SimdLevel level : supported) {
+    set_simd_level(level);
+    CHECK(simd_level() == level);
+  }
+  if (supported.back() != SimdLevel::avx512) {
+    std::string message = test::error_of<std::runtime_error>([] { set_simd_level(SimdLevel::avx512); });
+    CHECK(test::contains(message, "this CPU does not support avx512"));
+    CHECK(simd_level() == supported.back());  // unchanged by the refused switch
+  }
+}
+
+namespace {
+
+// Runs f at every supported level and checks each result against the SSE2 one, element by element,
+// within rtol of the larger magnitude (different widths add partial sums in different orders).
+template <class F> void check_levels_agree(const char* what, double rtol, F f) {
+  LevelGuard guard;
+  set_simd_level(SimdLevel::sse2);
+  std::vector<double> reference = f();
+  for (SimdLevel level : supported_simd_levels()) {
+    set_simd_level(level);
+    std::vector<double> got = f();
+    REQUIRE(got.size() == reference.size());
+    double worst = 0;
+    for (std::size_t i = 0; i < got.size(); ++i)
+      worst = std::max(worst, std::fabs(got[i] - reference[i]) / std::max(1.0, std::fabs(reference[i])));
+    CAPTURE(what);
+    CAPTURE(simd_level_name(level));
+    CHECK(worst <= rtol);
+  }
+}
+
+template <class T> std::vector<double> widen(const std::vector<T>& v) { return {v.begin(), v.end()}; }
+
+}  // namespace
+
+TEST_CASE("every kernel gives the same results at every level, within float rounding") {
+  // Odd sizes, so every level runs its SIMD body and its scalar tail. Tolerance: float rounding of
+  // sums of a few hundred terms, 1e-5 relative (of max(1, |value|)).
+  const std::size_t rows = 37, dim = 83, heads = 3, head_dim = 8, seq = 37, vocab = 67;
+  const double rtol = 1e-5;
+  auto x = test::random_vector<float>(rows * dim, 1), w = test::random_vector<float>(dim, 2);
+  auto dy = test::random_vector<float>(rows * dim, 3), b = test::random_vector<float>(rows * dim, 4);
+  check_levels_agree("gemm, small and BLAS", rtol, [&] {
+    std::vector<float> c(rows * rows, 0.5f), c1(2 * rows, 0.5f);
+    kernels::gemm<float>(false, true, rows, rows, dim, 1.0f, x.data(), dim, dy.data(), dim, 1.0f, c.data(), rows);
+    kernels::gemm<float>(false, true, 2, rows, dim, 1.0f, x.data(), dim, dy.data(), dim, 1.0f, c1.data(), rows);
+    c.insert(c.end(), c1.begin(), c1.end());
+    return widen(c);
+  });
+  check_levels_agree("elementwise and SwiGLU", rtol, [&] {
+    std::vector<float> out(6 * rows * dim, 0.25f);
+    float* o = out.data();
+    std::size_t n = rows * dim;
+    kernels::add_forward(o, x.data(), b.data(), n);
+    kernels::mul_backward(o + n, o + 2 * n, dy.data(), x.data(), b.data(), n);
+    kernels::swiglu_forward(o + 3 * n, x.data(), b.data(), n);
+    kernels::swiglu_backward(o + 4 * n, o + 5 * n, dy.data(), x.data(), b.data(), n);
+    kernels::add_bias_backward(o, o + n, dy.data(), rows, dim);
+    return widen(out);
+  });
+  check_levels_agree("RMSNorm forward and backward", rtol, [&] {
+    std::vector<float> y(rows * dim), rstd(rows), dx(rows * dim), dw(dim);
+    kernels::rms_norm_forward(y.data(), rstd.data(), x.data(), w.data(), rows, dim, 1e-5f);
+    kernels::rms_norm_backward(dx.data(), dw.data(), dy.data(), x.data(), w.data(), rstd.data(), rows, dim);
+    y.insert(y.end(), dx.begin(), dx.end());
+    y.insert(y.end(), dw.begin(), dw.end());
+    return widen(y);
+  });
+  check_levels_agree("cross-entropy forward and backward", rtol, [&] {
+    auto logits = test::random_vector<float>(rows * vocab, 5, 3.0);
+    auto targets = test::random_ids(rows, vocab, 6);
+    std::vector<float> lse(rows), dlogits(rows * vocab);
+    float loss = kernels::cross_entropy_forward(lse.data(), logits.data(), targets.data(), rows, vocab);
+    kernels::cross_entropy_backward(dlogits.data(), 1.0f, logits.data(), lse.data(), targets.data(), rows, vocab);
+    dlogits.push_back(loss);
+    return widen(dlogits);
+  });
+  check_levels_agree("attention forward and backward, and the one-query (decoding) form", rtol, [&] {
+    const std::size_t D = heads * head_dim;
+    auto q = test::random_vector<float>(seq * D, 7), k = test::random_vector<float>(seq * D, 8);
+    auto v = test::random_vector<float>(seq * D, 9), dout = test::random_vector<float>(seq * D, 10);
+    std::vector<float> out(seq * D), probs(heads * seq * seq), dq(seq * D), dk(seq * D), dv(seq * D);
+    kernels::AttentionShape shape{1, seq, seq, heads, head_dim, 0};
+    kernels::attention_forward(out.data(), probs.data(), q.data(), k.data(), v.data(), shape);
+    kernels::attention_backward(dq.data(), dk.data(), dv.data(), dout.data(), probs.data(), q.data(), k.data(), v.data(), shape);
+    std::vector<float> last(D), last_probs(heads * seq);
+    kernels::attention_forward(last.data(), last_probs.data(), q.data() + (seq - 1) * D, k.data(), v.data(),
+                               {1, 1, seq, heads, head_dim, seq - 1});
+    for (auto* part : {&dq, &dk, &dv, &last}) out.insert(out.end(), part->begin(), part->end());
+    return widen(out);
+  });
+}
+
+TEST_CASE("each level's prelinked objects define global symbols only in that level's namespace") {
+  // Anything else (an inline std:: or xsimd function compiled with AVX-512 flags, say) could be
+  // picked by the linker for code that runs on every CPU.
+  for (const char* group : {"tapegrad_kernels", "tapegrad_simd_checks"})
+    for (const char* level : {"sse2", "avx2", "avx512"}) {
+      std::string object = fmt::format("{}/{}_{}.o", TAPEGRAD_BINARY_DIR, group, level);
+      CAPTURE(object);
+      REQUIRE(std::filesystem::exists(object));
+      std::string command = fmt::format("nm --defined-only --extern-only '{}'", object);
+      FILE* pipe = popen(command.c_str(), "r");
+      REQUIRE(pipe != nullptr);
+      char line[4096];
+      std::size_t symbols = 0;
+      // "N8tapegrad7kernels4avx2": the mangled namespace. Function-local statics of its functions
+      // (_ZZN..., and their guards _ZGVZN...) stay global as GCC's unique symbols; they are its own.
+      std::string_view namespace_name = std::string_view(group).substr(std::strlen("tapegrad_"));
+      std::string prefix = fmt::format("N8tapegrad{}{}{}{}", namespace_name.size(), namespace_name, std::strlen(level), level);
+      while (fgets(line, sizeof line, pipe)) {
+        std::string_view text(line);
+        std::string_view name = text.substr(text.rfind(' ') + 1);
+        name.remove_suffix(name.ends_with('\n') ? 1 : 0);
+        std::string_view rest = name.substr(name.starts_with("_ZGV") ? 4 : 2);
+        while (rest.starts_with('Z')) rest.remove_prefix(1);
+        CHECK_MESSAGE(rest.starts_with(prefix), name);
+        ++symbols;
+      }
+      CHECK(pclose(pipe) == 0);
+      CHECK(symbols > 0);
+    }
+}
