@@ -296,3 +296,18 @@ TEST_CASE("replicas that drift apart are caught at the next save, on every rank,
   CHECK(saved_step(ckpt) == 2);
   CHECK(!has_temporary_files(dir));
 }
+
+TEST_CASE("a NaN in one rank's rows stops every rank at the same step, and the last checkpoint is kept") {
+  if (!mpi_available()) return;
+  fs::path dir = work_dir("dp_nan"), data = write_corpus(dir), ckpt = dir / "n.safetensors";
+  // The poisoned logit is in row 0 of the global batch: rank 0's rows only.
+  Result r = run_mpi(3, tiny6(data, ckpt, 10) + Args{"--eval-every", "0", "--save-every", "3"}, {},
+                     {"TAPEGRAD_TEST_INJECT_NAN_BATCH_AT_STEP=5"});
+  CHECK(r.status != 0);
+  CHECK(test::contains(r.err, "train_char: the loss is nan at step 5; stopped without saving (the checkpoint of "
+                              "step 3"));
+  const std::string line = "the loss is nan";
+  CHECK(r.err.find(line) == r.err.rfind(line));  // printed once, by rank 0
+  CHECK(!test::contains(r.err, "MPI_ABORT"));    // every rank stopped by itself
+  CHECK(saved_step(ckpt) == 3);
+}
