@@ -16,6 +16,7 @@
 #include <fstream>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "core/simd.h"
@@ -30,8 +31,10 @@ namespace tapegrad::test {
 inline bool mpi_available() {
 #if TAPEGRAD_HAVE_MPI
   if (simd_level() != supported_simd_levels().back()) {
-    MESSAGE("the tests under mpirun run at SIMD level " << simd_level_name(supported_simd_levels().back())
-                                                          << " only");
+    static bool said = false;
+    if (!std::exchange(said, true))
+      MESSAGE("the tests under mpirun run at SIMD level " << simd_level_name(supported_simd_levels().back())
+                                                            << " only");
     return false;
   }
   return true;
