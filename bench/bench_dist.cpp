@@ -143,6 +143,8 @@ int main(int argc, char** argv) try {
       "batch. comm_ms: median time in GradientBuckets::reduce (alltoall + ordered sum + allgather, including "
       "waiting for the slower rank); comm_share = comm_ms / step_ms. Medians of --steps steps after 3 warm-up "
       "steps; the variants alternate, --rounds times, and the round of median tokens/s is kept.";
+  const char* wait_policy = std::getenv("OMP_WAIT_POLICY");
+  results["omp_wait_policy"] = wait_policy ? wait_policy : "default (unset)";
   results["steps"] = steps;
   results["rounds"] = rounds;
   for (std::size_t at = 0; at < configs.size(); at += 2) {
