@@ -39,10 +39,10 @@ int worker(int argc, char** argv, const std::string& name, int threads, int step
   const auto inputs = std::span(batch.inputs).subspan(std::size_t(comm->rank()) * tokens, tokens);
   const auto targets = std::span(batch.targets).subspan(std::size_t(comm->rank()) * tokens, tokens);
   dist::GradientBuckets buckets(params);
-  std::vector<double> step_ms, comm_ms;
+  std::vector<double> step_ms, comm_ms, wait_ms, exchange_only_ms;
   const int warmup = 3;
   for (int i = 0; i < warmup + steps; ++i) {
-    double exchange = 0;
+    double exchange = 0, wait = 0;
     const double total = seconds([&] {
       {
         Tape tape;
@@ -51,14 +51,24 @@ int worker(int argc, char** argv, const std::string& name, int threads, int step
       }
       if (ranks > 1) {
         buckets.accumulate();
+        // The barrier splits waiting for the slower rank (imbalance, a busy core) from the exchange.
+        wait = seconds([&] { comm->barrier(); });
         exchange = buckets.reduce(*comm, ranks);
       }
       optim::clip_grad_norm(params, kClipNorm);
       optimizer.step();
       optimizer.zero_grad();
     });
-    if (i >= warmup) step_ms.push_back(1e3 * total), comm_ms.push_back(1e3 * exchange);
+    if (i >= warmup)
+      step_ms.push_back(1e3 * total), comm_ms.push_back(1e3 * exchange), wait_ms.push_back(1e3 * wait);
   }
+  // The exchange alone, ranks in step: what a faster or slower network changes.
+  for (int i = 0; ranks > 1 && i < 30; ++i) {
+    buckets.accumulate();
+    comm->barrier();
+    exchange_only_ms.push_back(1e3 * buckets.reduce(*comm, ranks));
+  }
+  optimizer.zero_grad();
   // The check before the figures count: every replica holds the same weights.
   dist::check_same_parameters(*comm, params, "bench_dist");
   if (comm->rank() == 0) {
@@ -74,6 +84,10 @@ int worker(int argc, char** argv, const std::string& name, int threads, int step
       out["comm_ms"] = exchange.median;
       out["comm_ms_min_max"] = {exchange.min, exchange.max};
       out["comm_share"] = exchange.median / step.median;
+      out["wait_ms"] = stats_of(wait_ms).median;
+      out["exchange_only_ms"] = stats_of(exchange_only_ms).median;
+      out["exchange_only_ms_min_max"] = {stats_of(exchange_only_ms).min, stats_of(exchange_only_ms).max};
+      out["gradient_bytes"] = 4 * buckets.floats();
       out["transport"] = comm->description();
     }
     std::printf("%s\n", out.dump().c_str());
@@ -140,8 +154,9 @@ int main(int argc, char** argv) try {
       "tokens/s of one training step (forward, backward, gradient exchange, clip, AdamW) on the global batch of "
       "each config; ranks2_threads1: 2 MPI ranks x 1 thread, each B/2 rows, over shared memory; "
       "tcp_ranks2_threads1: the same over TCP on loopback; ranks1_threads2: 1 process x 2 threads, the whole "
-      "batch. comm_ms: median time in GradientBuckets::reduce (alltoall + ordered sum + allgather, including "
-      "waiting for the slower rank); comm_share = comm_ms / step_ms. Medians of --steps steps after 3 warm-up "
+      "batch. comm_ms: median time in GradientBuckets::reduce (alltoall + ordered sum + allgather) after a barrier; "
+      "wait_ms: the median time in that barrier (waiting for the slower rank); comm_share = comm_ms / step_ms; "
+      "exchange_only_ms: the reduce alone, 30 times after the steps, ranks in step. Medians of --steps steps after 3 warm-up "
       "steps; the variants alternate, --rounds times, and the round of median tokens/s is kept.";
   const char* wait_policy = std::getenv("OMP_WAIT_POLICY");
   results["omp_wait_policy"] = wait_policy ? wait_policy : "default (unset)";
@@ -164,14 +179,16 @@ int main(int argc, char** argv) try {
                   {"tcp_ranks2_threads1", median_run(two_tcp)}};
     entry["ratio_ranks2_over_threads2"] =
         entry["ranks2_threads1"]["tokens_per_s"].get<double>() / entry["ranks1_threads2"]["tokens_per_s"].get<double>();
-    std::printf("config %s: 1x2 %.0f tok/s; 2x1 %.0f tok/s (ratio %.2f), exchange %.3f ms = %.1f%% of the step; "
-                "TCP 2x1 %.0f tok/s, exchange %.3f ms\n",
+    std::printf("config %s: 1x2 %.0f tok/s; 2x1 %.0f tok/s (ratio %.2f), exchange %.3f ms = %.1f%% of the step "
+                "(alone %.3f ms); TCP 2x1 %.0f tok/s, exchange %.3f ms (alone %.3f ms)\n",
                 name.c_str(), entry["ranks1_threads2"]["tokens_per_s"].get<double>(),
                 entry["ranks2_threads1"]["tokens_per_s"].get<double>(), entry["ratio_ranks2_over_threads2"].get<double>(),
                 entry["ranks2_threads1"]["comm_ms"].get<double>(),
                 100 * entry["ranks2_threads1"]["comm_share"].get<double>(),
+                entry["ranks2_threads1"]["exchange_only_ms"].get<double>(),
                 entry["tcp_ranks2_threads1"]["tokens_per_s"].get<double>(),
-                entry["tcp_ranks2_threads1"]["comm_ms"].get<double>());
+                entry["tcp_ranks2_threads1"]["comm_ms"].get<double>(),
+                entry["tcp_ranks2_threads1"]["exchange_only_ms"].get<double>());
     std::fflush(stdout);
     results["configs"][name] = entry;
   }
