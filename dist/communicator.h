@@ -3,6 +3,7 @@
 // when the build found it (dist/mpi_communicator.cpp). core/, nn/ and optim/ never include this.
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
