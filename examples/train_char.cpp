@@ -88,7 +88,7 @@ int main(int argc, char** argv) {
     comm = tapegrad::dist::make_communicator(argc, argv);
     const auto& stop_signal = install_stop_handlers();
     try {
-      return train(o, stop_signal, *comm) == TrainOutcome::interrupted ? 128 + stop_signal.load() : 0;
+      return train(o, stop_signal, *comm) == TrainOutcome::interrupted ? 128 + interrupting_signal() : 0;
     } catch (const UsageError&) {
       if (comm->rank() != 0 && failure_is_agreed()) return 2;  // rank 0 prints it
       failed_alone = !failure_is_agreed();

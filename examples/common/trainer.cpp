@@ -246,6 +246,7 @@ void broadcast_state(dist::Communicator& comm, Run& run) {
 }
 
 std::atomic<int> g_stop_signal{0};
+int g_interrupting_signal = 0;  // see interrupting_signal()
 
 extern "C" void on_stop_signal(int signal) {
   if (g_stop_signal.load() != 0) {
@@ -315,6 +316,8 @@ const std::atomic<int>& install_stop_handlers() {
 }
 
 bool failure_is_agreed() { return g_agreed_failure.load(); }
+
+int interrupting_signal() { return g_interrupting_signal; }
 
 TrainOutcome train(const TrainOptions& o, const std::atomic<int>& stop_signal) {
   dist::SingleProcess one;
@@ -498,6 +501,7 @@ TrainOutcome train(const TrainOptions& o, const std::atomic<int>& stop_signal, d
       log(fmt::format("interrupted by signal {} at step {}/{}: saved {}; continue with --resume {}", stop, run.step,
                       o.steps, o.out, o.out));
       comm.barrier();  // no rank ends (and has the launcher end the others) before rank 0 is done
+      g_interrupting_signal = stop;
       return TrainOutcome::interrupted;
     }
     const float lr = schedule.at(run.step);

@@ -71,6 +71,10 @@ TrainOutcome train(const TrainOptions& options, const std::atomic<int>& stop_sig
 /// otherwise the caller ends every rank with Communicator::abort.
 bool failure_is_agreed();
 
+/// The signal that ended the last train() that returned interrupted (under mpirun, the one the
+/// ranks agreed on, which this rank may not have received itself).
+int interrupting_signal();
+
 /// Installs SIGINT, SIGTERM and SIGUSR1 handlers that store the signal number in the returned flag; a
 /// second signal while the first is handled ends the process at once (the default action).
 const std::atomic<int>& install_stop_handlers();
