@@ -68,6 +68,16 @@ inline std::string machine() {
                      cpuinfo("model"), simd_level_name(simd_level()));
 }
 
+/// The line every bench's usage ends with: the SIMD level it would run at (or why none).
+inline std::string simd_usage_line() {
+  try {
+    return fmt::format("SIMD level: {} (of {}; TAPEGRAD_SIMD=sse2|avx2|avx512 chooses another)\n",
+                       simd_level_name(simd_level()), supported_simd_level_names());
+  } catch (const std::exception& e) {
+    return fmt::format("SIMD level: none ({})\n", e.what());
+  }
+}
+
 /// The source tree's commit, with "+dirty" when it has uncommitted changes (other than the
 /// results files the benchmarks themselves write).
 inline std::string commit() {

@@ -410,6 +410,9 @@ Options parse_options(int argc, char** argv) {
       options.repeats = 3, options.min_sample_s = 2e-4;
     } else if (flag == "--out") {
       options.out = value();
+    } else if (flag == "--help") {
+      fmt::print("usage: bench_kernels [--threads 1,2] [--repeats N] [--quick] [--out PATH]\n{}", simd_usage_line());
+      std::exit(0);
     } else {
       throw std::invalid_argument(fmt::format("unknown flag {}; flags: --threads 1,2 --repeats N --quick --out PATH", flag));
     }
@@ -428,8 +431,9 @@ int main(int argc, char** argv) try {
     cases.insert(cases.end(), more.begin(), more.end());
 
   nlohmann::json json = run_header();
-  fmt::print("tapegrad kernels on {} ({} cpus, OpenBLAS core {}); {} samples, median per call\n",
-             json["machine"]["cpu"].get<std::string>(), omp_get_num_procs(), openblas_get_corename(), options.repeats);
+  fmt::print("tapegrad kernels on {} ({} cpus, SIMD level {}, OpenBLAS core {}); {} samples, median per call\n",
+             json["machine"]["cpu"].get<std::string>(), omp_get_num_procs(), tapegrad::simd_level_name(tapegrad::simd_level()),
+             openblas_get_corename(), options.repeats);
   nlohmann::json results = nlohmann::json::array(), peak, copy;  // references by thread count: median and best rate
   for (int threads : options.threads) {
     tapegrad::set_num_threads(threads);

@@ -23,7 +23,7 @@ int main(int argc, char** argv) try {
       if (arg == "--repeats" && i + 1 < argc) repeats = std::max(1, std::stoi(argv[++i]));
       else if (arg == "--out" && i + 1 < argc) out_path = argv[++i];
       else {
-        fmt::print(stderr, "usage: bench_kv_cache [--repeats N] [--out PATH]\n");
+        fmt::print(stderr, "usage: bench_kv_cache [--repeats N] [--out PATH]\n{}", bench::simd_usage_line());
         return 2;
       }
     }
@@ -52,8 +52,8 @@ int main(int argc, char** argv) try {
   };
   bench::Stats with = measure(cached), without = measure(uncached);
   double speedup = without.median / with.median;
-  fmt::print("bench_kv_cache: rotary_decoder(65, 64, 4, 2, 256), prompt 8, 100 new tokens, greedy, 1 thread, {} repeats\n",
-             repeats);
+  fmt::print("bench_kv_cache: rotary_decoder(65, 64, 4, 2, 256), prompt 8, 100 new tokens, greedy, 1 thread, {} repeats; {}\n",
+             repeats, bench::machine());
   fmt::print("  cache     median {:8.3f} ms  (min {:.3f}, max {:.3f})  {:6.1f} us/token\n", with.median * 1e3,
              with.min * 1e3, with.max * 1e3, with.median * 1e4);
   fmt::print("  no cache  median {:8.3f} ms  (min {:.3f}, max {:.3f})\n", without.median * 1e3, without.min * 1e3,

@@ -84,7 +84,8 @@ void check_remat_matches() {
 }
 
 int usage() {
-  fmt::print(stderr, "usage: bench_remat [--seqs 256,512] [--steps N] [--rounds N] [--threads N] [--out PATH]\n");
+  fmt::print(stderr, "usage: bench_remat [--seqs 256,512] [--steps N] [--rounds N] [--threads N] [--out PATH]\n{}",
+             bench::simd_usage_line());
   return 2;
 }
 

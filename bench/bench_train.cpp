@@ -109,7 +109,7 @@ void write_agreement(const std::string& dir, const std::vector<std::string>& nam
     bench::TrainConfig config = bench::train_config(name);
     bench::Trainer trainer(config);
     std::string checkpoint = fmt::format("{}/agreement_{}.safetensors", dir, name);
-    nn::save_checkpoint(checkpoint, trainer.model, tokenizer);
+    nn::save_model_checkpoint(checkpoint, trainer.model, tokenizer);
     float loss = trainer.step();
     float grad_norm = trainer.last_grad_norm;
     float loss_after = trainer.loss();
@@ -117,7 +117,7 @@ void write_agreement(const std::string& dir, const std::vector<std::string>& nam
     nlohmann::json j;
     j["config"] = {{"name", name},         {"vocab", config.vocab},       {"d_model", config.d_model},
                    {"n_heads", config.n_heads}, {"n_blocks", config.n_blocks}, {"max_len", config.seq_len},
-                   {"d_ff", config.d_ff()}};
+                   {"d_ff", config.d_ff()}, {"arch", config.arch}};
     j["batch"] = config.batch;
     j["seq_len"] = config.seq_len;
     j["inputs"] = trainer.batch.inputs;
@@ -152,7 +152,8 @@ void write_agreement(const std::string& dir, const std::vector<std::string>& nam
 int usage() {
   fmt::print(stderr,
              "usage: bench_train [--configs a,b,c] [--threads 1,2] [--steps N] [--out PATH]\n"
-             "       bench_train --write-agreement DIR [--configs a,b,c]\n");
+             "       bench_train --write-agreement DIR [--configs a,b,c]\n{}",
+             bench::simd_usage_line());
   return 2;
 }
 

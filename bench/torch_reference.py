@@ -27,6 +27,8 @@ CONFIGS = {
     "a": dict(d_model=64, n_heads=4, n_blocks=2, seq_len=128, batch=16),
     "b": dict(d_model=128, n_heads=4, n_blocks=4, seq_len=64, batch=12),
     "c": dict(d_model=256, n_heads=8, n_blocks=4, seq_len=256, batch=8),
+    # gpt2 (SPEC section 9) at (a)'s size (issue 13).
+    "a-gpt2": dict(d_model=64, n_heads=4, n_blocks=2, seq_len=128, batch=16, arch="gpt2"),
 }
 VOCAB = 65
 ADAMW = dict(lr=1e-3, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1)  # as bench/train_common.h
@@ -223,6 +225,80 @@ def set_threads(n):
         blas[1].openblas_set_num_threads(n)
 
 
+class Gpt2(torch.nn.Module):
+    """SPEC section 9: pre-LN GPT-2 with learned positions, gelu_tanh MLP and a tied head; matrices
+    stored (in, out) as in tapegrad's checkpoints."""
+
+    def __init__(self, vocab, d_model, n_heads, n_blocks, max_len, d_ff=None):
+        super().__init__()
+        d_ff = d_ff or 4 * d_model
+        self.n_heads, self.n_blocks = n_heads, n_blocks
+        self.params = torch.nn.ParameterDict()
+        self.names = {}
+
+        def param(name, *shape, fill=0.0):
+            p = torch.nn.Parameter(torch.full(shape, fill))
+            self.params[name.replace(".", "_")] = p
+            self.names[name] = p
+
+        param("embed.weight", vocab, d_model)
+        param("pos.weight", max_len, d_model)
+        for i in range(n_blocks):
+            b = f"blocks.{i}."
+            param(b + "ln1.weight", d_model, fill=1.0)
+            param(b + "ln1.bias", d_model)
+            for w in ("wq", "wk", "wv", "wo"):
+                param(b + f"attn.{w}.weight", d_model, d_model)
+                param(b + f"attn.{w}.bias", d_model)
+            param(b + "ln2.weight", d_model, fill=1.0)
+            param(b + "ln2.bias", d_model)
+            param(b + "mlp.w1.weight", d_model, d_ff)
+            param(b + "mlp.w1.bias", d_ff)
+            param(b + "mlp.w2.weight", d_ff, d_model)
+            param(b + "mlp.w2.bias", d_model)
+        param("norm.weight", d_model, fill=1.0)
+        param("norm.bias", d_model)
+        self.register_buffer("mask", torch.triu(torch.ones(max_len, max_len, dtype=torch.bool), diagonal=1))
+
+    def spec_params(self):
+        return self.names
+
+    load = RotaryDecoder.load
+
+    def init_like_tapegrad(self, seed=0):
+        g = torch.Generator().manual_seed(seed)
+        out_std = 0.02 / math.sqrt(2 * self.n_blocks)
+        with torch.no_grad():
+            for name, p in self.names.items():
+                if p.dim() >= 2:
+                    p.normal_(0.0, out_std if name.endswith(("wo.weight", "w2.weight")) else 0.02, generator=g)
+
+    def forward(self, ids):
+        """ids (B, T) -> logits (B, T, vocab)."""
+        P = self.names
+        B, T = ids.shape
+        x = P["embed.weight"][ids] + P["pos.weight"][:T]
+        D = x.shape[-1]
+        H, Dh = self.n_heads, D // self.n_heads
+        for i in range(self.n_blocks):
+            b = f"blocks.{i}."
+            lin = lambda t, w: t @ P[b + w + ".weight"] + P[b + w + ".bias"]
+            h = F.layer_norm(x, (D,), P[b + "ln1.weight"], P[b + "ln1.bias"], 1e-5)
+            q, k, v = (lin(h, "attn." + w).view(B, T, H, Dh).transpose(1, 2) for w in ("wq", "wk", "wv"))
+            scores = (q @ k.transpose(-1, -2)) / math.sqrt(Dh)
+            scores = scores.masked_fill(self.mask[:T, :T], float("-inf"))
+            att = (torch.softmax(scores, dim=-1) @ v).transpose(1, 2).reshape(B, T, D)
+            x = x + lin(att, "attn.wo")
+            h = F.layer_norm(x, (D,), P[b + "ln2.weight"], P[b + "ln2.bias"], 1e-5)
+            x = x + lin(F.gelu(lin(h, "mlp.w1"), approximate="tanh"), "mlp.w2")
+        x = F.layer_norm(x, (D,), P["norm.weight"], P["norm.bias"], 1e-5)
+        return x @ P["embed.weight"].t()
+
+    def loss(self, inputs, targets):
+        logits = self.forward(inputs)
+        return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
+
+
 def make_optimizer(model):
     """AdamW with decoupled weight decay on matrices only (never norm weights or biases)."""
     params = list(model.parameters())
@@ -245,7 +321,8 @@ def train_step(model, optimizer, inputs, targets):
 
 
 def model_for(config, max_len=None):
-    return RotaryDecoder(VOCAB, config["d_model"], config["n_heads"], config["n_blocks"], max_len or config["seq_len"])
+    cls = Gpt2 if config.get("arch") == "gpt2" else RotaryDecoder
+    return cls(VOCAB, config["d_model"], config["n_heads"], config["n_blocks"], max_len or config["seq_len"])
 
 
 def check_agreement(directory, names):
@@ -259,7 +336,8 @@ def check_agreement(directory, names):
         tensors, meta = read_safetensors(os.path.join(directory, f"agreement_{name}.safetensors"))
         c = ref["config"]
         assert int(meta["d_model"]) == c["d_model"] and int(meta["max_len"]) == c["max_len"]
-        model = RotaryDecoder(c["vocab"], c["d_model"], c["n_heads"], c["n_blocks"], c["max_len"], c["d_ff"])
+        cls = Gpt2 if c.get("arch") == "gpt2" else RotaryDecoder
+        model = cls(c["vocab"], c["d_model"], c["n_heads"], c["n_blocks"], c["max_len"], c["d_ff"])
         model.load(tensors)
         B, T = ref["batch"], ref["seq_len"]
         inputs = torch.tensor(ref["inputs"], dtype=torch.long).view(B, T)

@@ -13,34 +13,38 @@
 
 #include "core/random.h"
 #include "core/tape.h"
-#include "nn/rotary_decoder.h"
+#include "nn/language_model.h"
 #include "optim/adamw.h"
 #include "optim/clip.h"
 
 namespace tapegrad::bench {
 
 struct TrainConfig {
-  std::string name;  // "a", "b", "c"
+  std::string name;  // "a", "b", "c", "a-gpt2"
   std::size_t vocab = 65, d_model = 0, n_heads = 0, n_blocks = 0, seq_len = 0, batch = 0;
+  std::string arch = "rotary";  // or "gpt2" (SPEC section 9)
   std::size_t d_ff() const { return 4 * d_model; }
   std::size_t head_dim() const { return d_model / n_heads; }
   std::size_t tokens() const { return batch * seq_len; }
 };
 
 /// SPEC section 7: (a) d64 h4 L2 seq128 batch16, (b) d128 h4 L4 seq64 batch12,
-/// (c) d256 h8 L4 seq256 batch8; vocab 65, max_len = seq, d_ff = 4 d_model.
+/// (c) d256 h8 L4 seq256 batch8; vocab 65, max_len = seq, d_ff = 4 d_model. "a-gpt2" is gpt2 at
+/// (a)'s size (issue 13).
 inline TrainConfig train_config(const std::string& name) {
   if (name == "a") return {"a", 65, 64, 4, 2, 128, 16};
   if (name == "b") return {"b", 65, 128, 4, 4, 64, 12};
   if (name == "c") return {"c", 65, 256, 8, 4, 256, 8};
-  throw std::invalid_argument("unknown config '" + name + "' (expected a, b or c)");
+  if (name == "a-gpt2") return {"a-gpt2", 65, 64, 4, 2, 128, 16, "gpt2"};
+  throw std::invalid_argument("unknown config '" + name + "' (expected a, b, c or a-gpt2)");
 }
 
 /// Parameters that take part in a matmul: per block Wq, Wk, Wv, Wo (d x d) and W1, W3, W2
-/// (d x d_ff), plus the head (d x vocab). The embedding is a gather, not a matmul.
+/// (d x d_ff; gpt2 has no W3), plus the head (d x vocab; gpt2's is the tied embedding). The
+/// embedding lookup is a gather, not a matmul.
 inline double matmul_params(const TrainConfig& c) {
-  double d = double(c.d_model), ff = double(c.d_ff());
-  return double(c.n_blocks) * (4 * d * d + 3 * d * ff) + d * double(c.vocab);
+  double d = double(c.d_model), ff = double(c.d_ff()), ffn_matrices = c.arch == "gpt2" ? 2 : 3;
+  return double(c.n_blocks) * (4 * d * d + ffn_matrices * d * ff) + d * double(c.vocab);
 }
 
 /// Attention FLOPs of one step: 3 (forward + backward) x 2 matmuls (q k^T and P v) x 2 (multiply
@@ -79,10 +83,16 @@ inline Batch random_batch(const TrainConfig& c, std::uint64_t seed = 1234) {
   return b;
 }
 
+/// The config's model, seed 0.
+inline nn::LanguageModel make_model(const TrainConfig& c, bool remat) {
+  if (c.arch == "gpt2") return nn::gpt2(c.vocab, c.d_model, c.n_heads, c.n_blocks, c.seq_len, c.d_ff(), 0.0f, remat);
+  return nn::rotary_decoder(c.vocab, c.d_model, c.n_heads, c.n_blocks, c.seq_len, c.d_ff(), remat);
+}
+
 /// A model (seed 0 initialisation), its AdamW and a fixed batch; step() is one training step.
 struct Trainer {
   TrainConfig config;
-  nn::RotaryDecoder model;
+  nn::LanguageModel model;
   ParameterList params;
   optim::AdamW optimizer;
   Batch batch;
@@ -93,7 +103,7 @@ struct Trainer {
 
   explicit Trainer(const TrainConfig& c, bool remat = false)
       : config(c),
-        model(nn::rotary_decoder(c.vocab, c.d_model, c.n_heads, c.n_blocks, c.seq_len, c.d_ff(), remat)),
+        model(make_model(c, remat)),
         params(model.params()),
         optimizer(params, bench_adamw_options()),
         batch(random_batch(c)) {}

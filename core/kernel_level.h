@@ -1,9 +1,16 @@
 // Private to core/: opened by every core/kernels_*.cpp. Those files are compiled once per SIMD
 // level (core/kernel_table.h); CMakeLists.txt names the level in TAPEGRAD_SIMD_LEVEL and sets its
-// compiler flags, so xsimd::batch<T> is that level's widest batch.
+// compiler flags, so xsimd::batch<T> is that level's widest batch. The test suite compiles them
+// once more with TAPEGRAD_EMULATED_BATCH, on an emulated 64-byte batch (AVX-512's 16 floats), so
+// that the 16-lane paths of every kernel run on any machine. Kernels call fma, exp, hadd and max
+// unqualified, so that either batch type finds its own.
 #pragma once
 
 #include <xsimd/xsimd.hpp>
+
+#ifdef TAPEGRAD_EMULATED_BATCH
+#include "tests/core/emulated_batch.h"
+#endif
 
 #include "core/kernel_table.h"
 #include "core/parallel.h"
@@ -15,7 +22,15 @@
 
 namespace tapegrad::kernels::TAPEGRAD_SIMD_LEVEL {
 
+#ifdef TAPEGRAD_EMULATED_BATCH
+template <class T> using Batch = testing::EmulatedBatch<T, 64 / sizeof(T)>;
+#else
 template <class T> using Batch = xsimd::batch<T>;
+#endif
+using xsimd::exp;
+using xsimd::fma;
+using xsimd::hadd;
+using xsimd::max;
 
 #include "core/kernel_functions.h"
 

@@ -76,7 +76,7 @@ template <class T> void add_bias_backward(T* dx, T* dbias, const T* dy, std::siz
 }
 
 // silu(a) = a * s, s = sigmoid(a) = 1 / (1 + exp(-a)).
-template <class T> static Batch<T> sigmoid(Batch<T> a) { return T(1) / (T(1) + xsimd::exp(-a)); }
+template <class T> static Batch<T> sigmoid(Batch<T> a) { return T(1) / (T(1) + exp(-a)); }
 template <class T> static T sigmoid(T a) { return T(1) / (T(1) + std::exp(-a)); }
 
 template <class T> void silu_forward(T* y, const T* a, std::size_t n) {

@@ -52,10 +52,10 @@ void rms_norm_backward(T* dx, T* dw, const T* dy, const T* x, const T* w, const 
       B acc0(T(0)), acc1(T(0));
       std::size_t j = 0;
       for (; j + 2 * W <= dim; j += 2 * W) {
-        acc0 = xsimd::fma(B::load_unaligned(gr + j) * B::load_unaligned(w + j), B::load_unaligned(xr + j), acc0);
-        acc1 = xsimd::fma(B::load_unaligned(gr + j + W) * B::load_unaligned(w + j + W), B::load_unaligned(xr + j + W), acc1);
+        acc0 = fma(B::load_unaligned(gr + j) * B::load_unaligned(w + j), B::load_unaligned(xr + j), acc0);
+        acc1 = fma(B::load_unaligned(gr + j + W) * B::load_unaligned(w + j + W), B::load_unaligned(xr + j + W), acc1);
       }
-      T gx = xsimd::hadd(acc0 + acc1);
+      T gx = hadd(acc0 + acc1);
       for (; j < dim; ++j) gx += gr[j] * w[j] * xr[j];
       T c = s * s * s * gx / T(dim);
       for (std::size_t j = 0; j < dim; ++j) dxr[j] += s * gr[j] * w[j] - c * xr[j];
@@ -144,7 +144,7 @@ void cross_entropy_backward(T* dlogits, T dloss, const T* logits, const T* lse, 
     constexpr std::size_t W = B::size;
     std::size_t j = 0;
     for (; j + W <= vocab; j += W)
-      xsimd::fma(B(g), xsimd::exp(B::load_unaligned(xr + j) - B(lse[r])), B::load_unaligned(dr + j)).store_unaligned(dr + j);
+      fma(B(g), exp(B::load_unaligned(xr + j) - B(lse[r])), B::load_unaligned(dr + j)).store_unaligned(dr + j);
     for (; j < vocab; ++j) dr[j] += g * std::exp(xr[j] - lse[r]);
     dr[targets[r]] -= g;
   });

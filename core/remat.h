@@ -22,6 +22,10 @@ namespace tapegrad {
 // block may hand it to its last op (add_matmul does: for a decoder block this skips the FFN's
 // down projection, a quarter of the block's projection FLOPs at d_ff = 4 d). A block that ignores
 // it is still exact.
+//
+// A block with randomness (dropout) must take it from a seed fixed outside the block (nn::Gpt2Block
+// and nn::DecoderBlock capture a per-step, per-block seed and build their Rng inside), so that
+// the re-run draws the very same masks and the gradients stay bit-identical.
 using Block = std::function<Var(const Var& x, const Tensor* known_output)>;
 
 /// y = block(x, nullptr), keeping only x and y on the tape (see Note [Remat]). Outside a

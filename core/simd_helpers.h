@@ -87,14 +87,20 @@ typename B::value_type exp_shifted_sum(typename B::value_type* x, std::size_t n,
   return sum;
 }
 
-/// Lane r of the result is the sum of the lanes of acc[r]. (xsimd::haddp does this in one
-/// shuffle network, but xsimd 8.1 returns the sums of 16-lane float batches in a permuted order.)
+/// Lane r of the result is the sum of the lanes of acc[r]. xsimd::haddp does it in one shuffle
+/// network, but xsimd 8.1 returns the sums of 16-lane float batches in a permuted order (rows
+/// 2-3 and 4-5 swapped, likewise 10-11 and 12-13), so 16 lanes, and batch types without haddp
+/// (the tests' emulated ones), take one hadd per row instead.
 template <class B>
 B sums_of_lanes(const B* acc) {
   using T = typename B::value_type;
-  alignas(64) T sums[B::size];
-  for (std::size_t r = 0; r < B::size; ++r) sums[r] = hadd(acc[r]);
-  return B::load_aligned(sums);
+  if constexpr (B::size < 16 && requires { xsimd::haddp(acc); }) {
+    return xsimd::haddp(acc);
+  } else {
+    alignas(64) T sums[B::size];
+    for (std::size_t r = 0; r < B::size; ++r) sums[r] = hadd(acc[r]);
+    return B::load_aligned(sums);
+  }
 }
 
 // c[0:V*W] = alpha * sum_k a[k * a_stride] * b[k * ldb + 0:V*W] (+ c when accumulating), with the

@@ -84,7 +84,8 @@ class Tape {
   static Tape* current();
 
   using Backward = std::function<void(Node& out)>;
-  /// Appends an entry: backward(out) runs when gradient reaches out. Used by ops (core/ops.cpp).
+  /// Appends an entry: backward(out) runs when gradient reaches out. Ops record through Op
+  /// (core/op.h), which calls this; remat (core/remat.h) records its one entry per block here.
   void record(const std::shared_ptr<Node>& out, Backward backward, std::size_t saved_bytes);
   const std::shared_ptr<TapeState>& state() const { return state_; }
 

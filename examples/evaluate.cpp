@@ -10,6 +10,7 @@
 #include "common/corpus.h"
 #include "common/program.h"
 #include "nn/checkpoint.h"
+#include "nn/language_model.h"
 
 using namespace tapegrad;
 using namespace tapegrad::examples;
@@ -32,7 +33,7 @@ int main(int argc, char** argv) {
     if (checkpoint.empty()) throw UsageError("--checkpoint is required");
     if (data.empty()) throw UsageError("--data is required");
     if (app.count("--limit") && limit < 2) throw UsageError(fmt::format("--limit must be at least 2, got {}", limit));
-    nn::LoadedCheckpoint ckpt = nn::load_checkpoint(checkpoint);
+    nn::LoadedModelCheckpoint ckpt = nn::load_model_checkpoint(checkpoint);  // either arch
     std::vector<std::int32_t> ids = encode_file(data, ckpt.tokenizer, limit);
     if (ids.size() < 2)
       throw std::runtime_error(fmt::format("{}: {} character; at least 2 are needed to predict one", data, ids.size()));

@@ -9,6 +9,7 @@
 
 #include "common/program.h"
 #include "nn/checkpoint.h"
+#include "nn/language_model.h"
 
 using namespace tapegrad;
 using namespace tapegrad::examples;
@@ -47,7 +48,7 @@ int main(int argc, char** argv) {
       throw UsageError(e.what());
     }
     options.use_cache = !no_cache;
-    nn::LoadedCheckpoint ckpt = nn::load_checkpoint(checkpoint);
+    nn::LoadedModelCheckpoint ckpt = nn::load_model_checkpoint(checkpoint);  // either arch
     const nn::CharTokenizer& tokenizer = ckpt.tokenizer;
     if (!app.count("--prompt")) {
       const std::string vocab = tokenizer.vocab();
@@ -66,11 +67,16 @@ int main(int argc, char** argv) {
                                    max_len, checkpoint));
     std::fwrite(prompt.data(), 1, prompt.size(), stdout);
     std::fflush(stdout);
-    nn::Generation generation = nn::generate(ckpt.model, ids, options, [&](std::int32_t token) {
+    auto print_token = [&](std::int32_t token) {
       const std::string piece = tokenizer.decode(std::span(&token, 1));
       std::fwrite(piece.data(), 1, piece.size(), stdout);
       std::fflush(stdout);
-    });
+    };
+    ckpt.model.set_training(false);  // no dropout in generation
+    // The rotary decoder decodes through its KV cache; gpt2 through the generic no-cache path
+    // (the full forward over the text for every new character) until it gets a cache.
+    nn::Generation generation = ckpt.model.rotary() ? nn::generate(*ckpt.model.rotary(), ids, options, print_token)
+                                                    : nn::generate(ckpt.model, ids, options, print_token);
     if (generation.stopped_at_max_len) {
       // On a terminal the note starts on a line of its own (the text ends without a newline).
       const char* lead = ::isatty(STDOUT_FILENO) && ::isatty(STDERR_FILENO) ? "\n" : "";

@@ -1,4 +1,4 @@
-// train_char: trains a char-level rotary decoder on a text file (SPEC section 6). Flags become a
+// train_char: trains a char-level rotary decoder or gpt2 on a text file (SPEC section 6). Flags become a
 // TrainOptions; the run itself lives in examples/common/trainer.
 #include <cstdint>
 #include <cstdlib>
@@ -20,8 +20,17 @@ int main(int argc, char** argv) {
   TrainOptions o;
   std::size_t d_model = 64, heads = 4, blocks = 2, max_len = 256, d_ff = 0;
   std::int64_t decay_steps = 0, warmup = 100;
+  std::string arch = "rotary";
+  float dropout = 0;
   app.add_option("--data", o.data, "Training text, UTF-8 (default: the DATA environment variable)")->envname("DATA");
   app.add_option("--out", o.out, "Checkpoint written atomically (periodically, at the end, on Ctrl-C)")
+      ->capture_default_str();
+  app.add_option("--arch", arch, "Architecture: rotary (SPEC section 2) or gpt2 (section 9); a resume takes the "
+                 "checkpoint's")
+      ->check(CLI::IsMember({"rotary", "gpt2"}))
+      ->capture_default_str();
+  app.add_option("--dropout", dropout, "Dropout probability in training (embeddings, attention, residual branches)")
+      ->check(CLI::Range(0.0f, 0.99f))
       ->capture_default_str();
   app.add_option("--d-model", d_model, "Model width")->check(non_negative())->capture_default_str();
   app.add_option("--heads", heads, "Attention heads")->check(non_negative())->capture_default_str();
@@ -71,7 +80,9 @@ int main(int argc, char** argv) {
       return app.count(flag) ? std::optional(value) : std::nullopt;
     };
     o.model = {given("--d-model", d_model), given("--heads", heads), given("--blocks", blocks),
-               given("--max-len", max_len), given("--d-ff", d_ff)};
+               given("--max-len", max_len), given("--d-ff", d_ff),
+               app.count("--arch") ? std::optional(arch) : std::nullopt,
+               app.count("--dropout") ? std::optional(dropout) : std::nullopt};
     if (app.count("--decay-steps")) o.decay_steps = decay_steps;
     if (app.count("--warmup")) o.warmup = warmup;
     // Test seams (tests/examples; README "Hardening"): a NaN in the model or in a batch before

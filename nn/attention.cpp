@@ -2,6 +2,7 @@
 #include "nn/attention.h"
 
 #include "core/ops.h"
+#include "nn/causal_attention.h"
 
 namespace tapegrad::nn {
 
@@ -19,6 +20,12 @@ Var RotaryAttention::heads(const Var& x) const {
   Var q = rope(wq.forward(x), rope_table, n_heads);
   Var k = rope(wk.forward(x), rope_table, n_heads);
   return attention(q, k, wv.forward(x), n_heads);
+}
+
+Var RotaryAttention::heads(const Var& x, const Dropout& drop, Rng& rng) const {
+  Var q = rope(wq.forward(x), rope_table, n_heads);
+  Var k = rope(wk.forward(x), rope_table, n_heads);
+  return causal_attention(q, k, wv.forward(x), n_heads, drop, rng);
 }
 
 Var RotaryAttention::forward(const Var& x) const { return wo.forward(heads(x)); }

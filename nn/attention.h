@@ -5,6 +5,7 @@
 #include <memory>
 
 #include "core/kernels.h"
+#include "nn/dropout.h"
 #include "nn/linear.h"
 
 namespace tapegrad::nn {
@@ -17,6 +18,8 @@ class RotaryAttention : public Module {
   /// attn(q, k, v): the heads' outputs side by side, before Wo (the block folds its residual add
   /// into that projection).
   Var heads(const Var& x) const;
+  /// The same with dropout on the attention probabilities (nn/causal_attention.h).
+  Var heads(const Var& x, const Dropout& drop, Rng& rng) const;
   void collect_params(const std::string& prefix, ParameterList& out) const override;
 
   std::size_t n_heads;

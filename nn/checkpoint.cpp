@@ -63,6 +63,7 @@ void save_checkpoint(const std::string& path, const RotaryDecoder& model, const 
     throw std::invalid_argument(fmt::format("save_checkpoint: the tokenizer has {} characters but the model's vocab is {}",
                                             tokenizer.size(), model.config().vocab));
   std::map<std::string, std::string> metadata = model_metadata(model.config(), tokenizer);
+  if (model.config().dropout > 0) metadata["dropout"] = fmt::format("{}", model.config().dropout);  // absent: 0
   for (const auto& [key, value] : extras.metadata) {
     if (metadata.count(key)) throw std::invalid_argument(fmt::format("save_checkpoint: metadata key '{}' is reserved", key));
     metadata[key] = value;
@@ -82,6 +83,10 @@ LoadedCheckpoint load_checkpoint(const std::string& path, bool remat) {
   SafetensorsFile file = read_safetensors(path);
   try {
     const auto& meta = file.metadata;
+    if (meta.count("arch") && meta.at("arch") != "rotary")
+      throw std::runtime_error(fmt::format("arch '{}' is not the rotary decoder; load it with load_model_checkpoint "
+                                           "(nn/language_model.h)",
+                                           meta.at("arch")));
     std::string version = required(meta, "format_version");
     if (version != kCheckpointFormatVersion)
       throw std::runtime_error(fmt::format("format_version '{}' is not supported (this build reads '{}')", version,
@@ -96,6 +101,7 @@ LoadedCheckpoint load_checkpoint(const std::string& path, bool remat) {
     config.norm_eps = float(parse_positive(meta, "norm_eps"));
     config.rope_theta = parse_positive(meta, "rope_theta");
     config.remat = remat;
+    if (meta.count("dropout")) config.dropout = float(parse_positive(meta, "dropout"));  // validate() bounds it
     CharTokenizer tokenizer = CharTokenizer::from_vocab(required(meta, "vocab"));
     if (tokenizer.size() != config.vocab)
       throw std::runtime_error(fmt::format("the vocabulary has {} characters but vocab_size is {}", tokenizer.size(),

@@ -25,6 +25,16 @@ class Module {
   }
   /// Appends this module's parameters, their names prefixed by prefix ("blocks.0.").
   virtual void collect_params(const std::string& prefix, ParameterList& out) const = 0;
+
+  /// Training mode (the default) or evaluation mode, as torch's train() / eval(): it switches
+  /// dropout. A module with children passes the mode on to them in set_training.
+  void train(bool on = true) { set_training(on); }
+  void eval() { set_training(false); }
+  bool training() const { return training_; }
+  virtual void set_training(bool on) { training_ = on; }
+
+ private:
+  bool training_ = true;
 };
 
 /// A trainable leaf of the given shape, zero-filled (modules initialise it).

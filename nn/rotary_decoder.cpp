@@ -27,6 +27,7 @@ void DecoderConfig::validate() const {
                      max_cache_floats));
   if (d_model % n_heads != 0) fail(fmt::format("d_model {} is not divisible by n_heads {}", d_model, n_heads));
   if (head_dim() % 2 != 0) fail(fmt::format("head size d_model / n_heads = {} must be even for RoPE", head_dim()));
+  if (!(dropout >= 0 && dropout < 1)) fail(fmt::format("dropout {} must be in [0, 1)", dropout));
   if (!(norm_eps > 0) || !(rope_theta > 0)) fail(fmt::format("norm_eps {} and rope_theta {} must be positive", norm_eps, rope_theta));
 }
 
@@ -42,6 +43,7 @@ RotaryDecoder::RotaryDecoder(const DecoderConfig& config, Rng&& rng)
     : embed(config.vocab, config.d_model, 0.02f, rng),
       norm(config.d_model, config.norm_eps),
       head(config.d_model, config.vocab, true, 0.02f, rng),
+      embed_drop(config.dropout),
       config_(config),
       rope_(std::make_shared<kernels::RopeTable<float>>(
           kernels::make_rope_table<float>(config.max_len, config.head_dim(), config.rope_theta))) {
@@ -50,7 +52,7 @@ RotaryDecoder::RotaryDecoder(const DecoderConfig& config, Rng&& rng)
   blocks.reserve(config.n_blocks);
   for (std::size_t i = 0; i < config.n_blocks; ++i)
     blocks.emplace_back(config.d_model, config.n_heads, config.ffn_dim(), config.norm_eps, config.remat, rope_, 0.02f,
-                        out_std, rng);
+                        out_std, rng, config.dropout);
   for (const auto& p : params()) param_vars_.push_back(p.var);
 }
 
@@ -62,7 +64,11 @@ Var RotaryDecoder::forward(std::span<const std::int32_t> ids, std::size_t batch,
     throw std::invalid_argument(fmt::format("RotaryDecoder::forward: seq_len {} exceeds max_len {}", seq_len,
                                             config_.max_len));
   Var x = embed.forward(ids, batch, seq_len);
-  for (const auto& block : blocks) x = block.forward(x);
+  if (embed_drop.active()) {
+    Rng rng(dropout_seed(config_.seed, dropout_step, 0));
+    x = embed_drop.forward(x, rng);
+  }
+  for (std::size_t i = 0; i < blocks.size(); ++i) x = blocks[i].forward(x, dropout_seed(config_.seed, dropout_step, i + 1));
   return head.forward(norm.forward(x));
 }
 
@@ -75,6 +81,12 @@ std::uint64_t RotaryDecoder::weights_version() const {
   std::uint64_t v = 0;
   for (const Var& p : param_vars_) v += p.version();
   return v;
+}
+
+void RotaryDecoder::set_training(bool on) {
+  Module::set_training(on);
+  for (auto& b : blocks) b.set_training(on);
+  embed_drop.set_training(on);
 }
 
 void RotaryDecoder::collect_params(const std::string& prefix, ParameterList& out) const {

@@ -25,7 +25,8 @@ struct DecoderConfig {
   bool remat = false;
   float norm_eps = 1e-5f;
   double rope_theta = 10000.0;
-  std::uint64_t seed = 0;  // initialisation
+  std::uint64_t seed = 0;  // initialisation, and the root of the dropout streams
+  float dropout = 0;       // SPEC section 8: embedding output, attention probabilities, residual branches
 
   std::size_t ffn_dim() const { return d_ff.value_or(4 * d_model); }
   std::size_t head_dim() const { return n_heads ? d_model / n_heads : 0; }
@@ -57,12 +58,18 @@ class RotaryDecoder : public Module {
   std::uint64_t weights_version() const;
 
   void collect_params(const std::string& prefix, ParameterList& out) const override;
+  void set_training(bool on) override;
   const DecoderConfig& config() const { return config_; }
+
+  /// The dropout streams of the next forward derive from (seed, dropout_step, block): set it
+  /// once per training step, so that a resumed run draws the same masks (as Gpt2).
+  std::uint64_t dropout_step = 0;
 
   Embedding embed;
   std::vector<DecoderBlock> blocks;
   RMSNorm norm;
   Linear head;
+  Dropout embed_drop;
 
  private:
   RotaryDecoder(const DecoderConfig& config, Rng&& rng);

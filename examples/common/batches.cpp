@@ -23,7 +23,7 @@ Batch sample_batch(std::span<const std::int32_t> ids, std::size_t batch, std::si
   return out;
 }
 
-double sampled_loss(const nn::RotaryDecoder& model, std::span<const std::int32_t> ids, std::size_t batch,
+double sampled_loss(const nn::LanguageModel& model, std::span<const std::int32_t> ids, std::size_t batch,
                     std::size_t seq_len, std::size_t n_batches, std::uint64_t seed) {
   NoGradScope no_grad;
   Rng rng(seed);
@@ -36,7 +36,7 @@ double sampled_loss(const nn::RotaryDecoder& model, std::span<const std::int32_t
   return sum / double(n_batches);
 }
 
-WindowedLoss windowed_loss(const nn::RotaryDecoder& model, std::span<const std::int32_t> ids, std::size_t group) {
+WindowedLoss windowed_loss(const nn::LanguageModel& model, std::span<const std::int32_t> ids, std::size_t group) {
   const std::size_t n = ids.size(), max_len = model.config().max_len;
   if (n < 2)
     throw std::invalid_argument(fmt::format("windowed_loss: the text has {} characters; at least 2 are needed", n));

@@ -7,7 +7,7 @@
 #include <vector>
 
 #include "core/random.h"
-#include "nn/rotary_decoder.h"
+#include "nn/language_model.h"
 
 namespace tapegrad::examples {
 
@@ -24,7 +24,7 @@ Batch sample_batch(std::span<const std::int32_t> ids, std::size_t batch, std::si
 /// Mean loss of the model over n_batches random batches of ids drawn from a fresh Rng(seed), so
 /// every call with the same seed sees the same windows. Windows are min(seq_len, n - 1) long.
 /// Runs without a tape.
-double sampled_loss(const nn::RotaryDecoder& model, std::span<const std::int32_t> ids, std::size_t batch,
+double sampled_loss(const nn::LanguageModel& model, std::span<const std::int32_t> ids, std::size_t batch,
                     std::size_t seq_len, std::size_t n_batches, std::uint64_t seed);
 
 struct WindowedLoss {
@@ -35,6 +35,6 @@ struct WindowedLoss {
 /// SPEC section 6: for s = 0, L, 2L, ... while s + 1 < n: inputs ids[s:s+L], targets
 /// ids[s+1:s+L+1], L = min(max_len, n-1-s); the mean over all predicted tokens (each window
 /// weighted by its length). Full windows go through the model `group` at a time. n >= 2.
-WindowedLoss windowed_loss(const nn::RotaryDecoder& model, std::span<const std::int32_t> ids, std::size_t group = 16);
+WindowedLoss windowed_loss(const nn::LanguageModel& model, std::span<const std::int32_t> ids, std::size_t group = 16);
 
 }  // namespace tapegrad::examples

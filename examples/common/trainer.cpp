@@ -12,6 +12,7 @@
 #include <filesystem>
 #include <limits>
 #include <array>
+#include <bit>
 #include <map>
 
 #include "common/batches.h"
@@ -25,6 +26,7 @@
 #include "core/safetensors.h"
 #include "dist/data_parallel.h"
 #include "nn/checkpoint.h"
+#include "nn/language_model.h"
 #include "optim/adamw.h"
 #include "optim/clip.h"
 #include "optim/schedule.h"
@@ -83,7 +85,8 @@ void check_flag(const char* flag, const std::optional<std::size_t>& given, std::
                     flag, *given, path, flag, saved));
 }
 
-void validate_model(const nn::DecoderConfig& config) {
+template <class Config>
+void validate_model(const Config& config) {
   try {
     config.validate();
   } catch (const std::invalid_argument& e) {
@@ -91,19 +94,49 @@ void validate_model(const nn::DecoderConfig& config) {
   }
 }
 
+/// A new model of o.model's --arch ("rotary" or "gpt2") and sizes.
+nn::LanguageModel new_model(const TrainOptions& o, std::size_t vocab) {
+  const std::string arch = o.model.arch.value_or("rotary");
+  if (arch == "gpt2") {
+    nn::Gpt2Config config{.vocab = vocab,
+                          .d_model = o.model.d_model.value_or(64),
+                          .n_heads = o.model.heads.value_or(4),
+                          .n_blocks = o.model.blocks.value_or(2),
+                          .max_len = o.model.max_len.value_or(256),
+                          .d_ff = o.model.d_ff,
+                          .dropout = o.model.dropout.value_or(0.0f),
+                          .remat = o.remat,
+                          .seed = o.seed};
+    validate_model(config);
+    return nn::Gpt2(config);
+  }
+  if (arch != "rotary") throw UsageError(fmt::format("--arch {} is not one of rotary, gpt2", arch));
+  nn::DecoderConfig config{.vocab = vocab,
+                           .d_model = o.model.d_model.value_or(64),
+                           .n_heads = o.model.heads.value_or(4),
+                           .n_blocks = o.model.blocks.value_or(2),
+                           .max_len = o.model.max_len.value_or(256),
+                           .d_ff = o.model.d_ff,
+                           .remat = o.remat,
+                           .seed = o.seed,
+                           .dropout = o.model.dropout.value_or(0.0f)};
+  validate_model(config);
+  return nn::RotaryDecoder(config);
+}
+
 /// The live state of one run.
 struct Run {
   const TrainOptions& o;
   std::int64_t decay_steps;
   Corpus corpus;
-  nn::RotaryDecoder model;
+  nn::LanguageModel model;
   ParameterList params;
   optim::AdamW optimizer;
   Rng batch_rng;
   std::int64_t step = 0;         // steps completed
   std::int64_t saved_step = -1;  // the step of the checkpoint at o.out written by this run
 
-  Run(const TrainOptions& options, std::int64_t decay, Corpus&& text, nn::RotaryDecoder&& m)
+  Run(const TrainOptions& options, std::int64_t decay, Corpus&& text, nn::LanguageModel&& m)
       : o(options),
         decay_steps(decay),
         corpus(std::move(text)),
@@ -137,7 +170,7 @@ struct Run {
     // Test seam: past the header (a few kilobytes), into the tensors.
     if (o.fail_save_at && *o.fail_save_at == step) detail::safetensors_fail_after_bytes = 4096;
     try {
-      nn::save_checkpoint(o.out, model, corpus.tokenizer, extras);
+      nn::save_model_checkpoint(o.out, model, corpus.tokenizer, extras);
     } catch (const std::exception& e) {
       throw std::runtime_error(fmt::format("cannot save the checkpoint of step {}: {}; {}", step, e.what(), kept()));
     }
@@ -146,7 +179,7 @@ struct Run {
 
   /// Restores the optimizer, the batch stream and the step from a training checkpoint; returns
   /// notes on the hyperparameters that differ from the checkpoint's.
-  std::vector<std::string> restore(const nn::LoadedCheckpoint& ckpt) {
+  std::vector<std::string> restore(const nn::LoadedModelCheckpoint& ckpt) {
     const auto& meta = ckpt.metadata;
     try {
       if (!meta.count("step"))
@@ -257,9 +290,15 @@ extern "C" void on_stop_signal(int signal) {
   g_stop_signal.store(signal);
 }
 
-constexpr int kConfigFields = 6;
-std::array<std::uint64_t, kConfigFields> config_fields(const nn::DecoderConfig& c) {
-  return {c.vocab, c.d_model, c.n_heads, c.n_blocks, c.max_len, c.ffn_dim()};
+/// What the other ranks need to build rank 0's model: arch (1: gpt2), d_model, heads, blocks,
+/// max_len, d_ff, the dropout's bits and the seed (the root of the dropout streams).
+constexpr int kConfigFields = 8;
+std::array<std::uint64_t, kConfigFields> config_fields(const nn::LanguageModel& model) {
+  auto fields = [](const auto& c, std::uint64_t gpt2) {
+    return std::array<std::uint64_t, kConfigFields>{gpt2,      c.d_model, c.n_heads, c.n_blocks, c.max_len, c.ffn_dim(),
+                                                    std::bit_cast<std::uint32_t>(c.dropout), c.seed};
+  };
+  return model.gpt2() ? fields(model.gpt2()->config(), 1) : fields(model.rotary()->config(), 0);
 }
 
 }  // namespace
@@ -348,37 +387,39 @@ TrainOutcome train(const TrainOptions& o, const std::atomic<int>& stop_signal, d
   std::optional<Run> run_slot;
   std::vector<std::string> notes, removed;
   std::optional<OutputLock> lock;
-  nn::DecoderConfig config;
   on_leader(comm, [&] {
   text = read_file(o.data);
   Corpus corpus = corpus_from_bytes(o.data, text);
-  std::optional<nn::LoadedCheckpoint> ckpt;
+  std::optional<nn::LoadedModelCheckpoint> ckpt;
+  std::optional<nn::LanguageModel> fresh;
   if (!o.resume.empty()) {
-    ckpt.emplace(nn::load_checkpoint(o.resume, o.remat));
-    config = ckpt->model.config();
-    check_flag("d-model", o.model.d_model, config.d_model, o.resume);
-    check_flag("heads", o.model.heads, config.n_heads, o.resume);
-    check_flag("blocks", o.model.blocks, config.n_blocks, o.resume);
-    check_flag("max-len", o.model.max_len, config.max_len, o.resume);
-    check_flag("d-ff", o.model.d_ff, config.ffn_dim(), o.resume);
+    ckpt.emplace(nn::load_model_checkpoint(o.resume, o.remat));
+    const std::string arch = ckpt->model.arch();
+    if (o.model.arch && *o.model.arch != arch)
+      throw UsageError(fmt::format("--arch {} disagrees with --resume {}, whose model is {} (drop the flag)",
+                                   *o.model.arch, o.resume, arch));
+    auto meta_size = [&](const char* key) { return std::size_t(parse_int(ckpt->metadata, key)); };
+    check_flag("d-model", o.model.d_model, meta_size("d_model"), o.resume);
+    check_flag("heads", o.model.heads, meta_size("n_heads"), o.resume);
+    check_flag("blocks", o.model.blocks, meta_size("n_blocks"), o.resume);
+    check_flag("max-len", o.model.max_len, meta_size("max_len"), o.resume);
+    check_flag("d-ff", o.model.d_ff, meta_size("d_ff"), o.resume);
+    const float saved_dropout =
+        ckpt->model.gpt2() ? ckpt->model.gpt2()->config().dropout : ckpt->model.rotary()->config().dropout;
+    if (o.model.dropout && *o.model.dropout != saved_dropout)
+      throw UsageError(fmt::format("--dropout {} disagrees with --resume {}, whose model has dropout {} (drop the flag)",
+                                   *o.model.dropout, o.resume, saved_dropout));
     if (ckpt->tokenizer.vocab() != corpus.tokenizer.vocab())
       throw std::runtime_error(
           fmt::format("--resume {}: its vocabulary ({} characters) differs from that of {} ({} "
                       "characters); resume with the same --data",
                       o.resume, ckpt->tokenizer.size(), o.data, corpus.tokenizer.size()));
   } else {
-    config = {.vocab = corpus.tokenizer.size(),
-              .d_model = o.model.d_model.value_or(64),
-              .n_heads = o.model.heads.value_or(4),
-              .n_blocks = o.model.blocks.value_or(2),
-              .max_len = o.model.max_len.value_or(256),
-              .d_ff = o.model.d_ff,
-              .remat = o.remat,
-              .seed = o.seed};
-    validate_model(config);
+    fresh.emplace(new_model(o, corpus.tokenizer.size()));
   }
-  if (o.seq > config.max_len)
-    throw UsageError(fmt::format("--seq {} is longer than the model's max_len {}", o.seq, config.max_len));
+  const std::size_t max_len = (ckpt ? ckpt->model : *fresh).config().max_len;
+  if (o.seq > max_len)
+    throw UsageError(fmt::format("--seq {} is longer than the model's max_len {}", o.seq, max_len));
   if (corpus.train().size() < o.seq + 1)
     throw std::runtime_error(
         fmt::format("{}: the training split (the first 90%) has {} characters; --seq {} needs at "
@@ -390,8 +431,7 @@ TrainOutcome train(const TrainOptions& o, const std::atomic<int>& stop_signal, d
                     "needed (use a longer text)",
                     o.data, corpus.validation().size()));
 
-  Run& run = run_slot.emplace(o, decay_steps, std::move(corpus),
-                               ckpt ? std::move(ckpt->model) : nn::RotaryDecoder(config));
+  Run& run = run_slot.emplace(o, decay_steps, std::move(corpus), ckpt ? std::move(ckpt->model) : std::move(*fresh));
   if (ckpt) notes = run.restore(*ckpt);
   ckpt.reset();
   if (run.step > o.steps)
@@ -406,12 +446,16 @@ TrainOutcome train(const TrainOptions& o, const std::atomic<int>& stop_signal, d
   if (ranks > 1) {
     dist::broadcast_string(comm, text);
     std::array<std::uint64_t, kConfigFields> fields{};
-    if (leader) fields = config_fields(config);
+    if (leader) fields = config_fields(run_slot->model);
     dist::broadcast_values(comm, std::span(fields));
     if (!leader) {
-      config = {.vocab = fields[0], .d_model = fields[1], .n_heads = fields[2], .n_blocks = fields[3],
-                .max_len = fields[4], .d_ff = fields[5], .remat = o.remat, .seed = o.seed};
-      run_slot.emplace(o, decay_steps, corpus_from_bytes(o.data, text), nn::RotaryDecoder(config));
+      TrainOptions shape = o;  // the model of rank 0, whether new or resumed
+      shape.model = {fields[1], fields[2], fields[3], fields[4], fields[5], fields[0] ? "gpt2" : "rotary",
+                     std::bit_cast<float>(std::uint32_t(fields[6]))};
+      shape.seed = fields[7];
+      Corpus corpus = corpus_from_bytes(o.data, text);
+      nn::LanguageModel model = new_model(shape, corpus.tokenizer.size());
+      run_slot.emplace(o, decay_steps, std::move(corpus), std::move(model));
     }
     broadcast_state(comm, *run_slot);
   }
@@ -435,7 +479,7 @@ TrainOutcome train(const TrainOptions& o, const std::atomic<int>& stop_signal, d
   };
   log(fmt::format("data: {}: {} characters, vocabulary of {}; train {} (first 90%), validation {}", o.data,
                            data.ids.size(), data.tokenizer.size(), data.train().size(), data.validation().size()));
-  log(fmt::format("model: {}", run.model));
+  log(fmt::format("model: {}", run.model.describe()));
   log(fmt::format("parameters: {}", run.model.num_params()));
   log(
       fmt::format("training: {} steps of {} x {} tokens; AdamW lr {} (warmup {}, cosine to {} at step {}), "
@@ -447,11 +491,12 @@ TrainOutcome train(const TrainOptions& o, const std::atomic<int>& stop_signal, d
                     "a fixed order, in {} buckets",
                     comm.description(), parts, rows, ranks, ranks > 1 ? "s" : "", o.micro_batches,
                     o.micro_batches > 1 ? "es" : "", buckets->bucket_count()));
-  if (o.resume.empty() && o.seq < config.max_len)
+  const std::size_t max_len = run.model.config().max_len;
+  if (o.resume.empty() && o.seq < max_len)
     log(
         fmt::format("note: windows of --seq {} never train positions {} to {} of max_len {}: text generated "
                     "past {} characters will degrade (use --max-len {} to match)",
-                    o.seq, o.seq, config.max_len - 1, config.max_len, o.seq, o.seq));
+                    o.seq, o.seq, max_len - 1, max_len, o.seq, o.seq));
   for (const std::string& note : notes) log(note);
   for (const std::string& file : removed)
     log(fmt::format("note: removed {}, left by a run that was killed while writing", file));
@@ -469,8 +514,10 @@ TrainOutcome train(const TrainOptions& o, const std::atomic<int>& stop_signal, d
   auto wall = [&] { return wall_before + progress.elapsed_s(); };
   auto validate_now = [&](double train_sum, std::int64_t train_count) {
     if (!leader) return 0.0;  // rank 0 alone validates; the others go on to the next collective
+    run.model.set_training(false);  // no dropout in validation
     double val = sampled_loss(run.model, data.validation(), o.batch, o.seq, o.eval_batches,
                               stream_seed(o.seed, kValidationStream));
+    run.model.set_training(true);
     metrics.set_val_loss(run.step, val, wall());
     std::string train_part = train_count > 0 ? fmt::format("train loss {:.4f} (mean of {} steps), ",
                                                            train_sum / double(train_count), train_count)
@@ -510,8 +557,14 @@ TrainOutcome train(const TrainOptions& o, const std::atomic<int>& stop_signal, d
     // the number of ranks); this rank computes parts rank * micro_batches + m, rows each.
     Batch batch = sample_batch(data.train(), o.batch, o.seq, run.batch_rng);
     const auto started = std::chrono::steady_clock::now();
-    if (o.inject_nan_at && *o.inject_nan_at == run.step + 1)
-      run.model.head.bias.mutable_value()[0] = std::numeric_limits<float>::quiet_NaN();
+    if (o.inject_nan_at && *o.inject_nan_at == run.step + 1) {
+      // A NaN that reaches every logit: the head bias, or gpt2's final norm bias (tied head).
+      Var poisoned = run.model.rotary() ? run.model.rotary()->head.bias : run.model.gpt2()->norm.bias;
+      poisoned.mutable_value()[0] = std::numeric_limits<float>::quiet_NaN();
+    }
+    // The masks of a step depend on it alone: resume is exact, and every part (rank or
+    // micro-batch) draws the same masks for its rows whatever the split.
+    run.model.set_dropout_step(std::uint64_t(run.step));
     double loss = 0;  // the sum of this rank's part losses, then the mean over all parts
     for (std::size_t m = 0; m < o.micro_batches; ++m) {
       const std::size_t part = std::size_t(comm.rank()) * o.micro_batches + m, tokens = rows * o.seq;
@@ -552,7 +605,7 @@ TrainOutcome train(const TrainOptions& o, const std::atomic<int>& stop_signal, d
     run.optimizer.zero_grad();
     ++run.step;
     if (o.perturb_last_rank_at && *o.perturb_last_rank_at == run.step && ranks > 1 && comm.rank() + 1 == comm.size())
-      run.model.head.bias.mutable_value()[0] += 1.0f;
+      run.params.back().var.mutable_value()[0] += 1.0f;
     const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
     metrics.add({run.step, loss, std::nullopt, lr, double(o.batch * o.seq) / seconds, wall()});
     exchange_seconds += comm_seconds, step_seconds += seconds, ++steps_run;

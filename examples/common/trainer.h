@@ -17,6 +17,8 @@ namespace tapegrad::examples {
 /// the checkpoint's value on --resume, where a given value must agree with the checkpoint).
 struct ModelFlags {
   std::optional<std::size_t> d_model, heads, blocks, max_len, d_ff;
+  std::optional<std::string> arch;  // "rotary" (default) or "gpt2"
+  std::optional<float> dropout;     // default 0
 };
 
 struct TrainOptions {

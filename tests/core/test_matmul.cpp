@@ -101,7 +101,7 @@ TEST_CASE("matmul names both shapes when they do not fit") {
   CHECK(error_of([] { matmul(Var(Tensor({4, 3})), Var(Tensor({5, 2}))); }) ==
         "matmul: inner sizes differ; a is [4, 3], b is [5, 2]");
   CHECK(contains(error_of([] { matmul(Var(Tensor({2, 4, 3})), Var(Tensor({3, 3, 2}))); }),
-                 "batch sizes differ; a is [2, 4, 3], b is [3, 3, 2]"));
+                 "the leading (batch) axes do not broadcast; a is [2, 4, 3], b is [3, 3, 2]"));
 }
 
 TEST_CASE("add_matmul is r + x w, in place or not, and its kernels match central differences in double") {

@@ -9,6 +9,7 @@
 #include <cstring>
 #include <filesystem>
 
+#include "core/kernel_table.h"
 #include "core/kernels.h"
 #include "core/simd.h"
 #include "support/helpers.h"
@@ -97,23 +98,34 @@ TEST_CASE("the SIMD level is the widest the CPU supports unless TAPEGRAD_SIMD na
   }
 }
 
+namespace tapegrad::kernels::emulated {
+template <class T> const KernelTable<T>& table();
+}  // namespace tapegrad::kernels::emulated
+
 namespace {
 
-// Runs f at every supported level and checks each result against the SSE2 one, element by element,
-// within rtol of the larger magnitude (different widths add partial sums in different orders).
+// Runs f with the kernel table of every level the CPU supports and of the emulated 16-float batch
+// (the AVX-512 width, on any CPU), and checks each result against the SSE2 one element by element,
+// within rtol of max(1, |value|): different widths add partial sums in different orders.
 template <class F> void check_levels_agree(const char* what, double rtol, F f) {
-  LevelGuard guard;
-  set_simd_level(SimdLevel::sse2);
-  std::vector<double> reference = f();
+  using Table = kernels::KernelTable<float>;
+  std::vector<std::pair<std::string, const Table*>> tables;
   for (SimdLevel level : supported_simd_levels()) {
+    LevelGuard guard;
     set_simd_level(level);
-    std::vector<double> got = f();
+    tables.emplace_back(simd_level_name(level), &kernels::active_table<float>());
+  }
+  tables.emplace_back("emulated 16 lanes", &kernels::emulated::table<float>());
+  std::vector<double> reference = f(*tables.front().second);
+  for (const auto& [name, table] : tables) {
+    std::vector<double> got = f(*table);
     REQUIRE(got.size() == reference.size());
     double worst = 0;
     for (std::size_t i = 0; i < got.size(); ++i)
       worst = std::max(worst, std::fabs(got[i] - reference[i]) / std::max(1.0, std::fabs(reference[i])));
-    CAPTURE(what);
-    CAPTURE(simd_level_name(level));
+    std::string kernels = what, level = name;
+    CAPTURE(kernels);
+    CAPTURE(level);
     CHECK(worst <= rtol);
   }
 }
@@ -122,59 +134,67 @@ template <class T> std::vector<double> widen(const std::vector<T>& v) { return {
 
 }  // namespace
 
-TEST_CASE("every kernel gives the same results at every level, within float rounding") {
+TEST_CASE("every kernel gives the same results at every level and at 16 emulated lanes, within float rounding") {
   // Odd sizes, so every level runs its SIMD body and its scalar tail. Tolerance: float rounding of
   // sums of a few hundred terms, 1e-5 relative (of max(1, |value|)).
-  const std::size_t rows = 37, dim = 83, heads = 3, head_dim = 8, seq = 37, vocab = 67;
+  using Table = kernels::KernelTable<float>;
+  const std::size_t rows = 37, dim = 83, heads = 3, head_dim = 16, seq = 37, vocab = 67;
   const double rtol = 1e-5;
   auto x = test::random_vector<float>(rows * dim, 1), w = test::random_vector<float>(dim, 2);
   auto dy = test::random_vector<float>(rows * dim, 3), b = test::random_vector<float>(rows * dim, 4);
-  check_levels_agree("gemm, small and BLAS", rtol, [&] {
-    std::vector<float> c(rows * rows, 0.5f), c1(2 * rows, 0.5f);
-    kernels::gemm<float>(false, true, rows, rows, dim, 1.0f, x.data(), dim, dy.data(), dim, 1.0f, c.data(), rows);
-    kernels::gemm<float>(false, true, 2, rows, dim, 1.0f, x.data(), dim, dy.data(), dim, 1.0f, c1.data(), rows);
+  check_levels_agree("gemm: BLAS, and one or two rows in row loops (both transposes)", rtol, [&](const Table& k) {
+    std::vector<float> c(rows * rows, 0.5f), c1(2 * rows, 0.5f), c2(2 * dim, 0.5f);
+    k.gemm(false, true, rows, rows, dim, 1.0f, x.data(), dim, dy.data(), dim, 1.0f, c.data(), rows);
+    k.gemm(false, true, 2, rows, dim, 1.0f, x.data(), dim, dy.data(), dim, 1.0f, c1.data(), rows);
+    k.gemm(false, false, 2, dim, rows, 0.5f, x.data(), rows, dy.data(), dim, 0.0f, c2.data(), dim);
+    k.gemm(false, true, 2, rows, 16, 1.0f, x.data(), 16, dy.data(), 32, 1.0f, c1.data(), rows);  // K = 16 lanes
     c.insert(c.end(), c1.begin(), c1.end());
+    c.insert(c.end(), c2.begin(), c2.end());
     return widen(c);
   });
-  check_levels_agree("elementwise and SwiGLU", rtol, [&] {
-    std::vector<float> out(6 * rows * dim, 0.25f);
+  check_levels_agree("elementwise, SiLU and SwiGLU", rtol, [&](const Table& k) {
+    std::vector<float> out(9 * rows * dim, 0.25f);
     float* o = out.data();
     std::size_t n = rows * dim;
-    kernels::add_forward(o, x.data(), b.data(), n);
-    kernels::mul_backward(o + n, o + 2 * n, dy.data(), x.data(), b.data(), n);
-    kernels::swiglu_forward(o + 3 * n, x.data(), b.data(), n);
-    kernels::swiglu_backward(o + 4 * n, o + 5 * n, dy.data(), x.data(), b.data(), n);
-    kernels::add_bias_backward(o, o + n, dy.data(), rows, dim);
+    k.add_forward(o, x.data(), b.data(), n);
+    k.mul_backward(o + n, o + 2 * n, dy.data(), x.data(), b.data(), n);
+    k.swiglu_forward(o + 3 * n, x.data(), b.data(), n);
+    k.swiglu_backward(o + 4 * n, o + 5 * n, dy.data(), x.data(), b.data(), n);
+    k.add_bias_backward(o, o + n, dy.data(), rows, dim);
+    k.silu_forward(o + 6 * n, x.data(), n);
+    k.silu_backward(o + 7 * n, dy.data(), x.data(), n);
+    k.scale_backward(o + 8 * n, dy.data(), 0.3f, n);
+    k.add_bias_forward(o + 8 * n, x.data(), w.data(), rows, dim);
     return widen(out);
   });
-  check_levels_agree("RMSNorm forward and backward", rtol, [&] {
+  check_levels_agree("RMSNorm forward and backward", rtol, [&](const Table& k) {
     std::vector<float> y(rows * dim), rstd(rows), dx(rows * dim), dw(dim);
-    kernels::rms_norm_forward(y.data(), rstd.data(), x.data(), w.data(), rows, dim, 1e-5f);
-    kernels::rms_norm_backward(dx.data(), dw.data(), dy.data(), x.data(), w.data(), rstd.data(), rows, dim);
+    k.rms_norm_forward(y.data(), rstd.data(), x.data(), w.data(), rows, dim, 1e-5f);
+    k.rms_norm_backward(dx.data(), dw.data(), dy.data(), x.data(), w.data(), rstd.data(), rows, dim);
     y.insert(y.end(), dx.begin(), dx.end());
     y.insert(y.end(), dw.begin(), dw.end());
     return widen(y);
   });
-  check_levels_agree("cross-entropy forward and backward", rtol, [&] {
+  check_levels_agree("cross-entropy forward and backward", rtol, [&](const Table& k) {
     auto logits = test::random_vector<float>(rows * vocab, 5, 3.0);
     auto targets = test::random_ids(rows, vocab, 6);
     std::vector<float> lse(rows), dlogits(rows * vocab);
-    float loss = kernels::cross_entropy_forward(lse.data(), logits.data(), targets.data(), rows, vocab);
-    kernels::cross_entropy_backward(dlogits.data(), 1.0f, logits.data(), lse.data(), targets.data(), rows, vocab);
+    float loss = k.cross_entropy_forward(lse.data(), logits.data(), targets.data(), rows, vocab);
+    k.cross_entropy_backward(dlogits.data(), 1.0f, logits.data(), lse.data(), targets.data(), rows, vocab);
     dlogits.push_back(loss);
     return widen(dlogits);
   });
-  check_levels_agree("attention forward and backward, and the one-query (decoding) form", rtol, [&] {
+  check_levels_agree("attention forward and backward, and the one-query (decoding) form", rtol, [&](const Table& k) {
     const std::size_t D = heads * head_dim;
-    auto q = test::random_vector<float>(seq * D, 7), k = test::random_vector<float>(seq * D, 8);
+    auto q = test::random_vector<float>(seq * D, 7), key = test::random_vector<float>(seq * D, 8);
     auto v = test::random_vector<float>(seq * D, 9), dout = test::random_vector<float>(seq * D, 10);
     std::vector<float> out(seq * D), probs(heads * seq * seq), dq(seq * D), dk(seq * D), dv(seq * D);
     kernels::AttentionShape shape{1, seq, seq, heads, head_dim, 0};
-    kernels::attention_forward(out.data(), probs.data(), q.data(), k.data(), v.data(), shape);
-    kernels::attention_backward(dq.data(), dk.data(), dv.data(), dout.data(), probs.data(), q.data(), k.data(), v.data(), shape);
+    k.attention_forward(out.data(), probs.data(), q.data(), key.data(), v.data(), shape);
+    k.attention_backward(dq.data(), dk.data(), dv.data(), dout.data(), probs.data(), q.data(), key.data(), v.data(), shape);
     std::vector<float> last(D), last_probs(heads * seq);
-    kernels::attention_forward(last.data(), last_probs.data(), q.data() + (seq - 1) * D, k.data(), v.data(),
-                               {1, 1, seq, heads, head_dim, seq - 1});
+    k.attention_forward(last.data(), last_probs.data(), q.data() + (seq - 1) * D, key.data(), v.data(),
+                        {1, 1, seq, heads, head_dim, seq - 1});
     for (auto* part : {&dq, &dk, &dv, &last}) out.insert(out.end(), part->begin(), part->end());
     return widen(out);
   });

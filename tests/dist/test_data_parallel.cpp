@@ -312,3 +312,15 @@ TEST_CASE("a NaN in one rank's rows stops every rank at the same step, and the l
   CHECK(!test::contains(r.err, "MPI_ABORT"));    // every rank stopped by itself
   CHECK(saved_step(ckpt) == 3);
 }
+
+TEST_CASE("gpt2 with dropout and remat: 2 ranks write the bytes of one process with --micro-batches 2") {
+  if (!mpi_available()) return;
+  fs::path dir = work_dir("dp_gpt2"), data = write_corpus(dir);
+  const fs::path micro = dir / "micro.safetensors", ranked = dir / "ranked.safetensors";
+  const Args gpt2 = {"--arch", "gpt2", "--dropout", "0.1", "--remat", "--eval-every", "0"};
+  REQUIRE(run("train_char", tiny6(data, micro, 8) + gpt2 + Args{"--micro-batches", "2"}).status == 0);
+  Result r = run_mpi(2, tiny6(data, ranked, 8) + gpt2);
+  REQUIRE_MESSAGE(r.status == 0, r.err);
+  CHECK(test::contains(r.out, "model: Gpt2("));
+  CHECK(read_bytes(micro) == read_bytes(ranked));
+}

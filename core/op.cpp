@@ -1,0 +1,162 @@
+// Op recording, gradient helpers and the broadcast machinery (expand_to / sum_to).
+#include "core/op.h"
+
+#include <fmt/format.h>
+
+#include <stdexcept>
+
+namespace tapegrad {
+
+namespace {
+
+// The one liveness and requires-grad check, for recording_tape and Op.
+template <class Range, class Get>
+Tape* tape_for(const char* op, const Range& inputs, Get node_of) {
+  Tape* tape = Tape::current();
+  if (!tape) return nullptr;
+  bool any = false;
+  for (const auto& v : inputs) {
+    const Node& n = node_of(v);
+    if (n.tape && !tape_value_is_live(n))
+      throw std::logic_error(fmt::format("{}: an input of shape {} was computed on a tape that has since been "
+                                         "cleared or spent; recompute it on the current tape",
+                                         op, to_string(n.value.shape())));
+    any = any || n.requires_grad;
+  }
+  return any ? tape : nullptr;
+}
+
+}  // namespace
+
+Tape* recording_tape(const char* op, std::initializer_list<const Var*> inputs) {
+  return tape_for(op, inputs, [](const Var* v) -> const Node& { return v->node(); });
+}
+
+Tensor* grad_if_needed(Node& n) {
+  if (!n.requires_grad) return nullptr;
+  if (n.grad.empty()) n.grad = Tensor(n.value.shape());
+  return &n.grad;
+}
+Tensor* grad_if_needed(const Var& x) { return grad_if_needed(x.node()); }
+
+float* grad_ptr(Node& n) {
+  Tensor* g = grad_if_needed(n);
+  return g ? g->data() : nullptr;
+}
+float* grad_ptr(const Var& x) { return grad_ptr(x.node()); }
+
+Shape broadcast_shapes(const char* op, const Shape& a, const Shape& b) {
+  std::size_t rank = std::max(a.size(), b.size());
+  Shape out(rank);
+  for (std::size_t i = 0; i < rank; ++i) {
+    std::size_t da = i < rank - a.size() ? 1 : a[i - (rank - a.size())];
+    std::size_t db = i < rank - b.size() ? 1 : b[i - (rank - b.size())];
+    if (da != db && da != 1 && db != 1)
+      throw std::invalid_argument(fmt::format("{}: cannot broadcast a {} with b {} (axis {} has sizes {} and {})", op,
+                                              to_string(a), to_string(b), i, da, db));
+    out[i] = da == 1 ? db : da;
+  }
+  return out;
+}
+
+bool broadcastable_to(const Shape& x, const Shape& shape) {
+  if (x.size() > shape.size()) return false;
+  for (std::size_t i = 0, lead = shape.size() - x.size(); i < x.size(); ++i)
+    if (x[i] != 1 && x[i] != shape[lead + i]) return false;
+  return true;
+}
+
+namespace {
+
+// Strides of x read under the broadcast shape: 0 along axes x lacks or has size 1.
+std::vector<std::size_t> broadcast_strides(const Shape& x, const Shape& shape) {
+  std::size_t rank = shape.size(), lead = rank - x.size();
+  std::vector<std::size_t> strides(rank, 0);
+  std::size_t stride = 1;
+  for (std::size_t i = x.size(); i-- > 0;) {
+    strides[lead + i] = x[i] == 1 ? 0 : stride;
+    stride *= x[i];
+  }
+  return strides;
+}
+
+// Calls f(i, j) for every element i of shape (row-major) with j its offset in x read under the
+// broadcast: an odometer over the axes, no division per element.
+template <class F>
+void for_each_broadcast(const Shape& x, const Shape& shape, F f) {
+  std::vector<std::size_t> strides = broadcast_strides(x, shape), index(shape.size(), 0);
+  std::size_t total = numel(shape), offset = 0;
+  for (std::size_t i = 0; i < total; ++i) {
+    f(i, offset);
+    for (std::size_t axis = shape.size(); axis-- > 0;) {
+      offset += strides[axis];
+      if (++index[axis] < shape[axis]) break;
+      offset -= strides[axis] * shape[axis];
+      index[axis] = 0;
+    }
+  }
+}
+
+void check_broadcastable(const char* what, const Shape& x, const Shape& shape) {
+  if (!broadcastable_to(x, shape))
+    throw std::invalid_argument(fmt::format("{}: {} does not broadcast to {}", what, to_string(x), to_string(shape)));
+}
+
+}  // namespace
+
+Tensor expand_to(const Tensor& x, const Shape& shape) {
+  if (x.shape() == shape) return x;
+  check_broadcastable("expand_to", x.shape(), shape);
+  Tensor out = Tensor::uninitialized(shape);
+  for_each_broadcast(x.shape(), shape, [&](std::size_t i, std::size_t j) { out[i] = x[j]; });
+  return out;
+}
+
+Tensor sum_to(const Tensor& g, const Shape& shape) {
+  if (g.shape() == shape) return g;
+  check_broadcastable("sum_to", shape, g.shape());
+  Tensor out(shape);
+  for_each_broadcast(shape, g.shape(), [&](std::size_t i, std::size_t j) { out[j] += g[i]; });
+  return out;
+}
+
+void accumulate_grad(const Var& x, const Tensor& g) {
+  Tensor* dx = grad_if_needed(x);
+  if (!dx) return;
+  if (g.shape() == dx->shape()) {
+    for (std::size_t i = 0; i < g.size(); ++i) (*dx)[i] += g[i];
+    return;
+  }
+  check_broadcastable("accumulate_grad", dx->shape(), g.shape());
+  for_each_broadcast(dx->shape(), g.shape(), [&](std::size_t i, std::size_t j) { (*dx)[j] += g[i]; });
+}
+
+std::size_t axis_index(const char* op, int axis, const Shape& shape) {
+  int rank = int(shape.size());
+  if (axis < -rank || axis >= rank)
+    throw std::invalid_argument(fmt::format("{}: axis {} is out of range for x {}", op, axis, to_string(shape)));
+  return std::size_t(axis < 0 ? axis + rank : axis);
+}
+
+AxisSplit split_at_axis(const Shape& shape, std::size_t axis) {
+  AxisSplit s{1, shape[axis], 1};
+  for (std::size_t i = 0; i < axis; ++i) s.outer *= shape[i];
+  for (std::size_t i = axis + 1; i < shape.size(); ++i) s.inner *= shape[i];
+  return s;
+}
+
+Op::Op(const char* name, std::initializer_list<Var> inputs)
+    : name_(name), tape_(tape_for(name, inputs, [](const Var& v) -> const Node& { return v.node(); })) {}
+
+Op::Op(const char* name, const std::vector<Var>& inputs)
+    : name_(name), tape_(tape_for(name, inputs, [](const Var& v) -> const Node& { return v.node(); })) {}
+
+Var Op::finish(Tensor value, Backward backward, std::size_t saved_bytes) {
+  auto out = std::make_shared<Node>();
+  out->value = std::move(value);
+  if (tape_)
+    tape_->record(out, [backward = std::move(backward)](Node& o) { backward(o.grad, o.value); }, saved_bytes);
+  return Var(out);
+}
+
+}  // namespace tapegrad

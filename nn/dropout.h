@@ -1,0 +1,26 @@
+// Dropout (Srivastava et al. 2014): zeroes each element with probability p in training and
+// scales the rest by 1 / (1 - p); the identity in evaluation mode (SPEC section 8).
+#pragma once
+
+#include "core/ops.h"
+#include "nn/module.h"
+
+namespace tapegrad::nn {
+
+class Dropout : public Module {
+ public:
+  explicit Dropout(float p = 0);
+  /// The mask comes from rng: the caller owns the stream (a model derives one from its seed,
+  /// per step and per block, so that remat re-draws the very same mask).
+  Var forward(const Var& x, Rng& rng) const { return dropout(x, p, training() && p > 0, rng); }
+  bool active() const { return training() && p > 0; }
+  void collect_params(const std::string&, ParameterList&) const override {}
+
+  float p;
+};
+
+/// The seed of a dropout stream: a SplitMix64 mix of (seed, step, index), so that streams of
+/// different steps or blocks are unrelated and a resumed run recomputes them from its step.
+std::uint64_t dropout_seed(std::uint64_t seed, std::uint64_t step, std::uint64_t index);
+
+}  // namespace tapegrad::nn

@@ -1,0 +1,19 @@
+// LayerNorm module on the fused layer_norm op.
+#include "nn/layer_norm.h"
+
+#include "core/ops.h"
+
+namespace tapegrad::nn {
+
+LayerNorm::LayerNorm(std::size_t dim, float eps_) : weight(parameter({dim})), bias(parameter({dim})), eps(eps_) {
+  weight.mutable_value().fill(1.0f);
+}
+
+Var LayerNorm::forward(const Var& x) const { return layer_norm(x, weight, bias, eps); }
+
+void LayerNorm::collect_params(const std::string& prefix, ParameterList& out) const {
+  out.push_back({prefix + "weight", weight});
+  out.push_back({prefix + "bias", bias});
+}
+
+}  // namespace tapegrad::nn
