@@ -2,10 +2,12 @@
 // TrainOptions; the run itself lives in examples/common/trainer.
 #include <cstdint>
 #include <cstdlib>
+#include <memory>
 #include <optional>
 
 #include "common/program.h"
 #include "common/trainer.h"
+#include "dist/communicator.h"
 
 using namespace tapegrad::examples;
 
@@ -38,7 +40,14 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--d-ff", d_ff, "SwiGLU hidden width (default: 4 * d-model)")->check(non_negative());
   app.add_option("--seq", o.seq, "Tokens per training window")->check(non_negative())->capture_default_str();
-  app.add_option("--batch", o.batch, "Windows per step")->check(non_negative())->capture_default_str();
+  app.add_option("--batch", o.batch, "Windows per step (over all ranks under mpirun; divisible by their number)")
+      ->check(non_negative())
+      ->capture_default_str();
+  app.add_option("--micro-batches", o.micro_batches,
+                 "Split each rank's windows into M equal parts whose gradients are summed in order (the "
+                 "arithmetic of M ranks)")
+      ->check(non_negative())
+      ->capture_default_str();
   app.add_option("--steps", o.steps, "Optimizer steps in total (a resumed run continues to this step)")
       ->capture_default_str();
   app.add_option("--decay-steps", decay_steps, "Step at which the cosine decay reaches --min-lr (default: --steps)");
@@ -64,7 +73,9 @@ int main(int argc, char** argv) {
                  "Metrics CSV (default: beside --out, <out>.metrics.csv; the loss curve "
                  "goes to <out>.loss.svg)");
 
-  return run_program(app, argc, argv, [&] {
+  std::unique_ptr<tapegrad::dist::Communicator> comm;  // MPI is finalized when it goes
+  bool failed_alone = false;
+  const int status = run_program(app, argc, argv, [&] {
     auto given = [&](const char* flag, std::size_t value) {
       return app.count(flag) ? std::optional(value) : std::nullopt;
     };
@@ -83,7 +94,23 @@ int main(int argc, char** argv) {
     o.inject_nan_at = seam("TAPEGRAD_TEST_INJECT_NAN_AT_STEP");
     o.inject_nan_batch_at = seam("TAPEGRAD_TEST_INJECT_NAN_BATCH_AT_STEP");
     o.fail_save_at = seam("TAPEGRAD_TEST_FAIL_SAVE_AT_STEP");
+    o.perturb_last_rank_at = seam("TAPEGRAD_TEST_PERTURB_LAST_RANK_AT_STEP");  // under mpirun
+    // Under mpirun or srun, one rank of a data-parallel run (SPEC section 11).
+    comm = tapegrad::dist::make_communicator(argc, argv);
     const auto& stop_signal = install_stop_handlers();
-    return train(o, stop_signal) == TrainOutcome::interrupted ? 128 + stop_signal.load() : 0;
+    try {
+      return train(o, stop_signal, *comm) == TrainOutcome::interrupted ? 128 + interrupting_signal() : 0;
+    } catch (const UsageError&) {
+      if (comm->rank() != 0 && failure_is_agreed()) return 2;  // rank 0 prints it
+      failed_alone = !failure_is_agreed();
+      throw;
+    } catch (const std::exception&) {
+      if (comm->rank() != 0 && failure_is_agreed()) return 1;
+      failed_alone = !failure_is_agreed();
+      throw;
+    }
   });
+  // An error on this rank alone: the others would wait for it in their next collective.
+  if (failed_alone && comm->size() > 1) comm->abort(status);
+  return status;
 }

@@ -35,8 +35,9 @@ std::uint64_t fnv1a64(std::string_view bytes) {
   return h;
 }
 
-Corpus load_corpus(const std::string& path) {
-  std::string bytes = read_file(path);
+Corpus load_corpus(const std::string& path) { return corpus_from_bytes(path, read_file(path)); }
+
+Corpus corpus_from_bytes(const std::string& path, const std::string& bytes) {
   decode_file(path, bytes);  // checks before the tokenizer sees it, so errors name the file
   Corpus corpus{path, nn::CharTokenizer::from_text(bytes), {}, 0, fnv1a64(bytes)};
   corpus.ids = corpus.tokenizer.encode(bytes);

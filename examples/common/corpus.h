@@ -26,6 +26,8 @@ struct Corpus {
 /// Reads and tokenizes a training text. A missing, unreadable or empty file, or invalid UTF-8,
 /// throws std::runtime_error naming the file (and the byte offset of bad UTF-8).
 Corpus load_corpus(const std::string& path);
+/// The same from a file's bytes already read (train_char's rank 0 reads, the other ranks receive).
+Corpus corpus_from_bytes(const std::string& path, const std::string& bytes);
 
 /// The first `limit` characters of a file (all of them when limit is 0) as ids of an existing
 /// vocabulary; a character outside it throws naming the file, the character and its position.

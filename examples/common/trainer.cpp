@@ -11,6 +11,8 @@
 #include <cstdio>
 #include <filesystem>
 #include <limits>
+#include <array>
+#include <bit>
 #include <map>
 
 #include "common/batches.h"
@@ -22,6 +24,7 @@
 #include "core/kernels.h"
 #include "core/ops.h"
 #include "core/safetensors.h"
+#include "dist/data_parallel.h"
 #include "nn/checkpoint.h"
 #include "nn/language_model.h"
 #include "optim/adamw.h"
@@ -213,8 +216,62 @@ struct Run {
   }
 };
 
-[[noreturn]] void diverged(const char* what, double value, const Run& run, MetricsLog& metrics) {
-  metrics.write();
+std::atomic<bool> g_agreed_failure{false};
+
+/// Marks the error about to be thrown as raised on every rank alike (failure_is_agreed()).
+template <class F>
+decltype(auto) agreed(F&& body) {
+  try {
+    return body();
+  } catch (...) {
+    g_agreed_failure = true;
+    throw;
+  }
+}
+
+/// Runs body on rank 0 only; its failure is sent to every rank, which all throw it (agreed).
+template <class F>
+void on_leader(dist::Communicator& comm, F&& body) {
+  if (comm.size() == 1) return body();
+  int status = 0;  // 0: done; 2: a UsageError; 1: another error
+  std::string message;
+  if (comm.rank() == 0) {
+    try {
+      body();
+    } catch (const UsageError& e) {
+      status = 2, message = e.what();
+    } catch (const std::exception& e) {
+      status = 1, message = e.what();
+    }
+  }
+  dist::broadcast_values(comm, std::span(&status, 1));
+  if (status == 0) return;
+  dist::broadcast_string(comm, message);
+  g_agreed_failure = true;
+  if (status == 2) throw UsageError(message);
+  throw std::runtime_error(message);
+}
+
+/// Rank 0's run (after its setup) to every other rank: the parameters, the optimizer state, the
+/// step and the batch stream.
+void broadcast_state(dist::Communicator& comm, Run& run) {
+  for (NamedParameter& p : run.params) {
+    Tensor& value = p.var.mutable_value();
+    dist::broadcast_values(comm, std::span(value.data(), value.size()));
+  }
+  optim::OptimizerState state = run.optimizer.state();
+  for (auto& t : state.tensors) dist::broadcast_values(comm, std::span(t.value.data(), t.value.size()));
+  dist::broadcast_values(comm, std::span(&state.step, 1));
+  if (comm.rank() != 0) run.optimizer.load_state(state);
+  dist::broadcast_values(comm, std::span(&run.step, 1));
+  std::string rng = run.batch_rng.state();
+  dist::broadcast_string(comm, rng);
+  run.batch_rng.set_state(rng);
+}
+
+[[noreturn]] void diverged(const char* what, double value, const Run& run, MetricsLog& metrics, bool leader) {
+  g_agreed_failure = true;  // the loss and the gradient norm are the same on every rank
+  if (leader) metrics.write();
   // A NaN's sign bit depends on the instruction set that made it and means nothing to a user.
   std::string shown = std::isnan(value) ? std::string("nan") : fmt::format("{}", value);
   throw std::runtime_error(
@@ -222,6 +279,7 @@ struct Run {
 }
 
 std::atomic<int> g_stop_signal{0};
+int g_interrupting_signal = 0;  // see interrupting_signal()
 
 extern "C" void on_stop_signal(int signal) {
   if (g_stop_signal.load() != 0) {
@@ -230,6 +288,17 @@ extern "C" void on_stop_signal(int signal) {
     return;
   }
   g_stop_signal.store(signal);
+}
+
+/// What the other ranks need to build rank 0's model: arch (1: gpt2), d_model, heads, blocks,
+/// max_len, d_ff, the dropout's bits and the seed (the root of the dropout streams).
+constexpr int kConfigFields = 8;
+std::array<std::uint64_t, kConfigFields> config_fields(const nn::LanguageModel& model) {
+  auto fields = [](const auto& c, std::uint64_t gpt2) {
+    return std::array<std::uint64_t, kConfigFields>{gpt2,      c.d_model, c.n_heads, c.n_blocks, c.max_len, c.ffn_dim(),
+                                                    std::bit_cast<std::uint32_t>(c.dropout), c.seed};
+  };
+  return model.gpt2() ? fields(model.gpt2()->config(), 1) : fields(model.rotary()->config(), 0);
 }
 
 }  // namespace
@@ -244,6 +313,10 @@ void TrainOptions::validate() const {
   require(!std::filesystem::is_directory(out, ec), fmt::format("--out {} is a folder; give a file name", out));
   require(seq >= 1, fmt::format("--seq must be at least 1, got {}", seq));
   require(batch >= 1, fmt::format("--batch must be at least 1, got {}", batch));
+  require(micro_batches >= 1, fmt::format("--micro-batches must be at least 1, got {}", micro_batches));
+  require(batch % micro_batches == 0,
+          fmt::format("--batch {} does not split into --micro-batches {} equal parts; give a --batch divisible by {}",
+                      batch, micro_batches, micro_batches));
   require(steps >= 1, fmt::format("--steps must be at least 1, got {}", steps));
   require(!decay_steps || *decay_steps >= 1,
           fmt::format("--decay-steps must be at least 1, got {}", decay_steps.value_or(0)));
@@ -277,11 +350,31 @@ std::string output_stem(const std::string& out) {
 const std::atomic<int>& install_stop_handlers() {
   std::signal(SIGINT, on_stop_signal);
   std::signal(SIGTERM, on_stop_signal);
+  std::signal(SIGUSR1, on_stop_signal);  // what mpirun forwards to every rank (SPEC section 11)
   return g_stop_signal;
 }
 
+bool failure_is_agreed() { return g_agreed_failure.load(); }
+
+int interrupting_signal() { return g_interrupting_signal; }
+
 TrainOutcome train(const TrainOptions& o, const std::atomic<int>& stop_signal) {
-  o.validate();
+  dist::SingleProcess one;
+  return train(o, stop_signal, one);
+}
+
+TrainOutcome train(const TrainOptions& o, const std::atomic<int>& stop_signal, dist::Communicator& comm) {
+  const std::size_t ranks = std::size_t(comm.size());
+  const bool leader = comm.rank() == 0;
+  agreed([&] {
+    o.validate();
+    if (o.batch % (ranks * o.micro_batches) != 0)
+      throw UsageError(fmt::format(
+          "--batch {} does not split among {} ranks{}: it is the global batch, each rank computes --batch / {} "
+          "rows; give a --batch divisible by {}",
+          o.batch, ranks, o.micro_batches > 1 ? fmt::format(" x --micro-batches {}", o.micro_batches) : "",
+          ranks, ranks * o.micro_batches));
+  });
   set_num_threads(o.threads);
   const std::int64_t decay_steps = o.decay();
   const std::string stem = output_stem(o.out);
@@ -289,7 +382,14 @@ TrainOutcome train(const TrainOptions& o, const std::atomic<int>& stop_signal) {
                      fmt::format("train_char: {}", o.out));
 
   // Inputs are read and checked first, so that a bad one leaves no trace (not even a folder).
-  Corpus corpus = load_corpus(o.data);
+  // Rank 0 reads and checks them, takes the lock, and sends the text and its run to the others.
+  std::string text;
+  std::optional<Run> run_slot;
+  std::vector<std::string> notes, removed;
+  std::optional<OutputLock> lock;
+  on_leader(comm, [&] {
+  text = read_file(o.data);
+  Corpus corpus = corpus_from_bytes(o.data, text);
   std::optional<nn::LoadedModelCheckpoint> ckpt;
   std::optional<nn::LanguageModel> fresh;
   if (!o.resume.empty()) {
@@ -331,54 +431,89 @@ TrainOutcome train(const TrainOptions& o, const std::atomic<int>& stop_signal) {
                     "needed (use a longer text)",
                     o.data, corpus.validation().size()));
 
-  Run run(o, decay_steps, std::move(corpus), ckpt ? std::move(ckpt->model) : std::move(*fresh));
-  const std::vector<std::string> notes = ckpt ? run.restore(*ckpt) : std::vector<std::string>{};
+  Run& run = run_slot.emplace(o, decay_steps, std::move(corpus), ckpt ? std::move(ckpt->model) : std::move(*fresh));
+  if (ckpt) notes = run.restore(*ckpt);
   ckpt.reset();
   if (run.step > o.steps)
     throw UsageError(
         fmt::format("--steps {} is below the step {} that --resume {} reached", o.steps, run.step, o.resume));
 
   create_parent_directories(o.out);  // fail now rather than at the first save
-  const OutputLock lock(o.out);      // before any file is written
-  std::vector<std::string> removed;
+  lock.emplace(o.out);               // before any file is written
   for (const std::string& path : {o.out, metrics.csv_path(), metrics.svg_path()})
     for (std::string& file : remove_stale_temporaries(path)) removed.push_back(std::move(file));
+  });
+  if (ranks > 1) {
+    dist::broadcast_string(comm, text);
+    std::array<std::uint64_t, kConfigFields> fields{};
+    if (leader) fields = config_fields(run_slot->model);
+    dist::broadcast_values(comm, std::span(fields));
+    if (!leader) {
+      TrainOptions shape = o;  // the model of rank 0, whether new or resumed
+      shape.model = {fields[1], fields[2], fields[3], fields[4], fields[5], fields[0] ? "gpt2" : "rotary",
+                     std::bit_cast<float>(std::uint32_t(fields[6]))};
+      shape.seed = fields[7];
+      Corpus corpus = corpus_from_bytes(o.data, text);
+      nn::LanguageModel model = new_model(shape, corpus.tokenizer.size());
+      run_slot.emplace(o, decay_steps, std::move(corpus), std::move(model));
+    }
+    broadcast_state(comm, *run_slot);
+  }
+  text = std::string();
+  Run& run = *run_slot;
+  const std::size_t parts = ranks * o.micro_batches, rows = o.batch / parts;
+  std::optional<dist::GradientBuckets> buckets;  // the sum of parts gradients, when there are several
+  if (parts > 1) buckets.emplace(run.params);
   const auto schedule = optim::LrSchedule::warmup_cosine(o.lr, o.warmup_steps(), decay_steps, o.min_lr);
   const float clip = o.clip > 0 ? o.clip : std::numeric_limits<float>::max();
 
   const Corpus& data = run.corpus;
   const bool live = ::isatty(::fileno(stderr)) == 1;
-  Progress progress(live, std::max<std::int64_t>(1, o.steps / 20), run.step, o.steps, double(o.batch * o.seq));
-  progress.log(fmt::format("data: {}: {} characters, vocabulary of {}; train {} (first 90%), validation {}", o.data,
+  Progress progress(live && leader, std::max<std::int64_t>(1, o.steps / 20), run.step, o.steps,
+                    double(o.batch * o.seq));
+  auto log = [&](const std::string& line) {  // rank 0 alone prints and writes files
+    if (leader) progress.log(line);
+  };
+  auto write_metrics = [&] {
+    if (leader) metrics.write();
+  };
+  log(fmt::format("data: {}: {} characters, vocabulary of {}; train {} (first 90%), validation {}", o.data,
                            data.ids.size(), data.tokenizer.size(), data.train().size(), data.validation().size()));
-  progress.log(fmt::format("model: {}", run.model.describe()));
-  progress.log(fmt::format("parameters: {}", run.model.num_params()));
-  progress.log(
+  log(fmt::format("model: {}", run.model.describe()));
+  log(fmt::format("parameters: {}", run.model.num_params()));
+  log(
       fmt::format("training: {} steps of {} x {} tokens; AdamW lr {} (warmup {}, cosine to {} at step {}), "
                   "betas {}/{}, weight decay {}, clip {}; {} threads",
                   o.steps, o.batch, o.seq, o.lr, o.warmup_steps(), o.min_lr, decay_steps, o.beta1, o.beta2,
                   o.weight_decay, o.clip > 0 ? str(o.clip) : std::string("off"), num_threads()));
+  if (parts > 1)
+    log(fmt::format("data-parallel: {}; each step sums {} gradients of {} windows ({} rank{} x {} micro-batch{}) in "
+                    "a fixed order, in {} buckets",
+                    comm.description(), parts, rows, ranks, ranks > 1 ? "s" : "", o.micro_batches,
+                    o.micro_batches > 1 ? "es" : "", buckets->bucket_count()));
+  const std::size_t max_len = run.model.config().max_len;
   if (o.resume.empty() && o.seq < max_len)
-    progress.log(
+    log(
         fmt::format("note: windows of --seq {} never train positions {} to {} of max_len {}: text generated "
                     "past {} characters will degrade (use --max-len {} to match)",
                     o.seq, o.seq, max_len - 1, max_len, o.seq, o.seq));
-  for (const std::string& note : notes) progress.log(note);
+  for (const std::string& note : notes) log(note);
   for (const std::string& file : removed)
-    progress.log(fmt::format("note: removed {}, left by a run that was killed while writing", file));
+    log(fmt::format("note: removed {}, left by a run that was killed while writing", file));
   if (!o.resume.empty()) {
-    if (!metrics.load_until(run.step))
-      progress.log(fmt::format("note: {} is missing or not from this run; it restarts at step {}", metrics.csv_path(),
+    if (leader && !metrics.load_until(run.step))
+      log(fmt::format("note: {} is missing or not from this run; it restarts at step {}", metrics.csv_path(),
                                run.step));
-    progress.log(fmt::format("resumed from {} at step {}", o.resume, run.step));
+    log(fmt::format("resumed from {} at step {}", o.resume, run.step));
   }
   if (run.step == o.steps) {
-    progress.log(fmt::format("nothing to do: the checkpoint is already at step {} of --steps {}", run.step, o.steps));
+    log(fmt::format("nothing to do: the checkpoint is already at step {} of --steps {}", run.step, o.steps));
     return TrainOutcome::finished;
   }
   const double wall_before = metrics.last_wall_s();
   auto wall = [&] { return wall_before + progress.elapsed_s(); };
   auto validate_now = [&](double train_sum, std::int64_t train_count) {
+    if (!leader) return 0.0;  // rank 0 alone validates; the others go on to the next collective
     run.model.set_training(false);  // no dropout in validation
     double val = sampled_loss(run.model, data.validation(), o.batch, o.seq, o.eval_batches,
                               stream_seed(o.seed, kValidationStream));
@@ -387,26 +522,39 @@ TrainOutcome train(const TrainOptions& o, const std::atomic<int>& stop_signal) {
     std::string train_part = train_count > 0 ? fmt::format("train loss {:.4f} (mean of {} steps), ",
                                                            train_sum / double(train_count), train_count)
                                              : std::string();
-    progress.log(fmt::format("step {}/{}: {}val loss {:.4f} ({:.3f} bits/char)", run.step, o.steps, train_part, val,
-                             val / std::log(2.0)));
-    metrics.write();
+    log(fmt::format("step {}/{}: {}val loss {:.4f} ({:.3f} bits/char)", run.step, o.steps, train_part, val,
+                    val / std::log(2.0)));
+    write_metrics();
     return val;
+  };
+  // Every rank checks that the replicas agree, then rank 0 writes; a failure reaches every rank.
+  auto save = [&] {
+    if (ranks > 1) agreed([&] { dist::check_same_parameters(comm, run.params, fmt::format("step {}", run.step)); });
+    on_leader(comm, [&] { run.save(); });
   };
   if (o.resume.empty() && o.eval_every > 0) validate_now(0, 0);
 
   double train_sum = 0;
   std::int64_t train_count = 0;
   const std::int64_t write_every = std::max<std::int64_t>(1, o.steps / 20);
+  double exchange_seconds = 0, step_seconds = 0;  // this run's, for the closing line
+  std::int64_t steps_run = 0;
+  int stop = ranks > 1 ? 0 : stop_signal.load();  // with several ranks: agreed after every step
   while (run.step < o.steps) {
-    if (stop_signal.load() != 0) {
-      run.save();
-      metrics.write();
-      progress.log(fmt::format("interrupted by signal {} at step {}/{}: saved {}; continue with --resume {}",
-                               stop_signal.load(), run.step, o.steps, o.out, o.out));
+    if (ranks == 1) stop = stop_signal.load();
+    if (stop != 0) {
+      save();
+      write_metrics();
+      log(fmt::format("interrupted by signal {} at step {}/{}: saved {}; continue with --resume {}", stop, run.step,
+                      o.steps, o.out, o.out));
+      comm.barrier();  // no rank ends (and has the launcher end the others) before rank 0 is done
+      g_interrupting_signal = stop;
       return TrainOutcome::interrupted;
     }
     const float lr = schedule.at(run.step);
     run.optimizer.set_lr(lr);
+    // The global batch, drawn alike on every rank (rng_state and data_position do not depend on
+    // the number of ranks); this rank computes parts rank * micro_batches + m, rows each.
     Batch batch = sample_batch(data.train(), o.batch, o.seq, run.batch_rng);
     const auto started = std::chrono::steady_clock::now();
     if (o.inject_nan_at && *o.inject_nan_at == run.step + 1) {
@@ -414,50 +562,79 @@ TrainOutcome train(const TrainOptions& o, const std::atomic<int>& stop_signal) {
       Var poisoned = run.model.rotary() ? run.model.rotary()->head.bias : run.model.gpt2()->norm.bias;
       poisoned.mutable_value()[0] = std::numeric_limits<float>::quiet_NaN();
     }
-    run.model.set_dropout_step(std::uint64_t(run.step));  // the masks of a step depend on it alone: resume is exact
-    double loss;
-    {
+    // The masks of a step depend on it alone: resume is exact, and every part (rank or
+    // micro-batch) draws the same masks for its rows whatever the split.
+    run.model.set_dropout_step(std::uint64_t(run.step));
+    double loss = 0;  // the sum of this rank's part losses, then the mean over all parts
+    for (std::size_t m = 0; m < o.micro_batches; ++m) {
+      const std::size_t part = std::size_t(comm.rank()) * o.micro_batches + m, tokens = rows * o.seq;
+      const std::span<const std::int32_t> inputs = std::span(batch.inputs).subspan(part * tokens, tokens);
+      const std::span<const std::int32_t> targets = std::span(batch.targets).subspan(part * tokens, tokens);
       Tape tape;
-      Var logits = run.model.forward(batch.inputs, batch.batch, batch.seq_len);  // (B, T, vocab)
-      if (o.inject_nan_batch_at && *o.inject_nan_batch_at == run.step + 1) {
+      Var logits = run.model.forward(inputs, rows, o.seq);  // (rows, T, vocab)
+      if (o.inject_nan_batch_at && *o.inject_nan_batch_at == run.step + 1 && part == 0) {
         Tensor poison(logits.shape());  // zeros but the first logit of the batch
         poison[0] = std::numeric_limits<float>::quiet_NaN();
         logits = add(logits, Var(std::move(poison)));
       }
-      Var l = cross_entropy(logits, batch.targets);  // RotaryDecoder::loss, with room for the seam
-      loss = l.value().item();
-      if (!std::isfinite(loss)) diverged("loss", loss, run, metrics);
-      tape.backward(l);
+      Var l = cross_entropy(logits, targets);  // RotaryDecoder::loss, with room for the seam
+      loss += l.value().item();
+      if (std::isfinite(loss)) tape.backward(l);
+      if (buckets) {
+        buckets->accumulate();  // gradients of part 0 copied, the others added in order
+        run.optimizer.zero_grad();
+      }
     }
+    double comm_seconds = 0;
+    if (ranks > 1) {
+      // One exchange agrees on the loss (so a NaN on one rank stops all) and on a stop signal.
+      struct Report {
+        double loss;
+        std::int64_t stop;
+      };
+      const std::vector<Report> reports = dist::allgather_value(comm, Report{loss, stop_signal.load()});
+      loss = 0;
+      for (const Report& r : reports) loss += r.loss, stop = std::max<int>(stop, int(r.stop));
+    }
+    loss /= double(parts);
+    if (!std::isfinite(loss)) diverged("loss", loss, run, metrics, leader);
+    if (buckets) comm_seconds = buckets->reduce(comm, parts);
     const float norm = optim::clip_grad_norm(run.params, clip);
-    if (!std::isfinite(norm)) diverged("gradient norm", norm, run, metrics);
+    if (!std::isfinite(norm)) diverged("gradient norm", norm, run, metrics, leader);
     run.optimizer.step();
     run.optimizer.zero_grad();
     ++run.step;
+    if (o.perturb_last_rank_at && *o.perturb_last_rank_at == run.step && ranks > 1 && comm.rank() + 1 == comm.size())
+      run.params.back().var.mutable_value()[0] += 1.0f;
     const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
     metrics.add({run.step, loss, std::nullopt, lr, double(o.batch * o.seq) / seconds, wall()});
+    exchange_seconds += comm_seconds, step_seconds += seconds, ++steps_run;
     train_sum += loss;
     ++train_count;
-    progress.step(run.step, loss, lr, seconds);
+    if (leader) progress.step(run.step, loss, lr, seconds);
     if (run.step < o.steps) {
       if (o.eval_every > 0 && run.step % o.eval_every == 0) {
         validate_now(train_sum, train_count);
         train_sum = 0, train_count = 0;
       } else if (run.step % write_every == 0) {
-        metrics.write();
+        write_metrics();
       }
       if (o.save_every > 0 && run.step % o.save_every == 0) {
-        run.save();
-        progress.log(fmt::format("step {}/{}: saved {}", run.step, o.steps, o.out));
+        save();
+        log(fmt::format("step {}/{}: saved {}", run.step, o.steps, o.out));
       }
     }
   }
   const double val = validate_now(train_sum, train_count);
-  run.save();
-  metrics.write();
-  progress.log(fmt::format("done: step {} in {} ({:.0f} tokens/s); final val loss {:.4f} ({:.3f} bits/char)", run.step,
-                           format_duration(progress.elapsed_s()), progress.tokens_per_s(), val, val / std::log(2.0)));
-  progress.log(fmt::format("saved {}; metrics {} and {}", o.out, metrics.csv_path(), metrics.svg_path()));
+  save();
+  write_metrics();
+  log(fmt::format("done: step {} in {} ({:.0f} tokens/s); final val loss {:.4f} ({:.3f} bits/char)", run.step,
+                  format_duration(progress.elapsed_s()), progress.tokens_per_s(), val, val / std::log(2.0)));
+  log(fmt::format("saved {}; metrics {} and {}", o.out, metrics.csv_path(), metrics.svg_path()));
+  if (ranks > 1 && steps_run > 0)
+    log(fmt::format("gradient exchange: {:.3f} ms per step, {:.1f}% of the step time",
+                    1e3 * exchange_seconds / double(steps_run), 100.0 * exchange_seconds / step_seconds));
+  comm.barrier();
   return TrainOutcome::finished;
 }
 

@@ -9,6 +9,8 @@
 #include <optional>
 #include <string>
 
+#include "dist/communicator.h"
+
 namespace tapegrad::examples {
 
 /// Model shape flags; nullopt when the command line did not give one (defaults for a new model,
@@ -25,7 +27,8 @@ struct TrainOptions {
   std::string metrics;  // default: <out without .safetensors>.metrics.csv
   std::string resume;   // a training checkpoint to continue from
   ModelFlags model;
-  std::size_t seq = 128, batch = 16;
+  std::size_t seq = 128, batch = 16;  // batch: global, over all ranks (SPEC section 11)
+  std::size_t micro_batches = 1;      // each rank's rows in this many parts, gradients summed in order
   std::int64_t steps = 1000;
   std::optional<std::int64_t> decay_steps;                             // default: steps
   float lr = 1e-3f, min_lr = 1e-4f, weight_decay = 0.1f, clip = 1.0f;  // clip 0: no clipping
@@ -41,6 +44,7 @@ struct TrainOptions {
   std::optional<std::int64_t> inject_nan_at;        // a NaN in the head bias before this step
   std::optional<std::int64_t> inject_nan_batch_at;  // a NaN in this step's batch (its first logit)
   std::optional<std::int64_t> fail_save_at;         // the save after this step fails like a full disk
+  std::optional<std::int64_t> perturb_last_rank_at;  // after this step the last rank's weights drift
 
   /// Throws UsageError naming the first bad value (the model shape is checked when it is built).
   void validate() const;
@@ -57,8 +61,23 @@ enum class TrainOutcome { finished, interrupted };
 /// run writing the same checkpoint throws before touching any file.
 /// Progress and log lines go to stdout (the live line to stderr on a terminal).
 TrainOutcome train(const TrainOptions& options, const std::atomic<int>& stop_signal);
+/// The same, data-parallel over comm (SPEC section 11): every rank draws the same global batch
+/// and computes its batch / size rows; gradients are summed in rank order (dist/data_parallel.h),
+/// so the result equals one process with --micro-batches size. Rank 0 alone reads --data and
+/// --resume (and sends them), validates, writes the files and holds the lock; the loss check and
+/// signal stops are agreed, so every rank stops at the same step.
+TrainOutcome train(const TrainOptions& options, const std::atomic<int>& stop_signal, dist::Communicator& comm);
 
-/// Installs SIGINT and SIGTERM handlers that store the signal number in the returned flag; a
+/// Whether the error train() threw was raised on every rank alike (a bad flag, a failure rank 0
+/// reported to all, a diverged loss): then only rank 0 need print it, and MPI can end normally;
+/// otherwise the caller ends every rank with Communicator::abort.
+bool failure_is_agreed();
+
+/// The signal that ended the last train() that returned interrupted (under mpirun, the one the
+/// ranks agreed on, which this rank may not have received itself).
+int interrupting_signal();
+
+/// Installs SIGINT, SIGTERM and SIGUSR1 handlers that store the signal number in the returned flag; a
 /// second signal while the first is handled ends the process at once (the default action).
 const std::atomic<int>& install_stop_handlers();
 

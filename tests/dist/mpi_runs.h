@@ -1,0 +1,166 @@
+// Helpers for the tests that start train_char under mpirun (tests/dist/): the launch with the
+// environment a container needs, a deadline on every run (a hang fails instead of stalling the
+// suite), the ranks of a running job, and the loud refusal to skip silently in CI.
+#pragma once
+
+#include <doctest/doctest.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "core/simd.h"
+#include "support/programs.h"
+
+namespace tapegrad::test {
+
+/// Whether train_char was built with MPI. Without it, the MPI tests pass with a loud message, but
+/// fail under CI (CI=true), where a build that silently lost MPI would otherwise go unnoticed.
+/// They run at the widest SIMD level only (the suite runs once per level): they test the
+/// exchange, and each compares runs made at one level.
+inline bool mpi_available() {
+#if TAPEGRAD_HAVE_MPI
+  if (simd_level() != supported_simd_levels().back()) {
+    static bool said = false;
+    if (!std::exchange(said, true))
+      MESSAGE("the tests under mpirun run at SIMD level " << simd_level_name(supported_simd_levels().back())
+                                                            << " only");
+    return false;
+  }
+  return true;
+#else
+  const char* ci = std::getenv("CI");
+  const std::string why =
+      "MPI IS NOT BUILT: the data-parallel tests under mpirun did not run (install libopenmpi-dev and "
+      "openmpi-bin, e.g. scripts/deps.sh, and reconfigure with TAPEGRAD_MPI=AUTO or ON)";
+  if (ci && std::string(ci) == "true") FAIL(why);
+  MESSAGE(why);
+  return false;
+#endif
+}
+
+/// What Open MPI needs here: to run as root (containers), more ranks than cores, and no
+/// cross-memory attach (often forbidden in containers).
+inline std::vector<std::string> mpi_environment() {
+  // Under AddressSanitizer, Open MPI's own allocations that live until exit are no leak of ours.
+  return {"OMPI_ALLOW_RUN_AS_ROOT=1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1", "OMPI_MCA_rmaps_base_oversubscribe=1",
+          "OMPI_MCA_btl_vader_single_copy_mechanism=none", "ASAN_OPTIONS=detect_leaks=0"};
+}
+
+/// A simulated two-host run: TCP over loopback only, for both the messages and the launcher.
+inline std::vector<std::string> tcp_loopback() {
+  return {"--mca", "btl", "self,tcp", "--mca", "btl_tcp_if_include", "lo", "--mca", "oob_tcp_if_include", "lo"};
+}
+
+/// Starts `mpirun -np ranks [mpirun_args] train_char args` in its own process group (so that a
+/// deadline can end the launcher and every rank), stdout and stderr to files.
+inline pid_t start_mpirun(int ranks, const std::vector<std::string>& args, const std::filesystem::path& out,
+                          const std::filesystem::path& err, const std::vector<std::string>& mpirun_args = {},
+                          const std::vector<std::string>& env = {}) {
+  std::vector<std::string> argv_text = {TAPEGRAD_MPIEXEC, "-np", std::to_string(ranks), "--bind-to", "none"};
+  argv_text.insert(argv_text.end(), mpirun_args.begin(), mpirun_args.end());
+  argv_text.push_back((std::filesystem::path(TAPEGRAD_BINARY_DIR) / "train_char").string());
+  argv_text.insert(argv_text.end(), args.begin(), args.end());
+  std::vector<char*> argv;
+  for (auto& a : argv_text) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  std::vector<std::string> env_text = mpi_environment();
+  env_text.insert(env_text.end(), env.begin(), env.end());
+  for (char** e = environ; *e; ++e) {
+    std::string_view entry(*e);
+    if (entry.starts_with("DATA=") || entry.starts_with("TAPEGRAD_TEST_") || entry.starts_with("OMPI_") ||
+        entry.starts_with("ASAN_OPTIONS="))
+      continue;
+    env_text.emplace_back(entry);
+  }
+  std::vector<char*> envp;
+  for (auto& e : env_text) envp.push_back(e.data());
+  envp.push_back(nullptr);
+  posix_spawn_file_actions_t actions;
+  posix_spawn_file_actions_init(&actions);
+  posix_spawn_file_actions_addopen(&actions, 1, out.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  posix_spawn_file_actions_addopen(&actions, 2, err.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  posix_spawnattr_t attributes;
+  posix_spawnattr_init(&attributes);
+  posix_spawnattr_setflags(&attributes, POSIX_SPAWN_SETPGROUP);
+  posix_spawnattr_setpgroup(&attributes, 0);
+  pid_t pid = -1;
+  const int rc = posix_spawn(&pid, argv_text[0].c_str(), &actions, &attributes, argv.data(), envp.data());
+  posix_spawn_file_actions_destroy(&actions);
+  posix_spawnattr_destroy(&attributes);
+  REQUIRE_MESSAGE(rc == 0, "posix_spawn " << argv_text[0] << " failed: " << rc);
+  return pid;
+}
+
+/// Waits for a job started by start_mpirun; past the deadline, kills its process group and fails.
+inline int wait_within(pid_t pid, std::chrono::seconds limit, const std::filesystem::path& err) {
+  const auto deadline = std::chrono::steady_clock::now() + limit;
+  int raw = 0;
+  while (::waitpid(pid, &raw, WNOHANG) == 0) {
+    if (std::chrono::steady_clock::now() > deadline) {
+      ::kill(-pid, SIGKILL);
+      ::waitpid(pid, &raw, 0);
+      FAIL("mpirun did not finish within " << limit.count() << " s: " << read_bytes(err));
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  return WIFEXITED(raw) ? WEXITSTATUS(raw) : 128 + WTERMSIG(raw);
+}
+
+/// Runs train_char under mpirun to its end (at most 90 s).
+inline Result run_mpi(int ranks, const std::vector<std::string>& args, const std::vector<std::string>& mpirun_args = {},
+                      const std::vector<std::string>& env = {}) {
+  const std::filesystem::path dir = programs_dir();
+  std::filesystem::create_directories(dir);
+  const std::filesystem::path out = dir / "mpi_stdout.txt", err = dir / "mpi_stderr.txt";
+  Result r;
+  r.status = wait_within(start_mpirun(ranks, args, out, err, mpirun_args, env), std::chrono::seconds(90), err);
+  r.out = read_bytes(out);
+  r.err = read_bytes(err);
+  return r;
+}
+
+/// Ends a job's process group if it is still running when the scope exits.
+struct EndJobOnExit {
+  pid_t pid;
+  ~EndJobOnExit() {
+    if (::waitpid(pid, nullptr, WNOHANG) == 0) {
+      ::kill(-pid, SIGKILL);
+      ::waitpid(pid, nullptr, 0);
+    }
+  }
+};
+
+/// The pids of the running processes named `name` whose parent is `parent` (mpirun's ranks).
+inline std::vector<pid_t> children_named(pid_t parent, const std::string& name) {
+  std::vector<pid_t> pids;
+  for (const auto& entry : std::filesystem::directory_iterator("/proc")) {
+    const std::string pid_text = entry.path().filename().string();
+    if (pid_text.find_first_not_of("0123456789") != std::string::npos) continue;
+    std::ifstream in(entry.path() / "stat");
+    std::string stat;
+    std::getline(in, stat);
+    const auto open = stat.find('('), close = stat.rfind(')');
+    if (open == std::string::npos || close == std::string::npos) continue;
+    const std::string comm = stat.substr(open + 1, close - open - 1);
+    std::istringstream rest(stat.substr(close + 2));
+    std::string state;
+    pid_t ppid = 0;
+    rest >> state >> ppid;
+    if (comm == name && ppid == parent && state != "Z") pids.push_back(pid_t(std::stol(pid_text)));
+  }
+  std::sort(pids.begin(), pids.end());
+  return pids;
+}
+
+}  // namespace tapegrad::test
