@@ -57,18 +57,16 @@ double parse_positive(const std::map<std::string, std::string>& metadata, const 
 
 }  // namespace
 
-void save_checkpoint(const std::string& path, const RotaryDecoder& model, const CharTokenizer& tokenizer,
-                     const CheckpointExtras& extras) {
-  if (tokenizer.size() != model.config().vocab)
+void write_checkpoint_file(const std::string& path, const ParameterList& params, std::size_t vocab,
+                           const CharTokenizer& tokenizer, std::map<std::string, std::string> metadata,
+                           const CheckpointExtras& extras) {
+  if (tokenizer.size() != vocab)
     throw std::invalid_argument(fmt::format("save_checkpoint: the tokenizer has {} characters but the model's vocab is {}",
-                                            tokenizer.size(), model.config().vocab));
-  std::map<std::string, std::string> metadata = model_metadata(model.config(), tokenizer);
-  if (model.config().dropout > 0) metadata["dropout"] = fmt::format("{}", model.config().dropout);  // absent: 0
+                                            tokenizer.size(), vocab));
   for (const auto& [key, value] : extras.metadata) {
     if (metadata.count(key)) throw std::invalid_argument(fmt::format("save_checkpoint: metadata key '{}' is reserved", key));
     metadata[key] = value;
   }
-  ParameterList params = model.params();
   std::vector<std::pair<std::string, const Tensor*>> tensors;
   for (const auto& p : params) tensors.emplace_back(p.name, &p.var.value());
   for (const auto& [name, tensor] : extras.tensors) {
@@ -77,6 +75,13 @@ void save_checkpoint(const std::string& path, const RotaryDecoder& model, const 
     tensors.emplace_back(name, tensor);
   }
   write_safetensors(path, tensors, metadata);
+}
+
+void save_checkpoint(const std::string& path, const RotaryDecoder& model, const CharTokenizer& tokenizer,
+                     const CheckpointExtras& extras) {
+  std::map<std::string, std::string> metadata = model_metadata(model.config(), tokenizer);
+  if (model.config().dropout > 0) metadata["dropout"] = fmt::format("{}", model.config().dropout);  // absent: 0
+  write_checkpoint_file(path, model.params(), model.config().vocab, tokenizer, std::move(metadata), extras);
 }
 
 LoadedCheckpoint load_checkpoint(const std::string& path, bool remat) {

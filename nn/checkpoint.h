@@ -22,6 +22,13 @@ struct CheckpointExtras {
   std::map<std::string, std::string> metadata;                 // e.g. step, rng_state, data_position
 };
 
+/// What every model checkpoint writer shares: checks that the tokenizer has `vocab` characters,
+/// adds the extras' metadata to `metadata` (whose keys are reserved) and their "optim." tensors to
+/// `params`, and writes it all atomically to path.
+void write_checkpoint_file(const std::string& path, const ParameterList& params, std::size_t vocab,
+                           const CharTokenizer& tokenizer, std::map<std::string, std::string> metadata,
+                           const CheckpointExtras& extras);
+
 /// Writes the model, its vocabulary and extras atomically to path (temporary file, fsync, rename).
 void save_checkpoint(const std::string& path, const RotaryDecoder& model, const CharTokenizer& tokenizer,
                      const CheckpointExtras& extras = {});

@@ -147,9 +147,6 @@ void save_model_checkpoint(const std::string& path, const LanguageModel& model, 
     return;
   }
   const Gpt2Config& c = model.gpt2()->config();
-  if (tokenizer.size() != c.vocab)
-    throw std::invalid_argument(fmt::format("save_checkpoint: the tokenizer has {} characters but the model's vocab is {}",
-                                            tokenizer.size(), c.vocab));
   std::map<std::string, std::string> metadata = {{"arch", "gpt2"},
                                                  {"vocab_size", std::to_string(c.vocab)},
                                                  {"d_model", std::to_string(c.d_model)},
@@ -161,19 +158,7 @@ void save_model_checkpoint(const std::string& path, const LanguageModel& model, 
                                                  {"dropout", fmt::format("{}", c.dropout)},
                                                  {"vocab", tokenizer.vocab()},
                                                  {"format_version", kCheckpointFormatVersion}};
-  for (const auto& [key, value] : extras.metadata) {
-    if (metadata.count(key)) throw std::invalid_argument(fmt::format("save_checkpoint: metadata key '{}' is reserved", key));
-    metadata[key] = value;
-  }
-  ParameterList params = model.params();
-  std::vector<std::pair<std::string, const Tensor*>> tensors;
-  for (const auto& p : params) tensors.emplace_back(p.name, &p.var.value());
-  for (const auto& [name, tensor] : extras.tensors) {
-    if (name.rfind("optim.", 0) != 0)
-      throw std::invalid_argument(fmt::format("save_checkpoint: extra tensor '{}' must be named optim.*", name));
-    tensors.emplace_back(name, tensor);
-  }
-  write_safetensors(path, tensors, metadata);
+  write_checkpoint_file(path, model.params(), c.vocab, tokenizer, std::move(metadata), extras);
 }
 
 LoadedModelCheckpoint load_model_checkpoint(const std::string& path, bool remat) {
