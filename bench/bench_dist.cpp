@@ -127,6 +127,10 @@ int main(int argc, char** argv) try {
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
     const bool has_value = i + 1 < argc;
+    if (arg == "--help") {
+      fmt::print("usage: bench_dist [--configs a,b,c] [--steps N] [--rounds R] [--out FILE]\n{}", bench::simd_usage_line());
+      return 0;
+    }
     if (arg == "--worker" && has_value) worker_config = argv[++i];
     else if (arg == "--configs" && has_value) configs = argv[++i];
     else if (arg == "--steps" && has_value) steps = std::stoi(argv[++i]);

@@ -20,6 +20,10 @@ int main(int argc, char** argv) try {
   try {
     for (int i = 1; i < argc; ++i) {
       std::string arg = argv[i];
+      if (arg == "--help") {
+        fmt::print("usage: bench_kv_cache [--repeats N] [--out PATH]\n{}", bench::simd_usage_line());
+        return 0;
+      }
       if (arg == "--repeats" && i + 1 < argc) repeats = std::max(1, std::stoi(argv[++i]));
       else if (arg == "--out" && i + 1 < argc) out_path = argv[++i];
       else {

@@ -83,10 +83,10 @@ void check_remat_matches() {
              norm_plain, norm_remat, loss_plain == loss_remat && norm_plain == norm_remat ? "bit-identical" : "within 1e-6");
 }
 
-int usage() {
-  fmt::print(stderr, "usage: bench_remat [--seqs 256,512] [--steps N] [--rounds N] [--threads N] [--out PATH]\n{}",
+int usage(std::FILE* to = stderr, int status = 2) {
+  fmt::print(to, "usage: bench_remat [--seqs 256,512] [--steps N] [--rounds N] [--threads N] [--out PATH]\n{}",
              bench::simd_usage_line());
-  return 2;
+  return status;
 }
 
 }  // namespace
@@ -100,6 +100,7 @@ int main(int argc, char** argv) try {
   try {
     for (int i = 1; i < argc; ++i) {
       std::string arg = argv[i];
+      if (arg == "--help") return usage(stdout, 0);
       bool has_value = i + 1 < argc;
       if (arg == "--child") child = true;
       else if (arg == "--seq" && has_value) child_seq = std::stoul(argv[++i]);

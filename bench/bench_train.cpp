@@ -176,13 +176,13 @@ void write_agreement(const std::string& dir, const std::vector<std::string>& nam
   fmt::print("decode model: prefill logits and 100 greedy tokens -> {}\n", checkpoint);
 }
 
-int usage() {
-  fmt::print(stderr,
+int usage(std::FILE* to = stderr, int status = 2) {
+  fmt::print(to,
              "usage: bench_train [--configs a,b,c,d,a-gpt2] [--threads 1,2] [--steps N] [--out PATH]\n"
              "       bench_train --write-agreement DIR [--configs a,b,c,d,a-gpt2]\n"
              "       bench_train --peak-memory CONFIG [--remat]   (prints MiB; run by bench_train itself)\n{}",
              bench::simd_usage_line());
-  return 2;
+  return status;
 }
 
 }  // namespace
@@ -197,6 +197,7 @@ int main(int argc, char** argv) try {
   try {
     for (int i = 1; i < argc; ++i) {
       std::string arg = argv[i];
+      if (arg == "--help") return usage(stdout, 0);
       bool has_value = i + 1 < argc;
       if (arg == "--configs" && has_value) config_names = split_list(argv[++i]);
       else if (arg == "--threads" && has_value) {
