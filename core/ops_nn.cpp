@@ -14,7 +14,9 @@ namespace tapegrad {
 // y = exp(x - max) / sum exp(x - max) along the axis; dx = y (dy - sum_k dy y)
 Var softmax(const Var& x, int axis) {
   std::size_t a = axis_index("softmax", axis, x.shape());
-  auto [outer, n, inner] = split_at_axis(x.shape(), a);
+  // Named variables, not a structured binding: clang 14 cannot capture bindings in lambdas.
+  const AxisSplit split = split_at_axis(x.shape(), a);
+  const std::size_t outer = split.outer, n = split.n, inner = split.inner;
   Op op("softmax", {x});
   Tensor y = Tensor::uninitialized(x.shape());
   const Tensor& xv = x.value();
@@ -43,7 +45,9 @@ Var softmax(const Var& x, int axis) {
 // y = x - logsumexp(x) along the axis; dx = dy - exp(y) sum_k dy
 Var log_softmax(const Var& x, int axis) {
   std::size_t a = axis_index("log_softmax", axis, x.shape());
-  auto [outer, n, inner] = split_at_axis(x.shape(), a);
+  // Named variables, not a structured binding: clang 14 cannot capture bindings in lambdas.
+  const AxisSplit split = split_at_axis(x.shape(), a);
+  const std::size_t outer = split.outer, n = split.n, inner = split.inner;
   Op op("log_softmax", {x});
   Tensor y = Tensor::uninitialized(x.shape());
   const Tensor& xv = x.value();

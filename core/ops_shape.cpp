@@ -47,7 +47,9 @@ Var max(const Var& x) {
 // y[o, i] = sum_k x[o, k, i]; dx[o, k, i] += dy[o, i]
 Var sum(const Var& x, int axis, bool keepdim) {
   std::size_t a = axis_index("sum", axis, x.shape());
-  auto [outer, n, inner] = split_at_axis(x.shape(), a);
+  // Named variables, not a structured binding: clang 14 cannot capture bindings in lambdas.
+  const AxisSplit split = split_at_axis(x.shape(), a);
+  const std::size_t outer = split.outer, n = split.n, inner = split.inner;
   Op op("sum", {x});
   Tensor y(reduced_shape(x.shape(), a, keepdim));
   const Tensor& xv = x.value();
@@ -71,7 +73,9 @@ Var mean(const Var& x, int axis, bool keepdim) {
 // y[o, i] = x[o, k*, i] with k* the first maximum; dx[o, k*, i] += dy[o, i]. Saves k* (outer x inner).
 Var max(const Var& x, int axis, bool keepdim) {
   std::size_t a = axis_index("max", axis, x.shape());
-  auto [outer, n, inner] = split_at_axis(x.shape(), a);
+  // Named variables, not a structured binding: clang 14 cannot capture bindings in lambdas.
+  const AxisSplit split = split_at_axis(x.shape(), a);
+  const std::size_t outer = split.outer, n = split.n, inner = split.inner;
   if (n == 0) throw std::invalid_argument(fmt::format("max: axis {} of x {} is empty", axis, to_string(x.shape())));
   Op op("max", {x});
   Tensor y = Tensor::uninitialized(reduced_shape(x.shape(), a, keepdim));
@@ -180,7 +184,9 @@ Var transpose(const Var& x, int axis0, int axis1) {
 // y[o, k, i] = x[o, start + k, i]; dx[o, start + k, i] += dy[o, k, i]
 Var slice(const Var& x, int axis, std::size_t start, std::size_t end) {
   std::size_t a = axis_index("slice", axis, x.shape());
-  auto [outer, n, inner] = split_at_axis(x.shape(), a);
+  // Named variables, not a structured binding: clang 14 cannot capture bindings in lambdas.
+  const AxisSplit split = split_at_axis(x.shape(), a);
+  const std::size_t outer = split.outer, n = split.n, inner = split.inner;
   if (start > end || end > n)
     throw std::invalid_argument(fmt::format("slice: [{}, {}) is not within axis {} of x {} (size {})", start, end, axis,
                                             to_string(x.shape()), n));
