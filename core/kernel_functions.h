@@ -22,6 +22,11 @@ void matmul_backward(T* dx, T* dw, const T* dy, const T* x, const T* w, std::siz
 /// may be the same buffer.
 template <class T>
 void add_matmul_forward(T* y, const T* r, const T* x, const T* w, std::size_t M, std::size_t K, std::size_t N);
+/// y (M, N) = x w (+ y when accumulating), x (M, K), w (K, N), without BLAS and row-stable: each
+/// element is one FMA chain over k in order, so a row of y has the same bits whatever M is and
+/// whichever rows share the call (batched decoding gives each sequence what it gets alone).
+template <class T>
+void row_stable_matmul(T* y, const T* x, const T* w, std::size_t M, std::size_t K, std::size_t N, bool accumulate);
 /// dr += dy; then as matmul_backward.
 template <class T>
 void add_matmul_backward(T* dr, T* dx, T* dw, const T* dy, const T* x, const T* w, std::size_t M, std::size_t K,

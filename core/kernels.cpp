@@ -26,6 +26,11 @@ void matmul_backward(T* dx, T* dw, const T* dy, const T* x, const T* w, std::siz
 }
 
 template <class T>
+void row_stable_matmul(T* y, const T* x, const T* w, std::size_t M, std::size_t K, std::size_t N, bool accumulate) {
+  active_table<T>().row_stable_matmul(y, x, w, M, K, N, accumulate);
+}
+
+template <class T>
 void add_matmul_forward(T* y, const T* r, const T* x, const T* w, std::size_t M, std::size_t K, std::size_t N) {
   if (y != r) std::copy(r, r + M * N, y);
   gemm<T>(false, false, M, N, K, T(1), x, K, w, N, T(1), y, N);
@@ -136,12 +141,74 @@ void cross_entropy_backward(T* dlogits, T dloss, const T* logits, const T* lse, 
   active_table<T>().cross_entropy_backward(dlogits, dloss, logits, lse, targets, n, vocab);
 }
 
+template <class T>
+void layer_norm_forward(T* y, T* mean, T* rstd, const T* x, const T* w, const T* b, std::size_t rows, std::size_t dim,
+                        T eps) {
+  for (std::size_t r = 0; r < rows; ++r) {
+    const T* row = x + r * dim;
+    double m = 0, v = 0;
+    for (std::size_t j = 0; j < dim; ++j) m += row[j];
+    m /= double(dim);
+    for (std::size_t j = 0; j < dim; ++j) v += (row[j] - m) * (row[j] - m);
+    v /= double(dim);
+    const T row_mean = T(m), row_rstd = T(1 / std::sqrt(v + eps));
+    if (mean) mean[r] = row_mean;
+    if (rstd) rstd[r] = row_rstd;
+    for (std::size_t j = 0; j < dim; ++j) y[r * dim + j] = (row[j] - row_mean) * row_rstd * w[j] + b[j];
+  }
+}
+
+template <class T>
+void layer_norm_backward(T* dx, T* dw, T* db, const T* dy, const T* x, const T* w, const T* mean, const T* rstd,
+                         std::size_t rows, std::size_t dim) {
+  for (std::size_t r = 0; r < rows; ++r) {
+    const T *row = x + r * dim, *g = dy + r * dim;
+    double mean_g = 0, mean_gx = 0;
+    for (std::size_t j = 0; j < dim; ++j) {
+      T xhat = (row[j] - mean[r]) * rstd[r];
+      mean_g += g[j] * w[j];
+      mean_gx += g[j] * w[j] * xhat;
+      if (dw) dw[j] += g[j] * xhat;
+      if (db) db[j] += g[j];
+    }
+    mean_g /= double(dim);
+    mean_gx /= double(dim);
+    if (dx)
+      for (std::size_t j = 0; j < dim; ++j) {
+        T xhat = (row[j] - mean[r]) * rstd[r];
+        dx[r * dim + j] += rstd[r] * T(g[j] * w[j] - mean_g - xhat * mean_gx);
+      }
+  }
+}
+
+namespace {
+constexpr double gelu_c = 0.7978845608028654, gelu_k = 0.044715;  // sqrt(2 / pi), GPT-2's cubic term
+}
+
+template <class T> void gelu_tanh_forward(T* y, T* s, const T* x, std::size_t n) {
+  constexpr T c = T(gelu_c), k = T(gelu_k);
+  for (std::size_t i = 0; i < n; ++i) {
+    const T v = x[i], sig = 1 / (1 + std::exp(-2 * c * (v + k * v * v * v)));
+    if (s) s[i] = sig;
+    y[i] = v * sig;
+  }
+}
+
+template <class T> void gelu_tanh_backward(T* dx, const T* dy, const T* x, const T* s, std::size_t n) {
+  constexpr T c = T(gelu_c), k = T(gelu_k);
+  for (std::size_t i = 0; i < n; ++i) {
+    const T v = x[i], sig = s[i];
+    dx[i] += dy[i] * (sig + 2 * v * sig * (1 - sig) * c * (1 + 3 * k * v * v));
+  }
+}
+
 #define TAPEGRAD_INSTANTIATE(T)                                                                                  \
   template void gemm<T>(bool, bool, std::size_t, std::size_t, std::size_t, T, const T*, std::size_t, const T*,  \
                         std::size_t, T, T*, std::size_t);                                                        \
   template void matmul_forward<T>(T*, const T*, const T*, std::size_t, std::size_t, std::size_t);               \
   template void matmul_backward<T>(T*, T*, const T*, const T*, const T*, std::size_t, std::size_t, std::size_t); \
   template void add_matmul_forward<T>(T*, const T*, const T*, const T*, std::size_t, std::size_t, std::size_t);  \
+  template void row_stable_matmul<T>(T*, const T*, const T*, std::size_t, std::size_t, std::size_t, bool);       \
   template void add_matmul_backward<T>(T*, T*, T*, const T*, const T*, const T*, std::size_t, std::size_t,       \
                                        std::size_t);                                                             \
   template void add_forward<T>(T*, const T*, const T*, std::size_t);                                            \
@@ -157,6 +224,11 @@ void cross_entropy_backward(T* dlogits, T dloss, const T* logits, const T* lse, 
   template void rms_norm_forward<T>(T*, T*, const T*, const T*, std::size_t, std::size_t, T);                   \
   template void rms_norm_backward<T>(T*, T*, const T*, const T*, const T*, const T*, std::size_t, std::size_t); \
   template RopeTable<T> make_rope_table<T>(std::size_t, std::size_t, double);                                    \
+  template void layer_norm_forward<T>(T*, T*, T*, const T*, const T*, const T*, std::size_t, std::size_t, T);    \
+  template void layer_norm_backward<T>(T*, T*, T*, const T*, const T*, const T*, const T*, const T*, std::size_t, \
+                                       std::size_t);                                                             \
+  template void gelu_tanh_forward<T>(T*, T*, const T*, std::size_t);                                            \
+  template void gelu_tanh_backward<T>(T*, const T*, const T*, const T*, std::size_t);                           \
   template void rope_forward<T>(T*, const T*, const RopeTable<T>&, std::size_t, std::size_t, std::size_t,        \
                                 std::size_t, std::size_t);                                                       \
   template void rope_backward<T>(T*, const T*, const RopeTable<T>&, std::size_t, std::size_t, std::size_t,       \

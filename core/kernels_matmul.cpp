@@ -79,6 +79,14 @@ void gemm(bool trans_a, bool trans_b, std::size_t M, std::size_t N, std::size_t 
   }
 }
 
+template <class T>
+void row_stable_matmul(T* y, const T* x, const T* w, std::size_t M, std::size_t K, std::size_t N, bool accumulate) {
+  detail::row_stable_product<Batch<T>>(y, N, x, K, w, N, M, N, K, accumulate);
+}
+
+template void row_stable_matmul<float>(float*, const float*, const float*, std::size_t, std::size_t, std::size_t, bool);
+template void row_stable_matmul<double>(double*, const double*, const double*, std::size_t, std::size_t, std::size_t,
+                                        bool);
 template void gemm<float>(bool, bool, std::size_t, std::size_t, std::size_t, float, const float*, std::size_t,
                           const float*, std::size_t, float, float*, std::size_t);
 template void gemm<double>(bool, bool, std::size_t, std::size_t, std::size_t, double, const double*, std::size_t,

@@ -6,6 +6,7 @@
 #include <limits>
 #include <stdexcept>
 
+#include "core/kernels.h"
 #include "core/ops.h"
 #include "core/random.h"
 
@@ -85,41 +86,13 @@ Var layer_norm(const Var& x, const Var& weight, const Var& bias, float eps) {
   Op op("layer_norm", {x, weight, bias});
   Tensor y = Tensor::uninitialized(x.shape());
   Tensor mean = Tensor::uninitialized({rows}), rstd = Tensor::uninitialized({rows});  // (rows)
-  const float *xv = x.value().data(), *w = weight.value().data(), *b = bias.value().data();
-  for (std::size_t r = 0; r < rows; ++r) {
-    const float* row = xv + r * dim;
-    double m = 0, v = 0;
-    for (std::size_t j = 0; j < dim; ++j) m += row[j];
-    m /= double(dim);
-    for (std::size_t j = 0; j < dim; ++j) v += (row[j] - m) * (row[j] - m);
-    v /= double(dim);
-    mean[r] = float(m);
-    rstd[r] = float(1 / std::sqrt(v + eps));
-    for (std::size_t j = 0; j < dim; ++j) y[r * dim + j] = (row[j] - mean[r]) * rstd[r] * w[j] + b[j];
-  }
+  kernels::layer_norm_forward(y.data(), mean.data(), rstd.data(), x.value().data(), weight.value().data(),
+                              bias.value().data(), rows, dim, eps);
   std::size_t bytes = mean.bytes() + rstd.bytes();
   return op.finish(std::move(y), [x, weight, bias, mean = std::move(mean), rstd = std::move(rstd), rows,
                                   dim](const Tensor& dy, const Tensor&) {
-    float *dx = grad_ptr(x), *dw = grad_ptr(weight), *db = grad_ptr(bias);
-    const float *xv = x.value().data(), *w = weight.value().data();
-    for (std::size_t r = 0; r < rows; ++r) {
-      const float *row = xv + r * dim, *g = dy.data() + r * dim;
-      double mean_g = 0, mean_gx = 0;
-      for (std::size_t j = 0; j < dim; ++j) {
-        float xhat = (row[j] - mean[r]) * rstd[r];
-        mean_g += g[j] * w[j];
-        mean_gx += g[j] * w[j] * xhat;
-        if (dw) dw[j] += g[j] * xhat;
-        if (db) db[j] += g[j];
-      }
-      mean_g /= double(dim);
-      mean_gx /= double(dim);
-      if (dx)
-        for (std::size_t j = 0; j < dim; ++j) {
-          float xhat = (row[j] - mean[r]) * rstd[r];
-          dx[r * dim + j] += rstd[r] * float(g[j] * w[j] - mean_g - xhat * mean_gx);
-        }
-    }
+    kernels::layer_norm_backward(grad_ptr(x), grad_ptr(weight), grad_ptr(bias), dy.data(), x.value().data(),
+                                 weight.value().data(), mean.data(), rstd.data(), rows, dim);
   }, bytes);
 }
 

@@ -240,4 +240,45 @@ void tile_product(typename B::value_type* c, std::size_t ldc, const typename B::
   for (; j + W <= N; j += W) tile_rows<B, 1>(c + j, ldc, a, a_row, a_col, b + j, ldb, M, K, alpha, accumulate);
 }
 
+/// C (M, N) (+)= A (M, K) B (K, N), all row-major with leading dimensions, where every element of C
+/// is one FMA chain over k = 0..K-1 starting from zero (then + C when accumulating). The tiling
+/// (by M) and the SIMD width only decide which elements run side by side, never the order of an
+/// element's sum, so a row's result does not depend on M or on the rows that come with it: one
+/// sequence decoded alone gets the same bits as in a batch. Columns past the last whole vector go
+/// through the same batch arithmetic on a zero-padded copy of B's tail.
+template <class B>
+void row_stable_product(typename B::value_type* c, std::size_t ldc, const typename B::value_type* a, std::size_t lda,
+                        const typename B::value_type* b, std::size_t ldb, std::size_t M, std::size_t N, std::size_t K,
+                        bool accumulate) {
+  using T = typename B::value_type;
+  constexpr std::size_t W = B::size, wide = sizeof(B) >= 64 ? 4 : 2;  // tile_rows' vectors per 6-row tile
+  std::size_t j = 0;
+  if (M >= 6) {  // 6-row tiles: each column load feeds 6 rows
+    for (; j + wide * W <= N; j += wide * W) tile_rows<B, wide>(c + j, ldc, a, lda, 1, b + j, ldb, M, K, T(1), accumulate);
+  } else {  // a few rows: wide column blocks keep enough independent chains in flight
+    for (std::size_t i = 0; i < M; ++i) {
+      std::size_t jj = j;
+      for (; jj + 8 * W <= N; jj += 8 * W)
+        tile_block<B, 1, 8>(c + i * ldc + jj, ldc, a + i * lda, lda, 1, b + jj, ldb, K, T(1), accumulate);
+      for (; jj + 2 * W <= N; jj += 2 * W)
+        tile_block<B, 1, 2>(c + i * ldc + jj, ldc, a + i * lda, lda, 1, b + jj, ldb, K, T(1), accumulate);
+    }
+    j = N / (2 * W) * (2 * W);
+  }
+  for (; j + W <= N; j += W) tile_rows<B, 1>(c + j, ldc, a, lda, 1, b + j, ldb, M, K, T(1), accumulate);
+  if (j == N) return;
+  const std::size_t rest = N - j;
+  for (std::size_t i = 0; i < M; ++i) {
+    B sum(T(0));
+    for (std::size_t k = 0; k < K; ++k) {
+      alignas(64) T column[W] = {};
+      for (std::size_t t = 0; t < rest; ++t) column[t] = b[k * ldb + j + t];
+      sum = fma(B(a[i * lda + k]), B::load_aligned(column), sum);
+    }
+    alignas(64) T out[W];
+    sum.store_aligned(out);
+    for (std::size_t t = 0; t < rest; ++t) c[i * ldc + j + t] = accumulate ? out[t] + c[i * ldc + j + t] : out[t];
+  }
+}
+
 }  // namespace tapegrad::detail

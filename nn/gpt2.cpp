@@ -1,4 +1,5 @@
-// gpt2 (SPEC section 9) from public ops and modules; no backward of its own.
+// gpt2: validation, construction, and the one description of the model and its block; no
+// backward of its own.
 #include "nn/gpt2.h"
 
 #include <cmath>
@@ -6,8 +7,6 @@
 
 #include "core/ops.h"
 #include "core/random.h"
-#include "core/remat.h"
-#include "nn/causal_attention.h"
 
 namespace tapegrad::nn {
 
@@ -28,73 +27,45 @@ void Gpt2Config::validate() const {
   if (!(dropout >= 0 && dropout < 1)) fail(fmt::format("dropout {} must be in [0, 1)", dropout));
 }
 
-Gpt2Attention::Gpt2Attention(std::size_t d_model, std::size_t n_heads_, float dropout, float init_std, float out_std,
-                             Rng& rng)
-    : n_heads(n_heads_),
-      wq(d_model, d_model, true, init_std, rng),
-      wk(d_model, d_model, true, init_std, rng),
-      wv(d_model, d_model, true, init_std, rng),
-      wo(d_model, d_model, true, out_std, rng),
-      attn_drop(dropout) {}
-
-Var Gpt2Attention::forward(const Var& x, Rng& rng) const {
-  Var q = wq.forward(x), k = wk.forward(x), v = wv.forward(x);  // (B, T, D)
-  return wo.forward(causal_attention(q, k, v, n_heads, attn_drop, rng));
-}
-
-void Gpt2Attention::collect_params(const std::string& prefix, ParameterList& out) const {
-  wq.collect_params(prefix + "wq.", out);
-  wk.collect_params(prefix + "wk.", out);
-  wv.collect_params(prefix + "wv.", out);
-  wo.collect_params(prefix + "wo.", out);
-}
-
-void Gpt2Attention::set_training(bool on) {
-  Module::set_training(on);
-  attn_drop.set_training(on);
-}
-
-Gpt2Mlp::Gpt2Mlp(std::size_t d_model, std::size_t d_ff, float init_std, float out_std, Rng& rng)
-    : w1(d_model, d_ff, true, init_std, rng), w2(d_ff, d_model, true, out_std, rng) {}
-
-Var Gpt2Mlp::forward(const Var& x) const { return w2.forward(gelu(w1.forward(x), /*approximate_tanh=*/true)); }
-
-void Gpt2Mlp::collect_params(const std::string& prefix, ParameterList& out) const {
-  w1.collect_params(prefix + "w1.", out);
-  w2.collect_params(prefix + "w2.", out);
-}
-
 Gpt2Block::Gpt2Block(const Gpt2Config& c, float init_std, float out_std, Rng& rng)
-    : remat(c.remat),
+    : n_heads(c.n_heads),
       ln1(c.d_model, c.norm_eps),
-      attn(c.d_model, c.n_heads, c.dropout, init_std, out_std, rng),
+      wq(c.d_model, c.d_model, true, init_std, rng),
+      wk(c.d_model, c.d_model, true, init_std, rng),
+      wv(c.d_model, c.d_model, true, init_std, rng),
+      wo(c.d_model, c.d_model, true, out_std, rng),
+      attn_drop(c.dropout),
       ln2(c.d_model, c.norm_eps),
-      mlp(c.d_model, c.ffn_dim(), init_std, out_std, rng),
+      w1(c.d_model, c.ffn_dim(), true, init_std, rng),
+      w2(c.ffn_dim(), c.d_model, true, out_std, rng),
       resid_drop(c.dropout) {}
 
-Var Gpt2Block::forward_inside(const Var& x, std::uint64_t dropout_seed) const {
-  Rng rng(dropout_seed);  // the masks in a fixed order: probabilities, attention branch, MLP branch
-  Var h = x + resid_drop.forward(attn.forward(ln1.forward(x), rng), rng);
-  return h + resid_drop.forward(mlp.forward(ln2.forward(h)), rng);
-}
-
-Var Gpt2Block::forward(const Var& x, std::uint64_t dropout_seed) const {
-  if (!remat) return forward_inside(x, dropout_seed);
-  return rematerialize([this, dropout_seed](const Var& input, const Tensor*) {  // Note [Remat]
-    return forward_inside(input, dropout_seed);
-  }, x);
+// Dropout masks, when active, in a fixed order: probabilities, attention branch, MLP branch.
+template <class P>
+typename P::Value Gpt2Block::run(P& p, const typename P::Value& x) const {
+  auto a = p.layer_norm(x, ln1);
+  auto q = p.linear(a, wq);
+  auto k = p.linear(a, wk);
+  auto v = p.linear(a, wv);
+  auto h = p.residual(x, p.attention(q, k, v, n_heads, attn_drop), wo, resid_drop);
+  auto m = p.gelu_tanh(p.linear(p.layer_norm(h, ln2), w1));
+  return p.output_residual(h, m, w2, resid_drop);
 }
 
 void Gpt2Block::collect_params(const std::string& prefix, ParameterList& out) const {
   ln1.collect_params(prefix + "ln1.", out);
-  attn.collect_params(prefix + "attn.", out);
+  wq.collect_params(prefix + "attn.wq.", out);
+  wk.collect_params(prefix + "attn.wk.", out);
+  wv.collect_params(prefix + "attn.wv.", out);
+  wo.collect_params(prefix + "attn.wo.", out);
   ln2.collect_params(prefix + "ln2.", out);
-  mlp.collect_params(prefix + "mlp.", out);
+  w1.collect_params(prefix + "mlp.w1.", out);
+  w2.collect_params(prefix + "mlp.w2.", out);
 }
 
 void Gpt2Block::set_training(bool on) {
   Module::set_training(on);
-  attn.set_training(on);
+  attn_drop.set_training(on);
   resid_drop.set_training(on);
 }
 
@@ -117,22 +88,17 @@ Gpt2::Gpt2(const Gpt2Config& config, Rng&& rng)
   for (std::size_t i = 0; i < config.n_blocks; ++i) blocks.emplace_back(config_, 0.02f, out_std, rng);
 }
 
-Var Gpt2::forward(std::span<const std::int32_t> ids, std::size_t batch, std::size_t seq_len) const {
-  if (batch == 0 || seq_len == 0 || ids.size() != batch * seq_len)
-    throw std::invalid_argument(fmt::format("Gpt2::forward: {} ids for batch {} x seq_len {}", ids.size(), batch, seq_len));
-  if (seq_len > config_.max_len)
-    throw std::invalid_argument(fmt::format("Gpt2::forward: seq_len {} exceeds max_len {}", seq_len, config_.max_len));
-  Rng embed_rng(dropout_seed(config_.seed, dropout_step, 0));
-  Var positions = slice(pos.weight, 0, 0, seq_len);                                   // (T, D)
-  Var x = embed_drop.forward(embed.forward(ids, batch, seq_len) + positions, embed_rng);  // (B, T, D)
-  for (std::size_t i = 0; i < blocks.size(); ++i) x = blocks[i].forward(x, dropout_seed(config_.seed, dropout_step, i + 1));
-  return matmul(norm.forward(x), embed.weight, false, /*transpose_b=*/true);  // (B, T, V)
+template <class P>
+typename P::Value Gpt2::run(P& p) const {
+  auto tokens = p.embed(embed);
+  auto x = p.dropout(p.add(tokens, p.positions(pos)), embed_drop);
+  for (std::size_t i = 0; i < blocks.size(); ++i)
+    x = p.block(x, config_.remat, dropout_seed(config_.seed, dropout_step, i + 1),
+                [&block = blocks[i]](auto& bp, const auto& h) { return block.run(bp, h); });
+  return p.matmul_transposed(p.layer_norm(x, norm), embed.weight);  // the tied head: x E^T
 }
-
-Var Gpt2::loss(std::span<const std::int32_t> inputs, std::span<const std::int32_t> targets, std::size_t batch,
-               std::size_t seq_len) const {
-  return cross_entropy(forward(inputs, batch, seq_len), targets);
-}
+template Var Gpt2::run<TapePass>(TapePass&) const;
+template Rows Gpt2::run<CachePass>(CachePass&) const;
 
 void Gpt2::collect_params(const std::string& prefix, ParameterList& out) const {
   embed.collect_params(prefix + "embed.", out);

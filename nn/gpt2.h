@@ -1,9 +1,10 @@
-// gpt2: the pre-LN GPT-2 decoder of SPEC section 9 (Radford et al. 2019), character level,
-// written with the public API only (core/ops.h and nn modules) to show how a model is built:
+// gpt2: the pre-LN GPT-2 decoder (Radford et al. 2019), character level, written with the public
+// API only (modules, and the ops of a pass) to show how a model is built:
 //   x = E[ids] + P[0:T]; per block h = x + Attn(LN1(x)), out = h + MLP(LN2(h));
 //   logits = LN(x) E^T (the head is the tied token embedding, no bias).
-// Dropout (SPEC section 8), when p > 0 and in training mode: on the embedding output, the
-// attention probabilities and each residual branch before its add.
+// Described once, in run() (Note [One description], nn/tape_pass.h): training forward, prefill
+// and the cached step come from it. Dropout, when p > 0 and in training mode: on the embedding
+// output, the attention probabilities and each residual branch before its add.
 #pragma once
 
 #include <fmt/format.h>
@@ -13,10 +14,7 @@
 #include <span>
 #include <vector>
 
-#include "nn/dropout.h"
-#include "nn/embedding.h"
-#include "nn/layer_norm.h"
-#include "nn/linear.h"
+#include "nn/decoder_model.h"
 
 namespace tapegrad::nn {
 
@@ -34,62 +32,35 @@ struct Gpt2Config {
   void validate() const;
 };
 
-/// q, k, v, o projections with biases; heads as in SPEC section 2, no RoPE.
-class Gpt2Attention : public Module {
+/// h = x + Attn(LN1(x)); out = h + MLP(LN2(h)). Attn: q, k, v, o projections with biases, heads
+/// as contiguous column chunks, causal softmax(q k^T / sqrt(Dh)) v, no RoPE. MLP:
+/// gelu_tanh(x W1 + b1) W2 + b2.
+class Gpt2Block : public Module {
  public:
-  Gpt2Attention(std::size_t d_model, std::size_t n_heads, float dropout, float init_std, float out_std, Rng& rng);
-  /// x (B, T, D) -> (B, T, D). rng draws the dropout mask of the probabilities (when active).
-  Var forward(const Var& x, Rng& rng) const;
+  Gpt2Block(const Gpt2Config& config, float init_std, float out_std, Rng& rng);
+  /// The block's one description (x: (B, T, D) on the tape, or rows in a cache pass).
+  template <class P> typename P::Value run(P& p, const typename P::Value& x) const;
   void collect_params(const std::string& prefix, ParameterList& out) const override;
   void set_training(bool on) override;
 
   std::size_t n_heads;
-  Linear wq, wk, wv, wo;
-  Dropout attn_drop;
-};
-
-/// gelu_tanh(x W1 + b1) W2 + b2.
-class Gpt2Mlp : public Module {
- public:
-  Gpt2Mlp(std::size_t d_model, std::size_t d_ff, float init_std, float out_std, Rng& rng);
-  Var forward(const Var& x) const;
-  void collect_params(const std::string& prefix, ParameterList& out) const override;
-
-  Linear w1, w2;
-};
-
-class Gpt2Block : public Module {
- public:
-  Gpt2Block(const Gpt2Config& config, float init_std, float out_std, Rng& rng);
-  /// x (B, T, D) -> (B, T, D); the dropout masks come from Rng(dropout_seed). With remat the
-  /// block is one tape entry (Note [Remat]) and its re-run draws the same masks from that seed.
-  Var forward(const Var& x, std::uint64_t dropout_seed) const;
-  void collect_params(const std::string& prefix, ParameterList& out) const override;
-  void set_training(bool on) override;
-
-  bool remat;
   LayerNorm ln1;
-  Gpt2Attention attn;
+  Linear wq, wk, wv, wo;  // (D, D) with biases, named attn.w*
+  Dropout attn_drop;      // on the attention probabilities
   LayerNorm ln2;
-  Gpt2Mlp mlp;
-  Dropout resid_drop;
-
- private:
-  Var forward_inside(const Var& x, std::uint64_t dropout_seed) const;
+  Linear w1, w2;          // (D, F), (F, D) with biases, named mlp.w*
+  Dropout resid_drop;     // on each residual branch
 };
 
-class Gpt2 : public Module {
+class Gpt2 : public Module, public DecoderModel<Gpt2> {
  public:
   /// Initialisation (seeded by config.seed, in parameter order): embeddings and projections
   /// ~ N(0, 0.02^2), the residual outputs Wo and W2 ~ N(0, (0.02 / sqrt(2 n_blocks))^2), biases
   /// zero, LayerNorm weights one and biases zero.
   explicit Gpt2(const Gpt2Config& config);
 
-  /// ids (B*T, row-major) -> logits (B, T, vocab). T <= max_len.
-  Var forward(std::span<const std::int32_t> ids, std::size_t batch, std::size_t seq_len) const;
-  /// Mean next-token cross-entropy of forward(inputs) against targets, both (B*T).
-  Var loss(std::span<const std::int32_t> inputs, std::span<const std::int32_t> targets, std::size_t batch,
-           std::size_t seq_len) const;
+  /// The model's one description: token ids (in the pass) -> logits.
+  template <class P> typename P::Value run(P& p) const;
 
   void collect_params(const std::string& prefix, ParameterList& out) const override;
   void set_training(bool on) override;
@@ -111,7 +82,7 @@ class Gpt2 : public Module {
   Gpt2Config config_;
 };
 
-/// SPEC section 9's factory: gpt2(65, 64, 4, 2, 256) has 120,640 parameters.
+/// gpt2(65, 64, 4, 2, 256) has 120,640 parameters.
 Gpt2 gpt2(std::size_t vocab, std::size_t d_model, std::size_t n_heads, std::size_t n_blocks, std::size_t max_len,
           std::optional<std::size_t> d_ff = std::nullopt, float dropout = 0, bool remat = false, std::uint64_t seed = 0);
 

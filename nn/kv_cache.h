@@ -1,35 +1,91 @@
-// KVCache: the per-sequence decoding state, kept apart from the weights (llama2.c's RunState).
-// Per block, K and V buffers of max_len rows by d_model; the next position; the weights
-// version it was filled under; scratch buffers for the inference pass, sized once.
+// KVCache: the decoding state of S sequences, kept apart from the weights (llama2.c's RunState,
+// with sequence slots as in llama.cpp). Per attention layer and sequence, K and V buffers of
+// max_len rows; per sequence its next position and whether steps advance it; the weights version
+// the rows were computed under; and the buffers of the passes that fill it, which grow on first
+// use and are then reused, so that a step allocates nothing.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
 #include <vector>
 
+#include "core/tape.h"
+
 namespace tapegrad::nn {
 
-class RotaryDecoder;
+/// Tokens appended to one sequence of a cache, from its current position on.
+struct TokenRun {
+  std::size_t sequence = 0, position = 0, count = 0;
+  const std::int32_t* tokens = nullptr;
+};
 
 class KVCache {
  public:
-  KVCache(std::size_t n_blocks, std::size_t max_len, std::size_t d_model);
+  /// `layers` attention layers with K and V rows of `width` floats; `sequences` slots of up to
+  /// max_len tokens each. Models make theirs with make_cache(), which also binds it to them.
+  KVCache(std::size_t layers, std::size_t max_len, std::size_t width, std::size_t sequences = 1);
 
-  /// Starts a new sequence (the buffers are kept).
-  void reset();
-  std::size_t position() const { return position_; }
+  std::size_t sequences() const { return positions_.size(); }
+  std::size_t layers() const { return layers_; }
   std::size_t max_len() const { return max_len_; }
-  std::size_t remaining() const { return max_len_ - position_; }
+  std::size_t width() const { return width_; }
+  /// Tokens held by sequence s, which is also the position its next token takes.
+  std::size_t position(std::size_t sequence = 0) const { return positions_.at(sequence); }
+  std::size_t remaining(std::size_t sequence = 0) const { return max_len_ - position(sequence); }
+  /// Whether steps advance sequence s: every sequence is, until drop(s).
+  bool active(std::size_t sequence) const { return active_.at(sequence) != 0; }
+
+  /// Every sequence starts again, empty and active (the buffers are kept).
+  void reset();
+  /// Sequence s starts again, empty and active; the others are untouched.
+  void restart(std::size_t sequence);
+  /// Sequence s is finished: steps skip it, and its row of their logits is NaN, until restart(s).
+  void drop(std::size_t sequence);
+
+  // ---- for the decoding pass (nn/cache_pass.h) ----
+
+  /// Rows 0..max_len-1 of sequence s's keys (values) in a layer: (max_len, width), row-major.
+  float* keys(std::size_t layer, std::size_t sequence) { return keys_.data() + offset(layer, sequence); }
+  float* values(std::size_t layer, std::size_t sequence) { return values_.data() + offset(layer, sequence); }
+  /// Records that sequence s now holds n more tokens.
+  void advance(std::size_t sequence, std::size_t n) { positions_[sequence] += n; }
+  /// The model this cache was made for (its address) and handles to its parameters, whose
+  /// versions tell whether the weights changed since rows were written.
+  void bind(const void* model, std::vector<Var> params);
+  const void* model() const { return model_; }
+  std::uint64_t weights_version() const;
+  /// The version the held rows were computed under (meaningful while any sequence holds rows).
+  std::uint64_t filled_version = 0;
+
+  /// A bump allocator over buffers that keep their size from pass to pass: the n-th take() of a
+  /// pass returns the n-th buffer, grown if needed, so a pass repeating the same ops allocates
+  /// only the first time.
+  class Scratch {
+   public:
+    void rewind() { next_ = 0; }
+    float* take(std::size_t floats);
+
+   private:
+    std::vector<std::vector<float>> buffers_;
+    std::size_t next_ = 0;
+  };
+  /// Per thread of a pass: its Scratch. Grown by the pass, kept by the cache.
+  std::vector<Scratch> scratch;
+  /// A step's runs (one per active sequence), its logits (sequences, vocab), and the active
+  /// rows' logits before NaN rows are put in for the dropped sequences.
+  std::vector<TokenRun> step_runs;
+  std::vector<float> step_logits, active_logits;
 
  private:
-  friend class RotaryDecoder;
-  std::size_t n_blocks_, max_len_, d_model_;
-  std::size_t position_ = 0;
-  std::uint64_t weights_version_ = 0;  // of the model when position_ last moved from 0
-  std::vector<float> keys_, values_;   // (n_blocks, max_len, d_model), rotated keys
-  // Scratch for a pass of up to `capacity_rows_` tokens; grows only when a longer prefill comes.
-  std::size_t capacity_rows_ = 0;
-  std::vector<float> x_, normed_, q_, attended_, gate_, up_, logits_;
+  std::size_t offset(std::size_t layer, std::size_t sequence) const {
+    return (layer * positions_.size() + sequence) * max_len_ * width_;
+  }
+  std::size_t layers_, max_len_, width_;
+  std::vector<std::size_t> positions_;
+  std::vector<char> active_;
+  std::vector<float> keys_, values_;  // (layers, sequences, max_len, width)
+  const void* model_ = nullptr;
+  std::vector<Var> params_;
 };
 
 }  // namespace tapegrad::nn

@@ -134,6 +134,26 @@ void LanguageModel::set_dropout_step(std::uint64_t step) {
   std::visit([step](auto& m) { m.dropout_step = step; }, model_);
 }
 
+KVCache LanguageModel::make_cache(std::size_t sequences) const {
+  return std::visit([&](const auto& m) { return m.make_cache(sequences); }, model_);
+}
+
+Tensor LanguageModel::prefill(std::span<const std::int32_t> tokens, KVCache& cache, std::size_t sequence) const {
+  return std::visit([&](const auto& m) { return m.prefill(tokens, cache, sequence); }, model_);
+}
+
+Tensor LanguageModel::prefill(std::span<const std::vector<std::int32_t>> prompts, KVCache& cache) const {
+  return std::visit([&](const auto& m) { return m.prefill(prompts, cache); }, model_);
+}
+
+std::span<const float> LanguageModel::step(std::span<const std::int32_t> tokens, KVCache& cache) const {
+  return std::visit([&](const auto& m) { return m.step(tokens, cache); }, model_);
+}
+
+std::span<const float> LanguageModel::step(std::int32_t token, KVCache& cache) const {
+  return std::visit([&](const auto& m) { return m.step(token, cache); }, model_);
+}
+
 std::string LanguageModel::describe() const {
   return std::visit([](const auto& m) { return fmt::format("{}", m); }, model_);
 }

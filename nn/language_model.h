@@ -1,6 +1,6 @@
 // LanguageModel: one of the architectures the programs train, generate with and evaluate,
-// chosen by name ("rotary", SPEC section 2; "gpt2", section 9) and recorded in the checkpoint's
-// "arch" metadata (SPEC section 5; a file without it is "rotary").
+// chosen by name ("rotary": nn/rotary_decoder.h; "gpt2": nn/gpt2.h) and recorded in the
+// checkpoint's "arch" metadata (a file without it is "rotary").
 #pragma once
 
 #include <map>
@@ -35,7 +35,15 @@ class LanguageModel {
   /// "RotaryDecoder(...)" or "Gpt2(...)".
   std::string describe() const;
 
-  /// The model itself, for what only one architecture has (the rotary decoder's KV cache).
+  /// Decoding through a KV cache, as each architecture's DecoderModel offers it.
+  using Cache = KVCache;
+  KVCache make_cache(std::size_t sequences = 1) const;
+  Tensor prefill(std::span<const std::int32_t> tokens, KVCache& cache, std::size_t sequence = 0) const;
+  Tensor prefill(std::span<const std::vector<std::int32_t>> prompts, KVCache& cache) const;
+  std::span<const float> step(std::span<const std::int32_t> tokens, KVCache& cache) const;
+  std::span<const float> step(std::int32_t token, KVCache& cache) const;
+
+  /// The model itself, for what only one architecture has.
   RotaryDecoder* rotary() { return std::get_if<RotaryDecoder>(&model_); }
   const RotaryDecoder* rotary() const { return std::get_if<RotaryDecoder>(&model_); }
   Gpt2* gpt2() { return std::get_if<Gpt2>(&model_); }
@@ -46,7 +54,7 @@ class LanguageModel {
 };
 
 /// save_checkpoint for either architecture: the rotary decoder's file is unchanged (plus
-/// arch = "rotary"); a gpt2 file has the names of SPEC section 9, arch = "gpt2", its sizes,
+/// arch = "rotary"); a gpt2 file has the tensor names of Gpt2::params(), arch = "gpt2", its sizes,
 /// norm_eps, dropout, and the vocabulary.
 void save_model_checkpoint(const std::string& path, const LanguageModel& model, const CharTokenizer& tokenizer,
                            const CheckpointExtras& extras = {});

@@ -1,4 +1,4 @@
-// RotaryDecoder: construction, validation and the training forward.
+// RotaryDecoder: validation, construction, and the one description of the model and its block.
 #include "nn/rotary_decoder.h"
 
 #include <cmath>
@@ -6,7 +6,6 @@
 
 #include "core/ops.h"
 #include "core/random.h"
-#include "nn/kv_cache.h"
 
 namespace tapegrad::nn {
 
@@ -37,6 +36,52 @@ static Rng validated_init_rng(const DecoderConfig& config) {
   return Rng(config.seed);
 }
 
+DecoderBlock::DecoderBlock(const DecoderConfig& c, std::shared_ptr<const kernels::RopeTable<float>> rope_table,
+                           float init_std, float out_std, Rng& rng)
+    : n_heads(c.n_heads),
+      rope(std::move(rope_table)),
+      attn_norm(c.d_model, c.norm_eps),
+      wq(c.d_model, c.d_model, false, init_std, rng),
+      wk(c.d_model, c.d_model, false, init_std, rng),
+      wv(c.d_model, c.d_model, false, init_std, rng),
+      wo(c.d_model, c.d_model, false, out_std, rng),
+      ffn_norm(c.d_model, c.norm_eps),
+      w1(c.d_model, c.ffn_dim(), false, init_std, rng),
+      w3(c.d_model, c.ffn_dim(), false, init_std, rng),
+      w2(c.ffn_dim(), c.d_model, false, out_std, rng),
+      drop(c.dropout) {}
+
+// Dropout masks, when active, in a fixed order: probabilities, attention branch, FFN branch.
+template <class P>
+typename P::Value DecoderBlock::run(P& p, const typename P::Value& x) const {
+  auto a = p.rms_norm(x, attn_norm);
+  auto q = p.rope(p.linear(a, wq), rope, n_heads);
+  auto k = p.rope(p.linear(a, wk), rope, n_heads);
+  auto v = p.linear(a, wv);
+  auto h = p.residual(x, p.attention(q, k, v, n_heads, drop), wo, drop);
+  auto f = p.rms_norm(h, ffn_norm);
+  auto gate = p.linear(f, w1);
+  auto up = p.linear(f, w3);
+  return p.output_residual(h, p.swiglu(gate, up), w2, drop);
+}
+
+void DecoderBlock::set_training(bool on) {
+  Module::set_training(on);
+  drop.set_training(on);
+}
+
+void DecoderBlock::collect_params(const std::string& prefix, ParameterList& out) const {
+  attn_norm.collect_params(prefix + "attn_norm.", out);
+  wq.collect_params(prefix + "attn.wq.", out);
+  wk.collect_params(prefix + "attn.wk.", out);
+  wv.collect_params(prefix + "attn.wv.", out);
+  wo.collect_params(prefix + "attn.wo.", out);
+  ffn_norm.collect_params(prefix + "ffn_norm.", out);
+  w1.collect_params(prefix + "ffn.w1.", out);
+  w3.collect_params(prefix + "ffn.w3.", out);
+  w2.collect_params(prefix + "ffn.w2.", out);
+}
+
 RotaryDecoder::RotaryDecoder(const DecoderConfig& config) : RotaryDecoder(config, validated_init_rng(config)) {}
 
 RotaryDecoder::RotaryDecoder(const DecoderConfig& config, Rng&& rng)
@@ -44,44 +89,25 @@ RotaryDecoder::RotaryDecoder(const DecoderConfig& config, Rng&& rng)
       norm(config.d_model, config.norm_eps),
       head(config.d_model, config.vocab, true, 0.02f, rng),
       embed_drop(config.dropout),
-      config_(config),
-      rope_(std::make_shared<kernels::RopeTable<float>>(
-          kernels::make_rope_table<float>(config.max_len, config.head_dim(), config.rope_theta))) {
+      config_(config) {
   config_.d_ff = config.ffn_dim();
+  auto rope = std::make_shared<kernels::RopeTable<float>>(
+      kernels::make_rope_table<float>(config.max_len, config.head_dim(), config.rope_theta));
   float out_std = 0.02f / std::sqrt(2.0f * float(config.n_blocks));
   blocks.reserve(config.n_blocks);
-  for (std::size_t i = 0; i < config.n_blocks; ++i)
-    blocks.emplace_back(config.d_model, config.n_heads, config.ffn_dim(), config.norm_eps, config.remat, rope_, 0.02f,
-                        out_std, rng, config.dropout);
-  for (const auto& p : params()) param_vars_.push_back(p.var);
+  for (std::size_t i = 0; i < config.n_blocks; ++i) blocks.emplace_back(config_, rope, 0.02f, out_std, rng);
 }
 
-Var RotaryDecoder::forward(std::span<const std::int32_t> ids, std::size_t batch, std::size_t seq_len) const {
-  if (batch == 0 || seq_len == 0 || ids.size() != batch * seq_len)
-    throw std::invalid_argument(fmt::format("RotaryDecoder::forward: {} ids for batch {} x seq_len {}", ids.size(),
-                                            batch, seq_len));
-  if (seq_len > config_.max_len)
-    throw std::invalid_argument(fmt::format("RotaryDecoder::forward: seq_len {} exceeds max_len {}", seq_len,
-                                            config_.max_len));
-  Var x = embed.forward(ids, batch, seq_len);
-  if (embed_drop.active()) {
-    Rng rng(dropout_seed(config_.seed, dropout_step, 0));
-    x = embed_drop.forward(x, rng);
-  }
-  for (std::size_t i = 0; i < blocks.size(); ++i) x = blocks[i].forward(x, dropout_seed(config_.seed, dropout_step, i + 1));
-  return head.forward(norm.forward(x));
+template <class P>
+typename P::Value RotaryDecoder::run(P& p) const {
+  auto x = p.dropout(p.embed(embed), embed_drop);
+  for (std::size_t i = 0; i < blocks.size(); ++i)
+    x = p.block(x, config_.remat, dropout_seed(config_.seed, dropout_step, i + 1),
+                [&block = blocks[i]](auto& bp, const auto& h) { return block.run(bp, h); });
+  return p.linear(p.rms_norm(x, norm), head);
 }
-
-Var RotaryDecoder::loss(std::span<const std::int32_t> inputs, std::span<const std::int32_t> targets, std::size_t batch,
-                        std::size_t seq_len) const {
-  return cross_entropy(forward(inputs, batch, seq_len), targets);
-}
-
-std::uint64_t RotaryDecoder::weights_version() const {
-  std::uint64_t v = 0;
-  for (const Var& p : param_vars_) v += p.version();
-  return v;
-}
+template Var RotaryDecoder::run<TapePass>(TapePass&) const;
+template Rows RotaryDecoder::run<CachePass>(CachePass&) const;
 
 void RotaryDecoder::set_training(bool on) {
   Module::set_training(on);

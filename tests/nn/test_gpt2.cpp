@@ -83,7 +83,7 @@ TEST_CASE("gpt2's dropout follows train/eval and draws its masks from (seed, ste
   CHECK(max_abs_diff(step0, logits(model)) > 0.0f);
   CHECK(max_abs_diff(step0, logits(plain)) > 0.0f);
   model.eval();
-  CHECK_FALSE(model.blocks[0].attn.attn_drop.training());
+  CHECK_FALSE(model.blocks[0].attn_drop.training());
   CHECK(max_abs_diff(logits(model), logits(plain)) < 1e-6f);  // eval: the identity (fused attention path)
   model.train();
   CHECK(model.blocks[0].resid_drop.training());

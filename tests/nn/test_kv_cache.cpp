@@ -94,7 +94,7 @@ TEST_CASE("reset gives the same outputs as a fresh cache; running past max_len i
         "KVCache: 1 tokens at position 8 run past max_len 8; reset() to start a new sequence");
   cache.reset();
   CHECK(test::contains(test::error_of([&] { model.step(13, cache); }), "token id 13 at index 0 is outside the vocabulary of size 13"));
-  CHECK(test::contains(test::error_of([&] { model.prefill({}, cache); }), "no tokens"));
+  CHECK(test::contains(test::error_of([&] { model.prefill(std::span<const std::int32_t>{}, cache); }), "no tokens"));
 }
 
 TEST_CASE("a cache filled before the weights changed is refused") {

@@ -1,0 +1,253 @@
+// CachePass: the ops of a model description as kernel calls on rows, and the threads that run it.
+#include "nn/cache_pass.h"
+
+#include <fmt/format.h>
+#include <omp.h>
+
+#include <algorithm>
+#include <exception>
+#include <stdexcept>
+
+namespace tapegrad::nn {
+
+CachePass::CachePass(KVCache& cache, std::span<const Run> runs, KVCache::Scratch& scratch)
+    : cache_(cache), runs_(runs), scratch_(scratch) {
+  for (const Run& run : runs_) rows_ += run.count;
+  scratch_.rewind();
+}
+
+Rows CachePass::take(std::size_t cols) { return {scratch_.take(rows_ * cols), rows_, cols}; }
+
+void CachePass::check_cols(const char* op, const Rows& x, std::size_t cols) const {
+  if (x.cols != cols || x.rows != rows_)
+    throw std::invalid_argument(fmt::format("CachePass::{}: expected rows ({}, {}), got ({}, {})", op, rows_, cols,
+                                            x.rows, x.cols));
+}
+
+Rows CachePass::embed(const Embedding& table) {
+  const Tensor& w = table.weight.value();
+  Rows y = take(w.shape()[1]);
+  std::size_t r = 0;
+  for (const Run& run : runs_) {
+    for (std::size_t i = 0; i < run.count; ++i)
+      if (run.tokens[i] < 0 || std::size_t(run.tokens[i]) >= w.shape()[0])
+        throw std::out_of_range(fmt::format("CachePass::embed: token id {} is outside the table of {} rows",
+                                            run.tokens[i], w.shape()[0]));
+    kernels::embedding_forward(y.row(r), w.data(), run.tokens, run.count, y.cols);
+    r += run.count;
+  }
+  return y;
+}
+
+Rows CachePass::positions(const Embedding& table) {
+  const Tensor& w = table.weight.value();
+  const std::size_t dim = w.shape()[1];
+  Rows y = take(dim);
+  std::size_t r = 0;
+  for (const Run& run : runs_) {
+    if (run.position + run.count > w.shape()[0])
+      throw std::out_of_range(fmt::format("CachePass::positions: position {} is outside the table of {} rows",
+                                          run.position + run.count - 1, w.shape()[0]));
+    std::copy_n(w.data() + run.position * dim, run.count * dim, y.row(r));
+    r += run.count;
+  }
+  return y;
+}
+
+Rows CachePass::add(const Rows& a, const Rows& b) {
+  check_cols("add", b, a.cols);
+  Rows y = take(a.cols);
+  kernels::add_forward(y.data, a.data, b.data, rows_ * a.cols);
+  return y;
+}
+
+Rows CachePass::rms_norm(const Rows& x, const RMSNorm& norm) {
+  check_cols("rms_norm", x, norm.weight.shape()[0]);
+  Rows y = take(x.cols);
+  kernels::rms_norm_forward<float>(y.data, nullptr, x.data, norm.weight.value().data(), rows_, x.cols, norm.eps);
+  return y;
+}
+
+Rows CachePass::layer_norm(const Rows& x, const LayerNorm& norm) {
+  check_cols("layer_norm", x, norm.weight.shape()[0]);
+  Rows y = take(x.cols);
+  kernels::layer_norm_forward<float>(y.data, nullptr, nullptr, x.data, norm.weight.value().data(),
+                                     norm.bias.value().data(), rows_, x.cols, norm.eps);
+  return y;
+}
+
+Rows CachePass::linear(const Rows& x, const Linear& layer) {
+  check_cols("linear", x, layer.in());
+  Rows y = take(layer.out());
+  kernels::row_stable_matmul(y.data, x.data, layer.weight.value().data(), rows_, layer.in(), layer.out(), false);
+  if (layer.bias.defined()) kernels::add_bias_forward(y.data, y.data, layer.bias.value().data(), rows_, y.cols);
+  return y;
+}
+
+Rows CachePass::matmul_transposed(const Rows& x, const Var& weight) {
+  const std::size_t out = weight.shape()[0], in = weight.shape()[1];
+  check_cols("matmul_transposed", x, in);
+  Rows y = take(out);
+  // Row by row: a row's dot products then never depend on the rows beside it.
+  for (std::size_t r = 0; r < rows_; ++r)
+    kernels::gemm<float>(false, true, 1, out, in, 1.0f, x.row(r), in, weight.value().data(), in, 0.0f, y.row(r), out);
+  return y;
+}
+
+Rows CachePass::rope(const Rows& x, const std::shared_ptr<const kernels::RopeTable<float>>& table,
+                     std::size_t n_heads) {
+  Rows y = take(x.cols);
+  std::size_t r = 0;
+  for (const Run& run : runs_) {
+    kernels::rope_forward(y.row(r), x.row(r), *table, 1, run.count, n_heads, x.cols / n_heads, run.position);
+    r += run.count;
+  }
+  return y;
+}
+
+Rows CachePass::attention(const Rows& q, const Rows& k, const Rows& v, std::size_t n_heads, const Dropout&) {
+  const std::size_t width = cache_.width(), layer = layer_++;
+  if (layer >= cache_.layers())
+    throw std::logic_error(fmt::format("CachePass::attention: the model attends {} times per token, but the cache "
+                                       "has {} layers",
+                                       layer + 1, cache_.layers()));
+  check_cols("attention", q, width);
+  check_cols("attention", k, width);
+  check_cols("attention", v, width);
+  Rows y = take(width);
+  std::size_t r = 0;
+  for (const Run& run : runs_) {
+    float *keys = cache_.keys(layer, run.sequence), *values = cache_.values(layer, run.sequence);
+    std::copy_n(k.row(r), run.count * width, keys + run.position * width);
+    std::copy_n(v.row(r), run.count * width, values + run.position * width);
+    kernels::attention_forward<float>(y.row(r), nullptr, q.row(r), keys, values,
+                                      {1, run.count, run.position + run.count, n_heads, width / n_heads, run.position});
+    r += run.count;
+  }
+  return y;
+}
+
+Rows CachePass::residual(const Rows& x, const Rows& h, const Linear& out, const Dropout&) {
+  check_cols("residual", h, out.in());
+  check_cols("residual", x, out.out());
+  Rows y = take(x.cols);
+  if (!out.bias.defined()) {  // y = x + h W: the chains start from zero, then add x
+    std::copy_n(x.data, rows_ * x.cols, y.data);
+    kernels::row_stable_matmul(y.data, h.data, out.weight.value().data(), rows_, out.in(), out.out(), true);
+    return y;
+  }
+  kernels::row_stable_matmul(y.data, h.data, out.weight.value().data(), rows_, out.in(), out.out(), false);
+  kernels::add_bias_forward(y.data, y.data, out.bias.value().data(), rows_, y.cols);
+  kernels::add_forward(y.data, y.data, x.data, rows_ * y.cols);
+  return y;
+}
+
+Rows CachePass::swiglu(const Rows& gate, const Rows& up) {
+  check_cols("swiglu", up, gate.cols);
+  Rows y = take(gate.cols);
+  // Row by row, so that every row splits into SIMD body and tail alike.
+  for (std::size_t r = 0; r < rows_; ++r) kernels::swiglu_forward(y.row(r), gate.row(r), up.row(r), gate.cols);
+  return y;
+}
+
+Rows CachePass::gelu_tanh(const Rows& x) {
+  Rows y = take(x.cols);
+  kernels::gelu_tanh_forward<float>(y.data, nullptr, x.data, rows_ * x.cols);
+  return y;
+}
+
+void check_decode(std::span<CachePass::Run> runs, KVCache& cache, const void* model, std::size_t layers,
+                  std::size_t max_len, std::size_t width, std::size_t vocab) {
+  if (cache.layers() != layers || cache.max_len() != max_len || cache.width() != width)
+    throw std::invalid_argument(fmt::format("KVCache: made for {} blocks x {} positions x d_model {}, but the model "
+                                            "has {} x {} x {}; use model.make_cache()",
+                                            cache.layers(), cache.max_len(), cache.width(), layers, max_len, width));
+  if (cache.model() != model)
+    throw std::invalid_argument("KVCache: this cache was made by another model; use model.make_cache()");
+  for (std::size_t i = 0; i < runs.size(); ++i) {
+    CachePass::Run& run = runs[i];
+    if (run.sequence >= cache.sequences())
+      throw std::out_of_range(fmt::format("KVCache: sequence {} of a cache of {}", run.sequence, cache.sequences()));
+    if (!cache.active(run.sequence))
+      throw std::invalid_argument(
+          fmt::format("KVCache: sequence {} was dropped; restart({}) it first", run.sequence, run.sequence));
+    if (i > 0 && runs[i - 1].sequence >= run.sequence)
+      throw std::invalid_argument(fmt::format("KVCache: sequences must come once each, in increasing order; got {} "
+                                              "after {}",
+                                              run.sequence, runs[i - 1].sequence));
+    if (run.count == 0) throw std::invalid_argument("KVCache: no tokens to write");
+    run.position = cache.position(run.sequence);
+    if (run.position + run.count > max_len)
+      throw std::out_of_range(fmt::format("KVCache: {} tokens at position {} run past max_len {}; reset() to start "
+                                          "a new sequence",
+                                          run.count, run.position, max_len));
+    for (std::size_t t = 0; t < run.count; ++t)
+      if (run.tokens[t] < 0 || std::size_t(run.tokens[t]) >= vocab)
+        throw std::out_of_range(fmt::format("KVCache: token id {} at index {} is outside the vocabulary of size {}",
+                                            run.tokens[t], t, vocab));
+  }
+  bool holds_rows = false;
+  for (std::size_t s = 0; s < cache.sequences(); ++s) holds_rows = holds_rows || (cache.active(s) && cache.position(s) > 0);
+  const std::uint64_t version = cache.weights_version();
+  if (holds_rows && version != cache.filled_version)
+    throw std::logic_error(fmt::format("KVCache: the weights changed since this cache was filled (version {} -> "
+                                       "{}); call reset() and prefill again",
+                                       cache.filled_version, version));
+  cache.filled_version = version;
+}
+
+void run_cache_passes(KVCache& cache, const DecodeRequest& request, const std::function<Rows(CachePass&)>& describe) {
+  const std::span<const CachePass::Run> runs = request.runs;
+  std::size_t total = 0;
+  for (const auto& run : runs) total += run.count;
+  // Several sequences: contiguous groups of runs, one per thread, balanced by tokens; a single
+  // sequence runs on this thread and its kernels split their own work.
+  const std::size_t threads =
+      omp_in_parallel() ? 1 : std::min<std::size_t>(std::max(1, num_threads()), runs.size());
+  if (cache.scratch.size() < threads) cache.scratch.resize(threads);
+  auto pass = [&](std::size_t t) {
+    std::size_t begin = 0, end = runs.size(), first_row = 0;
+    if (threads > 1) {
+      // Run i goes to the thread whose share of the tokens contains the run's first token.
+      auto owner = [&](std::size_t row) { return row * threads / total; };
+      std::size_t row = 0;
+      begin = end = runs.size();
+      for (std::size_t i = 0; i < runs.size(); row += runs[i].count, ++i) {
+        if (owner(row) == t && begin == runs.size()) begin = i, first_row = row;
+        if (owner(row) > t) {
+          end = i;
+          break;
+        }
+      }
+      if (begin == runs.size()) return;
+    }
+    CachePass p(cache, runs.subspan(begin, end - begin), cache.scratch[t]);
+    Rows logits = describe(p);
+    if (p.layers_used() != cache.layers())
+      throw std::logic_error(fmt::format("CachePass: the model attended {} times per token, but the cache has {} "
+                                         "layers; make the cache with the model's make_cache()",
+                                         p.layers_used(), cache.layers()));
+    if (logits.rows != p.rows() || logits.cols != request.vocab)
+      throw std::logic_error(fmt::format("CachePass: the description returned ({}, {}) rows, expected logits ({}, {})",
+                                         logits.rows, logits.cols, p.rows(), request.vocab));
+    std::copy_n(logits.data, logits.rows * logits.cols, request.logits + first_row * request.vocab);
+  };
+  if (threads == 1) {
+    pass(0);
+  } else {
+    std::exception_ptr failure;
+#pragma omp parallel for num_threads(int(threads)) schedule(static, 1)
+    for (std::ptrdiff_t t = 0; t < std::ptrdiff_t(threads); ++t) {
+      try {
+        pass(std::size_t(t));
+      } catch (...) {
+#pragma omp critical(tapegrad_cache_pass_failure)
+        if (!failure) failure = std::current_exception();
+      }
+    }
+    if (failure) std::rethrow_exception(failure);
+  }
+  for (const auto& run : runs) cache.advance(run.sequence, run.count);
+}
+
+}  // namespace tapegrad::nn

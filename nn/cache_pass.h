@@ -1,0 +1,99 @@
+// CachePass: runs a model description (Note [One description]) for decoding. Its values are rows
+// of floats, one per token of the pass; its ops call the kernels directly, with no tape, on the
+// parameter tensors as they are at the time of the call; attention appends each token's key and
+// value to its sequence in a KVCache and attends over that sequence's rows 0..position.
+//
+// A pass holds runs of tokens, each appended to one sequence at that sequence's next position:
+// a prefill is one run per prompt, a step one run of one token per active sequence. Every row is
+// computed the same way whichever rows share its pass (the matmuls are row-stable, the other ops
+// work row by row or per sequence), so a sequence decoded in a batch gets the bits it gets alone.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <span>
+
+#include "core/kernels.h"
+#include "nn/dropout.h"
+#include "nn/embedding.h"
+#include "nn/kv_cache.h"
+#include "nn/layer_norm.h"
+#include "nn/linear.h"
+#include "nn/rms_norm.h"
+
+namespace tapegrad::nn {
+
+/// A value of a CachePass: `rows` rows of `cols` floats, row-major, in the pass's scratch.
+struct Rows {
+  float* data = nullptr;
+  std::size_t rows = 0, cols = 0;
+  float* row(std::size_t r) const { return data + r * cols; }
+};
+
+class CachePass {
+ public:
+  using Value = Rows;
+  using Run = TokenRun;
+
+  CachePass(KVCache& cache, std::span<const Run> runs, KVCache::Scratch& scratch);
+
+  // The ops of a description (nn/tape_pass.h has the same, on the tape).
+  Rows embed(const Embedding& table);                        // the tokens' rows of the table
+  Rows positions(const Embedding& table);                    // the rows of the tokens' positions
+  Rows add(const Rows& a, const Rows& b);
+  Rows dropout(const Rows& x, const Dropout&) { return x; }  // decoding is evaluation
+  Rows rms_norm(const Rows& x, const RMSNorm& norm);
+  Rows layer_norm(const Rows& x, const LayerNorm& norm);
+  Rows linear(const Rows& x, const Linear& layer);           // x W (+ b)
+  Rows matmul_transposed(const Rows& x, const Var& weight);  // x W^T, W (out, in): a tied head
+  Rows rope(const Rows& x, const std::shared_ptr<const kernels::RopeTable<float>>& table, std::size_t n_heads);
+  /// Causal attention over each token's sequence: its k and v rows are appended to the cache (the
+  /// k-th attention of a pass uses the cache's layer k), then q attends to rows 0..position.
+  Rows attention(const Rows& q, const Rows& k, const Rows& v, std::size_t n_heads, const Dropout&);
+  Rows residual(const Rows& x, const Rows& h, const Linear& out, const Dropout&);  // x + h W (+ b)
+  Rows output_residual(const Rows& x, const Rows& h, const Linear& out, const Dropout& drop) {
+    return residual(x, h, out, drop);
+  }
+  Rows swiglu(const Rows& gate, const Rows& up);
+  Rows gelu_tanh(const Rows& x);
+  /// A block: its description runs on this pass (remat and dropout seeds concern training only).
+  template <class Describe>
+  Rows block(const Rows& x, bool /*remat*/, std::uint64_t /*dropout_seed*/, Describe&& describe) {
+    return describe(*this, x);
+  }
+
+  std::size_t rows() const { return rows_; }
+  /// Attention layers the pass has used so far.
+  std::size_t layers_used() const { return layer_; }
+
+ private:
+  Rows take(std::size_t cols);
+  void check_cols(const char* op, const Rows& x, std::size_t cols) const;
+
+  KVCache& cache_;
+  std::span<const Run> runs_;
+  KVCache::Scratch& scratch_;
+  std::size_t rows_ = 0, layer_ = 0;
+};
+
+/// What a model's decoding call asks for: runs of tokens, and where their logits go.
+struct DecodeRequest {
+  std::span<const CachePass::Run> runs;
+  std::size_t vocab = 0;
+  float* logits = nullptr;  // (total tokens, vocab), the runs' rows in order
+};
+
+/// Refuses (with a message naming the values) a request the cache cannot take: a cache made by
+/// another model or for other sizes, an unknown or dropped sequence, a sequence twice, a token
+/// outside the vocabulary, a run past max_len, rows held from older weights. Then sets each run's
+/// position to its sequence's and records the weights version.
+void check_decode(std::span<CachePass::Run> runs, KVCache& cache, const void* model, std::size_t layers,
+                  std::size_t max_len, std::size_t width, std::size_t vocab);
+
+/// Runs `describe` (a model's description on a CachePass, returning logits rows) over the runs:
+/// split across the kernel threads by sequence when there are several, one pass per thread. The
+/// caller has checked the tokens, positions and weights version; this advances the positions.
+void run_cache_passes(KVCache& cache, const DecodeRequest& request, const std::function<Rows(CachePass&)>& describe);
+
+}  // namespace tapegrad::nn

@@ -1,0 +1,123 @@
+// DecoderModel<Model>: what a decoder-only language model gets from its one description
+// (Note [One description], nn/tape_pass.h): forward and loss on the tape, and decoding through a
+// KV cache of one sequence or many. Model derives from it (and from Module) and provides:
+//   template <class P> typename P::Value run(P& p) const;  // the description: ids -> logits
+//   config(): vocab, d_model, n_blocks, max_len, seed     // one attention of width d_model per block
+//   dropout_step                                           // the training step (dropout streams)
+// run<TapePass> and run<CachePass> are instantiated where run is defined.
+#pragma once
+
+#include <fmt/format.h>
+
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <span>
+#include <stdexcept>
+#include <vector>
+
+#include "core/ops.h"
+#include "nn/cache_pass.h"
+#include "nn/tape_pass.h"
+
+namespace tapegrad::nn {
+
+template <class Model>
+class DecoderModel {
+ public:
+  using Cache = KVCache;
+
+  /// ids (B*T, row-major) -> logits (B, T, vocab). T <= max_len.
+  Var forward(std::span<const std::int32_t> ids, std::size_t batch, std::size_t seq_len) const {
+    if (seq_len > model().config().max_len)
+      throw std::invalid_argument(
+          fmt::format("forward: seq_len {} exceeds max_len {}", seq_len, model().config().max_len));
+    TapePass p(ids, batch, seq_len, dropout_seed(model().config().seed, model().dropout_step, 0));
+    return model().run(p);
+  }
+  /// Mean next-token cross-entropy of forward(inputs) against targets, both (B*T).
+  Var loss(std::span<const std::int32_t> inputs, std::span<const std::int32_t> targets, std::size_t batch,
+           std::size_t seq_len) const {
+    return cross_entropy(forward(inputs, batch, seq_len), targets);
+  }
+
+  /// A cache for `sequences` sequences of up to max_len tokens, bound to this model: its steps
+  /// read the weights as they are at each call and refuse rows computed under older weights.
+  KVCache make_cache(std::size_t sequences = 1) const {
+    const auto& c = model().config();
+    KVCache cache(c.n_blocks, c.max_len, c.d_model, sequences);
+    std::vector<Var> handles;
+    for (const auto& p : model().params()) handles.push_back(p.var);
+    cache.bind(this, std::move(handles));
+    return cache;
+  }
+
+  /// Appends tokens to one sequence of the cache in one pass; returns their logits (T, vocab).
+  Tensor prefill(std::span<const std::int32_t> tokens, KVCache& cache, std::size_t sequence = 0) const {
+    CachePass::Run run{sequence, 0, tokens.size(), tokens.data()};
+    return prefill_runs(std::span(&run, 1), cache);
+  }
+  /// Appends prompts[s] to sequence s, for every s with a non-empty prompt, in one pass (the
+  /// sequences split across threads). Returns the logits of every appended token, sequence after
+  /// sequence: (total tokens, vocab).
+  Tensor prefill(std::span<const std::vector<std::int32_t>> prompts, KVCache& cache) const {
+    if (prompts.size() > cache.sequences())
+      throw std::invalid_argument(
+          fmt::format("prefill: {} prompts for a cache of {} sequences", prompts.size(), cache.sequences()));
+    std::vector<CachePass::Run> runs;
+    for (std::size_t s = 0; s < prompts.size(); ++s)
+      if (!prompts[s].empty()) runs.push_back({s, 0, prompts[s].size(), prompts[s].data()});
+    return prefill_runs(runs, cache);
+  }
+
+  /// One token for each sequence of the cache (the tokens of dropped sequences are ignored):
+  /// returns the logits (sequences, vocab), rows of dropped sequences NaN, a view into the cache
+  /// valid until its next call. No tape; no allocation after the first call.
+  std::span<const float> step(std::span<const std::int32_t> tokens, KVCache& cache) const {
+    const std::size_t S = cache.sequences(), vocab = model().config().vocab;
+    if (tokens.size() != S)
+      throw std::invalid_argument(fmt::format("step: {} tokens for a cache of {} sequences", tokens.size(), S));
+    if (cache.step_runs.size() < S) cache.step_runs.resize(S);
+    std::size_t n = 0;
+    for (std::size_t s = 0; s < S; ++s)
+      if (cache.active(s)) cache.step_runs[n++] = {s, 0, 1, &tokens[s]};
+    if (n == 0) throw std::invalid_argument("step: every sequence of the cache has been dropped");
+    std::span<CachePass::Run> runs(cache.step_runs.data(), n);
+    if (cache.step_logits.size() < S * vocab) cache.step_logits.resize(S * vocab);
+    if (n == S) {
+      decode(runs, cache, cache.step_logits.data());
+    } else {  // the active rows, then spread out with NaN rows for the dropped sequences
+      if (cache.active_logits.size() < n * vocab) cache.active_logits.resize(n * vocab);
+      decode(runs, cache, cache.active_logits.data());
+      for (std::size_t s = S, i = n; s-- > 0;) {
+        float* row = cache.step_logits.data() + s * vocab;
+        if (!cache.active(s)) std::fill_n(row, vocab, std::numeric_limits<float>::quiet_NaN());
+        else std::copy_n(cache.active_logits.data() + --i * vocab, vocab, row);
+      }
+    }
+    return {cache.step_logits.data(), S * vocab};
+  }
+  /// step() of a one-sequence cache: the logits (vocab) of its next position.
+  std::span<const float> step(std::int32_t token, KVCache& cache) const { return step(std::span(&token, 1), cache); }
+
+ private:
+  const Model& model() const { return static_cast<const Model&>(*this); }
+
+  Tensor prefill_runs(std::span<CachePass::Run> runs, KVCache& cache) const {
+    std::size_t total = 0;
+    for (const auto& run : runs) total += run.count;
+    if (total == 0) throw std::invalid_argument("prefill: no tokens to write");
+    Tensor logits = Tensor::uninitialized({total, model().config().vocab});
+    decode(runs, cache, logits.data());
+    return logits;
+  }
+
+  /// Checks the request against the cache and the model, then runs the description on it.
+  void decode(std::span<CachePass::Run> runs, KVCache& cache, float* logits) const {
+    const auto& c = model().config();
+    check_decode(runs, cache, this, c.n_blocks, c.max_len, c.d_model, c.vocab);
+    run_cache_passes(cache, {runs, c.vocab, logits}, [this](CachePass& p) { return model().run(p); });
+  }
+};
+
+}  // namespace tapegrad::nn
