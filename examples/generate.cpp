@@ -1,11 +1,15 @@
-// generate: streams text from a train_char checkpoint (SPEC section 6). Standard output carries
-// the prompt and then each generated character as it comes; notes go to standard error.
+// generate: text from a train_char checkpoint of either architecture. One sample streams: standard
+// output carries the prompt and then each generated character as it comes. --num-samples N
+// decodes N samples as one batch (sample i is what --seed S+i alone gives) and prints them one
+// after another, each followed by a line "---", or with --jsonl one JSON object per line. Notes
+// go to standard error.
 #include "nn/generate.h"
 
 #include <fmt/format.h>
 #include <unistd.h>
 
 #include <cstdio>
+#include <nlohmann/json.hpp>
 
 #include "common/program.h"
 #include "nn/checkpoint.h"
@@ -21,7 +25,8 @@ int main(int argc, char** argv) {
       "generate"};
   std::string checkpoint, prompt;
   nn::GenerateOptions options{.max_new = 200, .sampling = {.temperature = 0.8f}};
-  bool no_cache = false;
+  bool no_cache = false, jsonl = false;
+  std::size_t num_samples = 1;
   // Required options are checked after parsing, so that an unknown flag is the error reported first.
   app.add_option("--checkpoint", checkpoint, "A checkpoint from train_char (required)");
   app.add_option("--prompt", prompt,
@@ -39,6 +44,11 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--seed", options.seed, "Seed of the sampler")->check(non_negative())->capture_default_str();
   app.add_flag("--no-cache", no_cache, "Run the full forward for every character instead of the KV cache (same text)");
+  app.add_option("--num-samples", num_samples,
+                 "Samples to decode together as one batch; sample i is the text --seed S+i gives alone")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  app.add_flag("--jsonl", jsonl, "Print one JSON object per sample and line: {\"sample\", \"seed\", \"text\"}");
 
   return run_program(app, argc, argv, [&] {
     if (checkpoint.empty()) throw UsageError("--checkpoint is required");
@@ -65,18 +75,29 @@ int main(int argc, char** argv) {
     if (ids.size() > max_len)
       throw UsageError(fmt::format("--prompt has {} characters, more than the model's max_len {} ({})", ids.size(),
                                    max_len, checkpoint));
-    std::fwrite(prompt.data(), 1, prompt.size(), stdout);
-    std::fflush(stdout);
-    auto print_token = [&](std::int32_t token) {
-      const std::string piece = tokenizer.decode(std::span(&token, 1));
-      std::fwrite(piece.data(), 1, piece.size(), stdout);
-      std::fflush(stdout);
-    };
     ckpt.model.set_training(false);  // no dropout in generation
-    // The rotary decoder decodes through its KV cache; gpt2 through the generic no-cache path
-    // (the full forward over the text for every new character) until it gets a cache.
-    nn::Generation generation = ckpt.model.rotary() ? nn::generate(*ckpt.model.rotary(), ids, options, print_token)
-                                                    : nn::generate(ckpt.model, ids, options, print_token);
+    std::vector<nn::Generation> samples;
+    if (num_samples == 1 && !jsonl) {  // stream each character as it comes
+      std::fwrite(prompt.data(), 1, prompt.size(), stdout);
+      std::fflush(stdout);
+      auto print_token = [&](std::size_t, std::int32_t token) {
+        const std::string piece = tokenizer.decode(std::span(&token, 1));
+        std::fwrite(piece.data(), 1, piece.size(), stdout);
+        std::fflush(stdout);
+      };
+      samples = nn::generate_samples(ckpt.model, ids, 1, options, print_token);
+    } else {
+      samples = nn::generate_samples(ckpt.model, ids, num_samples, options);
+      for (std::size_t i = 0; i < samples.size(); ++i) {
+        const std::string text = prompt + tokenizer.decode(samples[i].tokens);
+        if (jsonl)
+          fmt::print("{}\n", nlohmann::json{{"sample", i}, {"seed", options.seed + i}, {"text", text}}.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace));
+        else
+          fmt::print("{}\n---\n", text);
+      }
+      std::fflush(stdout);
+    }
+    const nn::Generation& generation = samples.front();
     if (generation.stopped_at_max_len) {
       // On a terminal the note starts on a line of its own (the text ends without a newline).
       const char* lead = ::isatty(STDOUT_FILENO) && ::isatty(STDERR_FILENO) ? "\n" : "";

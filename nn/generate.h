@@ -1,6 +1,7 @@
-// generate: autoregressive decoding for any model with a full forward; models that also offer a
-// KV cache (prefill + step) are decoded through it, unless the options ask for the no-cache path
-// that re-runs the full forward over the whole text for every new token (for checks and benches).
+// generate: autoregressive decoding for any model with a full forward, of one sample or many;
+// models that also offer a KV cache (prefill + step) are decoded through it, many samples as one
+// batch, unless the options ask for the no-cache path that re-runs the full forward over the
+// whole text for every new token (for checks and benches).
 #pragma once
 
 #include <concepts>
@@ -37,52 +38,80 @@ concept ForwardModel = requires(const M& m, std::span<const std::int32_t> ids) {
   { m.config().vocab } -> std::convertible_to<std::size_t>;
 };
 
-/// A ForwardModel that also decodes through a cache.
+/// A ForwardModel that also decodes through a cache of many sequences (nn/decoder_model.h).
 template <class M>
 concept CachedModel = ForwardModel<M> && requires(const M& m, typename M::Cache& cache,
-                                                  std::span<const std::int32_t> ids, std::int32_t token) {
-  { m.make_cache() } -> std::same_as<typename M::Cache>;
-  { m.prefill(ids, cache) } -> std::convertible_to<Tensor>;
-  { m.step(token, cache) } -> std::convertible_to<std::span<const float>>;
+                                                  std::span<const std::vector<std::int32_t>> prompts,
+                                                  std::span<const std::int32_t> tokens) {
+  { m.make_cache(std::size_t{1}) } -> std::same_as<typename M::Cache>;
+  { m.prefill(prompts, cache) } -> std::convertible_to<Tensor>;
+  { m.step(tokens, cache) } -> std::convertible_to<std::span<const float>>;
 };
 
-/// Generates up to options.max_new tokens after prompt; on_token (if set) sees each as it comes.
+/// Generates `samples` continuations of prompt, up to options.max_new tokens each. Sample i draws
+/// from a Sampler seeded options.seed + i, so it is exactly the text that one sample with that
+/// seed gives: a CachedModel decodes all of them as one batch (one prefill pass, then one step
+/// per token for every sample), and a sequence's logits do not depend on the batch around it.
+/// on_token (if set) sees (sample, token) as each comes. Without a cache (or with use_cache
+/// false) the samples run one after another through the full forward over the whole text.
 template <ForwardModel M>
-Generation generate(const M& model, std::span<const std::int32_t> prompt, const GenerateOptions& options,
-                    const std::function<void(std::int32_t)>& on_token = {}) {
+std::vector<Generation> generate_samples(const M& model, std::span<const std::int32_t> prompt, std::size_t samples,
+                                         const GenerateOptions& options,
+                                         const std::function<void(std::size_t, std::int32_t)>& on_token = {}) {
   const std::size_t max_len = model.config().max_len, vocab = model.config().vocab;
   if (prompt.empty()) throw std::invalid_argument("generate: the prompt is empty; give at least one token");
   if (prompt.size() > max_len)
     throw std::invalid_argument(
         fmt::format("generate: the prompt has {} tokens, longer than max_len {}", prompt.size(), max_len));
-  Sampler sampler(options.sampling, options.seed);
-  Generation out;
-  std::vector<std::int32_t> text(prompt.begin(), prompt.end());
-  auto emit = [&](std::span<const float> logits) {
-    std::int32_t token = sampler.next(logits);
-    out.tokens.push_back(token);
-    text.push_back(token);
-    if (on_token) on_token(token);
-  };
+  if (samples == 0) throw std::invalid_argument("generate: the number of samples must be at least 1");
   // The text can grow to max_len tokens: the last one is predicted from position max_len - 1.
-  std::size_t budget = std::min(options.max_new, max_len - prompt.size());
-  out.stopped_at_max_len = budget < options.max_new;
+  const std::size_t budget = std::min(options.max_new, max_len - prompt.size());
+  std::vector<Generation> out(samples);
+  std::vector<Sampler> samplers;
+  for (std::size_t i = 0; i < samples; ++i) {
+    out[i].stopped_at_max_len = budget < options.max_new;
+    samplers.emplace_back(options.sampling, options.seed + i);
+  }
   if (budget == 0) return out;
+  auto emit = [&](std::size_t i, std::span<const float> logits) {
+    std::int32_t token = samplers[i].next(logits);
+    out[i].tokens.push_back(token);
+    if (on_token) on_token(i, token);
+    return token;
+  };
   NoGradScope no_grad;
   if constexpr (CachedModel<M>) {
     if (options.use_cache) {
-      auto cache = model.make_cache();
-      Tensor logits = model.prefill(prompt, cache);
-      emit(std::span<const float>(logits.data() + (prompt.size() - 1) * vocab, vocab));
-      while (out.tokens.size() < budget) emit(model.step(text.back(), cache));
+      auto cache = model.make_cache(samples);
+      std::vector<std::vector<std::int32_t>> prompts(samples, std::vector<std::int32_t>(prompt.begin(), prompt.end()));
+      Tensor logits = model.prefill(prompts, cache);  // (samples * prompt, vocab)
+      std::vector<std::int32_t> last(samples);
+      for (std::size_t i = 0; i < samples; ++i)
+        last[i] = emit(i, std::span<const float>(logits.data() + ((i + 1) * prompt.size() - 1) * vocab, vocab));
+      for (std::size_t t = 1; t < budget; ++t) {
+        std::span<const float> rows = model.step(last, cache);  // (samples, vocab)
+        for (std::size_t i = 0; i < samples; ++i) last[i] = emit(i, rows.subspan(i * vocab, vocab));
+      }
       return out;
     }
   }
-  while (out.tokens.size() < budget) {
-    Var logits = model.forward(text, 1, text.size());
-    emit(std::span<const float>(logits.value().data() + (text.size() - 1) * vocab, vocab));
+  for (std::size_t i = 0; i < samples; ++i) {
+    std::vector<std::int32_t> text(prompt.begin(), prompt.end());
+    while (out[i].tokens.size() < budget) {
+      Var logits = model.forward(text, 1, text.size());
+      text.push_back(emit(i, std::span<const float>(logits.value().data() + (text.size() - 1) * vocab, vocab)));
+    }
   }
   return out;
+}
+
+/// One sample: generate_samples with samples = 1; on_token (if set) sees each token as it comes.
+template <ForwardModel M>
+Generation generate(const M& model, std::span<const std::int32_t> prompt, const GenerateOptions& options,
+                    const std::function<void(std::int32_t)>& on_token = {}) {
+  std::function<void(std::size_t, std::int32_t)> each;
+  if (on_token) each = [&](std::size_t, std::int32_t token) { on_token(token); };
+  return std::move(generate_samples(model, prompt, 1, options, each).front());
 }
 
 }  // namespace tapegrad::nn

@@ -1,8 +1,19 @@
+// The KV cache of both architectures, one sequence and many: cached logits against the full
+// forward, batched against single-sequence decoding, drop and restart, stale weights, and
+// generate over it.
 #include <doctest/doctest.h>
+
+#include <atomic>
+#include <cmath>
+#include <cstdlib>
+#include <new>
+#include <set>
 
 #include "core/ops.h"
 #include "core/simd.h"
 #include "nn/generate.h"
+#include "nn/gpt2.h"
+#include "nn/language_model.h"
 #include "nn/rotary_decoder.h"
 #include "support/checks.h"
 
@@ -10,80 +21,207 @@ using namespace tapegrad;
 using namespace tapegrad::nn;
 using test::random_ids;
 
+// The replacements below pair malloc with free; GCC cannot see that once it inlines the standard
+// allocator, and warns.
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic ignored "-Wmismatched-new-delete"
+#endif
+
+// Counts the heap allocations of every thread while `counting` is set: a step must make none.
+namespace {
+std::atomic<bool> counting = false;
+std::atomic<std::size_t> allocations = 0;
+}  // namespace
+void* operator new(std::size_t n) {
+  if (counting) ++allocations;
+  if (void* p = std::malloc(n ? n : 1)) return p;
+  throw std::bad_alloc();
+}
+void operator delete(void* p) noexcept { std::free(p); }
+void operator delete(void* p, std::size_t) noexcept { std::free(p); }
+
 namespace {
 
 // Scales every matrix up so that logits are far from uniform and differences show.
-void sharpen(RotaryDecoder& model, std::uint64_t seed) {
+template <class M>
+void sharpen(M& model, std::uint64_t seed) {
   Rng rng(seed);
   for (auto& p : model.params())
     if (p.var.shape().size() == 2) rng.fill_normal(p.var.mutable_value(), 0.3f);
 }
 
-Tensor full_forward(const RotaryDecoder& model, std::span<const std::int32_t> ids) {
+std::span<const float> all(const Tensor& t) { return {t.data(), t.size()}; }
+
+template <class M>
+Tensor full_forward(const M& model, std::span<const std::int32_t> ids) {
   NoGradScope no_grad;
   return model.forward(ids, 1, ids.size()).value();
 }
+
+// The worst |a - b| / max(1, |b|) over rows of logits. A cache pass runs the row-stable matmul
+// and the one-query attention, the full forward BLAS and the tiled online softmax: float rounding
+// in different orders.
+float worst_relative(std::span<const float> a, std::span<const float> b) {
+  float worst = 0;
+  for (std::size_t i = 0; i < a.size(); ++i) worst = std::max(worst, std::fabs(a[i] - b[i]) / std::max(1.0f, std::fabs(b[i])));
+  return worst;
+}
+
+RotaryDecoder small_rotary(std::size_t max_len) { return rotary_decoder(13, 16, 2, 2, max_len, 40); }
+Gpt2 small_gpt2(std::size_t max_len) { return gpt2(13, 16, 2, 2, max_len, 40); }
+
 }  // namespace
 
-TEST_CASE("step logits equal the full forward's row at every position") {
-  struct Shape5 { std::size_t heads, blocks; std::optional<std::size_t> d_ff; };
-  for (auto [heads, blocks, d_ff] : {Shape5{1, 1, std::nullopt}, {4, 1, 24}, {1, 3, 40}, {4, 3, std::nullopt}}) {
-    CAPTURE(heads);
-    CAPTURE(blocks);
-    RotaryDecoder model = rotary_decoder(13, 16, heads, blocks, 70, d_ff);
-    sharpen(model, 1);
-    auto ids = random_ids(70, 13, 2);  // crosses the attention kernel's 64-row block
-    Tensor full = full_forward(model, ids);
-    KVCache cache = model.make_cache();
-    // The step runs the one-query attention kernel and the full forward the tiled online softmax:
-    // float rounding in different orders, so the bound is relative to max(1, |logit|).
-    float worst = 0;
-    for (std::size_t t = 0; t < ids.size(); ++t) {
-      auto logits = model.step(ids[t], cache);
-      for (std::size_t v = 0; v < 13; ++v)
-        worst = std::max(worst, std::fabs(logits[v] - full[t * 13 + v]) / std::max(1.0f, std::fabs(full[t * 13 + v])));
+TEST_CASE_TEMPLATE("cached logits equal the full forward's row at every position, 1 and 5 sequences", M, RotaryDecoder,
+                   Gpt2) {
+  const std::vector<std::size_t> lengths = {1, 3, 8, 64, 65};  // across the attention kernel's 64-row block
+  M model = [] {
+    if constexpr (std::is_same_v<M, Gpt2>) return small_gpt2(80);
+    else return small_rotary(80);
+  }();
+  sharpen(model, 1);
+  std::vector<std::vector<std::int32_t>> prompts;
+  for (std::size_t i = 0; i < lengths.size(); ++i) prompts.push_back(random_ids(lengths[i] + 4, 13, 20 + i));
+  // Tolerance: 1e-5 relative to max(1, |logit|) (float rounding in different orders, above).
+  SUBCASE("one sequence: prefill the first part, then step token by token") {
+    for (const auto& ids : prompts) {
+      CAPTURE(ids.size());
+      Tensor full = full_forward(model, ids);
+      KVCache cache = model.make_cache();
+      const std::size_t split = ids.size() - 4;
+      Tensor prefilled = model.prefill(std::span(ids).first(split), cache);
+      CHECK(prefilled.shape() == Shape{split, 13});
+      CHECK(worst_relative(all(prefilled), all(full).first(split * 13)) <= 1e-5f);
+      for (std::size_t t = split; t < ids.size(); ++t)
+        CHECK(worst_relative(model.step(ids[t], cache), all(full).subspan(t * 13, 13)) <= 1e-5f);
+      CHECK(cache.position() == ids.size());
     }
-    CHECK(worst <= 1e-5f);
+  }
+  SUBCASE("five sequences of different lengths: one prefill pass, then steps of all five") {
+    KVCache cache = model.make_cache(5);
+    std::vector<std::vector<std::int32_t>> heads;
+    for (const auto& ids : prompts) heads.emplace_back(ids.begin(), ids.end() - 4);
+    Tensor prefilled = model.prefill(heads, cache);
+    std::size_t row = 0;
+    for (std::size_t s = 0; s < 5; ++s) {
+      CAPTURE(s);
+      Tensor full = full_forward(model, prompts[s]);
+      CHECK(worst_relative(all(prefilled).subspan(row * 13, lengths[s] * 13), all(full).first(lengths[s] * 13)) <=
+            1e-5f);
+      row += lengths[s];
+      CHECK(cache.position(s) == lengths[s]);
+    }
+    for (std::size_t t = 0; t < 4; ++t) {
+      std::vector<std::int32_t> tokens;
+      for (std::size_t s = 0; s < 5; ++s) tokens.push_back(prompts[s][lengths[s] + t]);
+      std::span<const float> logits = model.step(tokens, cache);
+      REQUIRE(logits.size() == 5 * 13);
+      for (std::size_t s = 0; s < 5; ++s) {
+        Tensor full = full_forward(model, prompts[s]);
+        CHECK(worst_relative(logits.subspan(s * 13, 13), all(full).subspan((lengths[s] + t) * 13, 13)) <= 1e-5f);
+      }
+    }
   }
 }
 
-TEST_CASE("prefill then step equals token-by-token stepping") {
-  RotaryDecoder model = rotary_decoder(13, 16, 2, 2, 32);
+TEST_CASE_TEMPLATE("batched decoding gives every sequence the bits it gets alone, on 1 and 2 threads", M, RotaryDecoder,
+                   Gpt2) {
+  M model = [] {
+    if constexpr (std::is_same_v<M, Gpt2>) return small_gpt2(90);
+    else return small_rotary(90);
+  }();
+  sharpen(model, 2);
+  const std::vector<std::size_t> lengths = {1, 3, 8, 64, 65, 7, 2};
+  std::vector<std::vector<std::int32_t>> prompts;
+  for (std::size_t i = 0; i < lengths.size(); ++i) prompts.push_back(random_ids(lengths[i], 13, 40 + i));
+  const std::vector<std::int32_t> next = random_ids(lengths.size() * 6, 13, 50);
+  // Alone: each sequence in a cache of its own, one thread.
+  set_num_threads(1);
+  std::vector<std::vector<float>> alone(lengths.size());
+  for (std::size_t s = 0; s < lengths.size(); ++s) {
+    KVCache cache = model.make_cache();
+    Tensor p = model.prefill(prompts[s], cache);
+    alone[s].assign(all(p).begin() + (lengths[s] - 1) * 13, all(p).end());
+    for (std::size_t t = 0; t < 6; ++t) {
+      auto l = model.step(next[t * lengths.size() + s], cache);
+      alone[s].insert(alone[s].end(), l.begin(), l.end());
+    }
+  }
+  for (int threads : {1, 2}) {
+    CAPTURE(threads);
+    set_num_threads(threads);
+    KVCache cache = model.make_cache(lengths.size());
+    Tensor p = model.prefill(prompts, cache);
+    std::vector<std::vector<float>> batched(lengths.size());
+    std::size_t end = 0;
+    for (std::size_t s = 0; s < lengths.size(); ++s) {
+      end += lengths[s];
+      batched[s].assign(all(p).begin() + (end - 1) * 13, all(p).begin() + end * 13);
+    }
+    for (std::size_t t = 0; t < 6; ++t) {
+      auto l = model.step(std::span(next).subspan(t * lengths.size(), lengths.size()), cache);
+      for (std::size_t s = 0; s < lengths.size(); ++s) batched[s].insert(batched[s].end(), l.begin() + s * 13, l.begin() + (s + 1) * 13);
+    }
+    for (std::size_t s = 0; s < lengths.size(); ++s) CHECK(batched[s] == alone[s]);  // bit for bit
+  }
+  set_num_threads(0);
+}
+
+TEST_CASE("dropping or restarting a sequence leaves the others' logits unchanged") {
+  Gpt2 model = small_gpt2(40);
   sharpen(model, 3);
-  auto ids = random_ids(20, 13, 4);
-  KVCache a = model.make_cache(), b = model.make_cache();
-  Tensor prefilled = model.prefill(std::span(ids).first(12), a);
-  CHECK(prefilled.shape() == Shape{12, 13});
-  std::vector<float> stepped;
-  for (std::size_t t = 0; t < 12; ++t) {
-    auto l = model.step(ids[t], b);
-    stepped.assign(l.begin(), l.end());
-    for (std::size_t v = 0; v < 13; ++v) CHECK(prefilled[t * 13 + v] == doctest::Approx(l[v]).epsilon(1e-5).scale(1));
+  auto prompt = [](std::uint64_t seed) { return random_ids(5, 13, seed); };
+  std::vector<std::vector<std::int32_t>> prompts = {prompt(1), prompt(2), prompt(3)};
+  auto tokens = random_ids(30, 13, 4);
+  // Reference: the three sequences stepped together, undisturbed.
+  KVCache ref = model.make_cache(3), cache = model.make_cache(3);
+  model.prefill(prompts, ref);
+  model.prefill(prompts, cache);
+  std::vector<float> ref_rows;
+  for (std::size_t t = 0; t < 10; ++t) {
+    auto l = model.step(std::span(tokens).subspan(3 * t, 3), ref);
+    ref_rows.assign(l.begin(), l.end());
+    if (t == 2) cache.drop(1);
+    if (t == 5) {
+      cache.restart(1);
+      model.prefill(std::span(prompts[1]).first(2), cache, 1);
+    }
+    auto c = model.step(std::span(tokens).subspan(3 * t, 3), cache);
+    CHECK(std::equal(c.begin(), c.begin() + 13, ref_rows.begin()));                 // sequence 0
+    CHECK(std::equal(c.begin() + 26, c.begin() + 39, ref_rows.begin() + 26));       // sequence 2
+    if (t >= 2 && t < 5) CHECK(std::isnan(c[13]));                                    // dropped: NaN row
+    CHECK(cache.active(1) == !(t >= 2 && t < 5));
   }
-  CHECK(a.position() == 12);
-  for (std::size_t t = 12; t < 20; ++t) {
-    auto la = model.step(ids[t], a);
-    std::vector<float> va(la.begin(), la.end());
-    auto lb = model.step(ids[t], b);
-    for (std::size_t v = 0; v < 13; ++v) CHECK(va[v] == doctest::Approx(lb[v]).epsilon(1e-5).scale(1));
-  }
+  CHECK(cache.position(0) == 15);
+  CHECK(cache.position(1) == 2 + 5);  // restarted, 2 prompt tokens, then steps 5..9
+  CHECK(test::contains(test::error_of([&] {
+    cache.drop(2);
+    model.prefill(prompts[2], cache, 2);
+  }), "sequence 2 was dropped; restart(2) it first"));
+  cache.drop(0);
+  cache.drop(1);
+  CHECK(test::error_of([&] { model.step(std::span(tokens).first(3), cache); }) ==
+        "step: every sequence of the cache has been dropped");
 }
 
-TEST_CASE("reset gives the same outputs as a fresh cache; running past max_len is a clear error") {
-  RotaryDecoder model = rotary_decoder(13, 16, 2, 2, 8);
+TEST_CASE_TEMPLATE("reset gives the same outputs as a fresh cache; past max_len and bad tokens are clear errors", M,
+                   RotaryDecoder, Gpt2) {
+  M model = [] {
+    if constexpr (std::is_same_v<M, Gpt2>) return small_gpt2(8);
+    else return small_rotary(8);
+  }();
   sharpen(model, 5);
   auto ids = random_ids(8, 13, 6);
   KVCache cache = model.make_cache();
   model.prefill(std::span(ids).first(5), cache);
   cache.reset();
   CHECK(cache.position() == 0);
-  std::vector<float> after_reset;  // every step's logits, in order
+  std::vector<float> after_reset, from_fresh;  // every step's logits, in order
   for (auto id : ids) {
     auto l = model.step(id, cache);
     after_reset.insert(after_reset.end(), l.begin(), l.end());
   }
   KVCache fresh = model.make_cache();
-  std::vector<float> from_fresh;
   for (auto id : ids) {
     auto l = model.step(id, fresh);
     from_fresh.insert(from_fresh.end(), l.begin(), l.end());
@@ -95,31 +233,76 @@ TEST_CASE("reset gives the same outputs as a fresh cache; running past max_len i
   cache.reset();
   CHECK(test::contains(test::error_of([&] { model.step(13, cache); }), "token id 13 at index 0 is outside the vocabulary of size 13"));
   CHECK(test::contains(test::error_of([&] { model.prefill(std::span<const std::int32_t>{}, cache); }), "no tokens"));
+  CHECK(test::error_of([&] { model.step(std::vector<std::int32_t>{1, 2}, cache); }) ==
+        "step: 2 tokens for a cache of 1 sequences");
+  CHECK(test::contains(test::error_of([&] { model.prefill(ids, cache, 3); }), "sequence 3 of a cache of 1"));
 }
 
-TEST_CASE("a cache filled before the weights changed is refused") {
-  RotaryDecoder model = rotary_decoder(13, 16, 2, 1, 16);
-  KVCache cache = model.make_cache();
-  model.step(1, cache);
-  model.step(2, cache);
-  model.head.bias.mutable_value()[0] += 1.0f;  // an in-place update, as an optimizer makes
-  CHECK(test::contains(test::error_of([&] { model.step(3, cache); }),
+TEST_CASE_TEMPLATE("a cache filled before the weights changed is refused; a cache of another model too", M,
+                   RotaryDecoder, Gpt2) {
+  M model = [] {
+    if constexpr (std::is_same_v<M, Gpt2>) return gpt2(13, 16, 2, 1, 16);
+    else return rotary_decoder(13, 16, 2, 1, 16);
+  }();
+  KVCache cache = model.make_cache(2);
+  model.step(std::vector<std::int32_t>{1, 2}, cache);
+  model.params().back().var.mutable_value()[0] += 1.0f;  // an in-place update, as an optimizer makes
+  CHECK(test::contains(test::error_of([&] { model.step(std::vector<std::int32_t>{3, 4}, cache); }),
                        "the weights changed since this cache was filled (version"));
+  cache.restart(0);  // sequence 1 still holds rows of the old weights
+  CHECK(test::contains(test::error_of([&] { model.step(std::vector<std::int32_t>{3, 4}, cache); }),
+                       "the weights changed"));
   cache.reset();
-  CHECK_NOTHROW(model.step(3, cache));
-  RotaryDecoder other = rotary_decoder(13, 16, 2, 2, 16);
-  CHECK(test::contains(test::error_of([&] { other.step(1, cache); }), "made for 1 blocks x 16 positions"));
+  CHECK_NOTHROW(model.step(std::vector<std::int32_t>{3, 4}, cache));
+  M bigger = [] {
+    if constexpr (std::is_same_v<M, Gpt2>) return gpt2(13, 16, 2, 2, 16);
+    else return rotary_decoder(13, 16, 2, 2, 16);
+  }();
+  CHECK(test::contains(test::error_of([&] { bigger.step(std::vector<std::int32_t>{1, 1}, cache); }),
+                       "made for 1 blocks x 16 positions"));
+  M twin = [] {
+    if constexpr (std::is_same_v<M, Gpt2>) return gpt2(13, 16, 2, 1, 16);
+    else return rotary_decoder(13, 16, 2, 1, 16);
+  }();
+  CHECK(test::contains(test::error_of([&] { twin.step(std::vector<std::int32_t>{1, 1}, cache); }),
+                       "this cache was made by another model"));
 }
 
-TEST_CASE("a step does not allocate after the first") {
-  RotaryDecoder model = rotary_decoder(13, 16, 2, 1, 64);
-  KVCache cache = model.make_cache();
-  const float* first = model.step(1, cache).data();
-  for (std::int32_t t = 0; t < 60; ++t) CHECK(model.step(t % 13, cache).data() == first);
+TEST_CASE_TEMPLATE("a step allocates nothing after the first, for 1 and 8 sequences on 1 and 2 threads", M,
+                   RotaryDecoder, Gpt2) {
+  M model = [] {
+    if constexpr (std::is_same_v<M, Gpt2>) return small_gpt2(64);
+    else return small_rotary(64);
+  }();
+  for (int threads : {1, 2}) {
+    set_num_threads(threads);
+    for (std::size_t sequences : {1, 8}) {
+      CAPTURE(threads);
+      CAPTURE(sequences);
+      KVCache cache = model.make_cache(sequences);
+      std::vector<std::int32_t> tokens(sequences, 1);
+      const float* first = model.step(tokens, cache).data();
+      model.step(tokens, cache);  // threads of a parallel region may make their scratch on their first pass
+      allocations = 0;
+      counting = true;
+      bool same = true;
+      for (std::int32_t t = 0; t < 40; ++t) {
+        std::fill(tokens.begin(), tokens.end(), t % 13);
+        same = same && model.step(tokens, cache).data() == first;
+      }
+      counting = false;
+      CHECK(same);
+      CHECK(allocations == 0);
+    }
+  }
+  set_num_threads(0);
 }
 
-TEST_CASE("cached and uncached generate give identical tokens, greedy and sampled") {
-  RotaryDecoder model = rotary_decoder(13, 16, 2, 2, 40);
+TEST_CASE_TEMPLATE("cached and uncached generate give identical tokens, greedy and sampled", M, RotaryDecoder, Gpt2) {
+  M model = [] {
+    if constexpr (std::is_same_v<M, Gpt2>) return small_gpt2(40);
+    else return small_rotary(40);
+  }();
   sharpen(model, 7);
   std::vector<std::int32_t> prompt = {1, 2, 3};
   for (float temperature : {0.0f, 0.8f, 1.5f}) {
@@ -130,6 +313,38 @@ TEST_CASE("cached and uncached generate give identical tokens, greedy and sample
     CHECK(cached.tokens.size() == 30);
     CHECK(cached.tokens == uncached.tokens);
   }
+}
+
+TEST_CASE_TEMPLATE("sample i of a batch is the text that seed S+i gives alone, greedy and sampled", M, RotaryDecoder,
+                   Gpt2) {
+  M model = [] {
+    if constexpr (std::is_same_v<M, Gpt2>) return small_gpt2(48);
+    else return small_rotary(48);
+  }();
+  sharpen(model, 8);
+  std::vector<std::int32_t> prompt = {4, 5, 6};
+  for (int threads : {1, 2}) {
+    set_num_threads(threads);
+    for (float temperature : {0.0f, 1.0f}) {
+      CAPTURE(threads);
+      CAPTURE(temperature);
+      GenerateOptions options{.max_new = 40, .sampling = {.temperature = temperature}, .seed = 100};
+      std::vector<std::pair<std::size_t, std::int32_t>> seen;
+      auto batch = generate_samples(model, prompt, 6, options,
+                                    [&](std::size_t i, std::int32_t token) { seen.emplace_back(i, token); });
+      REQUIRE(batch.size() == 6);
+      CHECK(seen.size() == 6 * 40);
+      std::set<std::vector<std::int32_t>> distinct;
+      for (std::size_t i = 0; i < 6; ++i) {
+        GenerateOptions alone = options;
+        alone.seed = 100 + i;
+        CHECK(batch[i].tokens == generate(model, prompt, alone).tokens);
+        distinct.insert(batch[i].tokens);
+      }
+      CHECK(distinct.size() == (temperature == 0 ? 1u : 6u));  // greedy samples agree; drawn ones differ
+    }
+  }
+  set_num_threads(0);
 }
 
 TEST_CASE("generate reads the weights live: after an update it follows the new weights") {
@@ -167,6 +382,8 @@ TEST_CASE("generate stops at max_len and says so, and refuses bad prompts") {
   CHECK(test::error_of([&] { generate(model, std::vector<std::int32_t>(11, 1), {}); }) ==
         "generate: the prompt has 11 tokens, longer than max_len 10");
   CHECK(test::contains(test::error_of([&] { generate(model, std::vector<std::int32_t>{1, 13}, {}); }), "id 13"));
+  CHECK(test::error_of([&] { generate_samples(model, prompt, 0, {}); }) ==
+        "generate: the number of samples must be at least 1");
 }
 
 namespace {
@@ -177,15 +394,17 @@ struct ForwardOnly {
   const DecoderConfig& config() const { return inner.config(); }
 };
 static_assert(ForwardModel<ForwardOnly> && !CachedModel<ForwardOnly>);
-static_assert(CachedModel<RotaryDecoder>);
+static_assert(CachedModel<RotaryDecoder> && CachedModel<Gpt2> && CachedModel<LanguageModel>);
 }  // namespace
 
-TEST_CASE("generate is generic: a model with only forward decodes the same tokens") {
+TEST_CASE("generate is generic: a model with only forward decodes the same tokens, one sample or many") {
   RotaryDecoder model = rotary_decoder(13, 16, 2, 1, 30);
   sharpen(model, 10);
   std::vector<std::int32_t> prompt = {3};
   GenerateOptions options{.max_new = 12, .sampling = {.temperature = 1.0f}, .seed = 5};
   CHECK(generate(ForwardOnly{model}, prompt, options).tokens == generate(model, prompt, options).tokens);
+  auto a = generate_samples(ForwardOnly{model}, prompt, 3, options), b = generate_samples(model, prompt, 3, options);
+  for (std::size_t i = 0; i < 3; ++i) CHECK(a[i].tokens == b[i].tokens);
 }
 
 TEST_CASE("the seed model decodes the same greedy text at every SIMD level, with and without the cache") {

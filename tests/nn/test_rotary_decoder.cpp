@@ -101,7 +101,7 @@ TEST_CASE("impossible configurations are refused naming the values") {
 TEST_CASE("forward refuses sequences longer than max_len and ids outside the vocabulary") {
   RotaryDecoder model = rotary_decoder(11, 16, 2, 1, 8);
   auto ids = random_ids(9, 11, 1);
-  CHECK(test::error_of([&] { model.forward(ids, 1, 9); }) == "RotaryDecoder::forward: seq_len 9 exceeds max_len 8");
+  CHECK(test::error_of([&] { model.forward(ids, 1, 9); }) == "forward: seq_len 9 exceeds max_len 8");
   std::vector<std::int32_t> bad = {1, 2, 11};
   CHECK(test::error_of([&] { model.forward(bad, 1, 3); }) ==
         "embedding: id 11 at index 2 is outside the vocabulary of size 11");
