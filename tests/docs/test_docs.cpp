@@ -1,13 +1,9 @@
-// README.md and docs/*.md against the code they show. Every fenced block is one of:
-// - ```cpp, ```python or ```cmake, preceded by a line <!-- from PATH -->: its lines must appear,
-//   in order and contiguous, in PATH, a file the suite compiles or runs (tests/, examples/,
-//   scripts/);
-// - ```sh: each command's program must exist (build/<program> built here, scripts/ and bench/
-//   files in the tree) and every --flag it passes to a built program must be in its --help;
-//   every -D<OPTION> must be an option of CMakeLists.txt.
-// The pages name no absolute path of a machine and no outside document; the README stays short.
+// README.md and docs/*.md against the code: every ```cpp, ```python or ```cmake block is a copy of a
+// file the suite compiles or runs (named by <!-- from PATH --> above it), every ```sh command runs
+// a program, script or flag that exists; and no page names a machine path, the spec or an issue.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
