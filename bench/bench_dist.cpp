@@ -1,4 +1,4 @@
-// bench_dist: data-parallel training throughput (SPEC section 11) on configs (a), (b), (c):
+// bench_dist: data-parallel training throughput on configs (a), (b), (c):
 // 2 ranks x 1 thread (MPI over shared memory, and over TCP on loopback: two simulated hosts)
 // against 1 process x 2 threads, on the same cores in the same run, and the time of the gradient
 // exchange (dist::GradientBuckets::reduce) per step and its share of the step.

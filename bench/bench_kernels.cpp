@@ -507,7 +507,7 @@ int main(int argc, char** argv) try {
   std::vector<Case> cases{peak_case(1024, *std::max_element(options.threads.begin(), options.threads.end())),
                           copy_case(2048 * 512, "(= one row operand)"), copy_case(std::size_t(16) << 20, "(> L3)")};
   for (tapegrad::SimdLevel level : tapegrad::supported_simd_levels()) cases.push_back(fma_peak_case(level));
-  // Attention at the shapes (Dh 32 and 64, T 256 and 1024; B*H chosen for calls of a few
+  // Attention at head sizes Dh 32 and 64 and lengths T 256 and 1024 (B*H chosen for calls of a few
   // ms) and at config (b)'s.
   for (auto more : {matmul_cases(), attention_cases(4, 256, 8, 32), attention_cases(4, 256, 4, 64),
                     attention_cases(1, 1024, 8, 32), attention_cases(1, 1024, 4, 64), attention_cases(12, 64, 4, 32),

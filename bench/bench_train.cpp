@@ -1,5 +1,5 @@
 // bench_train: ms/step and tokens/s of one full training step (forward, backward, clip 1.0, AdamW,
-// zero_grad) for SPEC section 7's configs (a)-(d) at 1 and 2 threads, model FLOP/s as a fraction
+// zero_grad) for configs (a)-(d) (bench/train_common.h) at 1 and 2 threads, model FLOP/s as a fraction
 // of the sgemm peak measured here, and each config's peak memory (resident set of a fresh process
 // running two steps, with and without remat). Writes bench/results/train_cpu.json.
 #include <cblas.h>

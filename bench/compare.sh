@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# compare.sh: tapegrad against eager PyTorch on this machine, same model, same weights, same work
-# (issue 7): training tokens/s for configs (a)-(d), peak memory, and cached decoding of 100 tokens. Builds
+# compare.sh: tapegrad against eager PyTorch on this machine, same model, same weights, same work:
+# training tokens/s for configs (a)-(d), peak memory, and cached decoding of 100 tokens. Builds
 # (Release) if needed, runs bench_train, bench_kv_cache and torch_reference.py, and prints one table
 # of ratios, also saved as bench/results/compare.md.
 #   [STEPS=30] [REPEATS=5] [WAIT_QUIET=seconds] [BUILD_DIR=build] [RESULTS_DIR=bench/results] bash bench/compare.sh
@@ -127,7 +127,7 @@ for name, target in {"a": 2.0, "b": 2.0, "c": 1.3, "d": 3.0}.items():
                      f"{ratio:.2f}", f">= {target}", "yes" if ratio >= target else "NO"))
     else:
         rows.append((f"training ({name}) tokens/s", tg, "n/a", "n/a", f">= {target}", "n/a"))
-for name in "abcd":  # issue 16: at most half of PyTorch's on (d)
+for name in "abcd":  # target for peak memory: at most half of PyTorch's on (d)
     mine = train["configs"][name]["peak_memory_mib"]
     theirs = torch["configs"][name].get("peak_memory_mib") if torch else None
     rows.append((f"training ({name}) peak memory", f"{mine:.0f} MiB",
@@ -151,7 +151,7 @@ else:
 rows.append(("cached decoding, 100 tokens: absolute", f"{cache_ms:.2f} ms", "", "", "<= 2 ms",
              "yes" if cache_ms <= 2 else "NO"))
 
-header = ("measure", "tapegrad", "PyTorch (eager)", "tapegrad / PyTorch", "target (issue 7)", "met")
+header = ("measure", "tapegrad", "PyTorch (eager)", "tapegrad / PyTorch", "target", "met")
 lines = [f"# tapegrad vs PyTorch, {train['date']}", "",
          f"Machine: {train['machine']}; tapegrad commit {train['commit']}; "
          + (f"PyTorch {torch['torch']} (BLAS {os.path.basename(torch['blas'])}); " if torch else "PyTorch: not run; ")

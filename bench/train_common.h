@@ -1,4 +1,4 @@
-// Shared by bench_train and bench_remat: the benchmark configurations of SPEC section 7, their
+// Shared by bench_train and bench_remat: the benchmark configurations (a)-(d), their
 // FLOP counts, and one full training step (forward, backward, clip, AdamW, zero_grad) on a fixed
 // batch of seeded random token ids.
 #pragma once
@@ -22,13 +22,13 @@ namespace tapegrad::bench {
 struct TrainConfig {
   std::string name;  // "a", "b", "c", "d", "a-gpt2"
   std::size_t vocab = 65, d_model = 0, n_heads = 0, n_blocks = 0, seq_len = 0, batch = 0;
-  std::string arch = "rotary";  // or "gpt2" (SPEC section 9)
+  std::string arch = "rotary";  // or "gpt2"
   std::size_t d_ff() const { return 4 * d_model; }
   std::size_t head_dim() const { return d_model / n_heads; }
   std::size_t tokens() const { return batch * seq_len; }
 };
 
-/// SPEC section 7: (a) d64 h4 L2 seq128 batch16, (b) d128 h4 L4 seq64 batch12,
+/// The benchmark configurations: (a) d64 h4 L2 seq128 batch16, (b) d128 h4 L4 seq64 batch12,
 /// (c) d256 h8 L4 seq256 batch8, and the long context (d) d256 h8 L4 seq1024 batch2; vocab 65,
 /// max_len = seq, d_ff = 4 d_model. "a-gpt2" is gpt2 at (a)'s size.
 inline TrainConfig train_config(const std::string& name) {

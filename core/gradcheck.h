@@ -14,10 +14,11 @@
 
 namespace tapegrad {
 
+/// The outcome of a gradient check.
 struct GradcheckReport {
-  bool ok = true;
-  double max_abs_error = 0;
-  std::string message;  // the first failing element: input, index, analytic and numerical values
+  bool ok = true;            ///< every element passed
+  double max_abs_error = 0;  ///< the largest |analytic - numerical| seen
+  std::string message;       ///< the first failing element: input, index, analytic and numerical values
 };
 
 /// forward() reads x and returns f(x) (flattened); analytic is dL/dx for dL/dy = R.

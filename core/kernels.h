@@ -14,6 +14,7 @@ namespace tapegrad {
 /// Threads used by the kernels (OpenMP row loops and split matmuls; BLAS itself runs on one
 /// thread, so only one parallel runtime is ever active). n = 0 means "all cores".
 void set_num_threads(int n);
+/// The number of threads the kernels use.
 int num_threads();
 
 namespace kernels {
@@ -23,19 +24,23 @@ namespace kernels {
 /// RoPE, interleaved pairs (RoFormer, Su et al. 2021, Eq. 15): cos and sin of m * theta^(-2i/Dh)
 /// for m < max_len, i < Dh/2, computed in double and rounded once.
 template <class T> struct RopeTable {
-  std::size_t max_len = 0, half = 0;
-  std::vector<T> cos, sin;  // (max_len, half)
+  std::size_t max_len = 0;  ///< positions
+  std::size_t half = 0;     ///< pairs per head, Dh / 2
+  std::vector<T> cos;       ///< (max_len, half)
+  std::vector<T> sin;       ///< (max_len, half)
 };
+/// The RopeTable of max_len positions for heads of head_dim (even) with base theta.
 template <class T> RopeTable<T> make_rope_table(std::size_t max_len, std::size_t head_dim, double theta = 10000.0);
 
+/// The sizes of one attention call: batch sequences of q_len queries attending to kv_len keys.
 struct AttentionShape {
-  std::size_t batch = 1;
-  std::size_t q_len = 0;     // queries per sequence
-  std::size_t kv_len = 0;    // keys per sequence; q_offset + q_len <= kv_len
-  std::size_t n_heads = 1;
-  std::size_t head_dim = 0;
-  std::size_t q_offset = 0;  // absolute position of query 0; query i sees keys 0..q_offset+i
-  std::size_t model_dim() const { return n_heads * head_dim; }
+  std::size_t batch = 1;     ///< sequences
+  std::size_t q_len = 0;     ///< queries per sequence
+  std::size_t kv_len = 0;    ///< keys per sequence; q_offset + q_len <= kv_len
+  std::size_t n_heads = 1;   ///< heads per sequence
+  std::size_t head_dim = 0;  ///< Dh, the size of one head
+  std::size_t q_offset = 0;  ///< absolute position of query 0; query i sees keys 0..q_offset+i
+  std::size_t model_dim() const { return n_heads * head_dim; }  ///< n_heads * head_dim
 };
 
 #include "core/kernel_functions.h"

@@ -37,13 +37,16 @@ Tensor* grad_if_needed(Node& n) {
   if (n.grad.empty()) n.grad = Tensor(n.value.shape());
   return &n.grad;
 }
-Tensor* grad_if_needed(const Var& x) { return grad_if_needed(x.node()); }
+Tensor* grad_if_needed(const Var& x) { return grad_if_needed(x.gradient_node()); }
 
 float* grad_ptr(Node& n) {
   Tensor* g = grad_if_needed(n);
   return g ? g->data() : nullptr;
 }
-float* grad_ptr(const Var& x) { return grad_ptr(x.node()); }
+float* grad_ptr(const Var& x) {
+  Tensor* g = grad_if_needed(x);
+  return g ? g->data() : nullptr;
+}
 
 Shape broadcast_shapes(const char* op, const Shape& a, const Shape& b) {
   std::size_t rank = std::max(a.size(), b.size());

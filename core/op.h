@@ -37,9 +37,11 @@ Tape* recording_tape(const char* op, std::initializer_list<const Var*> inputs);
 
 /// x's gradient buffer (zeros on first use), or null when x needs no gradient.
 Tensor* grad_if_needed(const Var& x);
+/// n's gradient buffer (zeros on first use), or null when n needs no gradient.
 Tensor* grad_if_needed(Node& n);
-/// The same as a raw pointer, for kernels.
+/// x's gradient as a raw pointer for kernels (zeros on first use), or null when x needs none.
 float* grad_ptr(const Var& x);
+/// n's gradient as a raw pointer for kernels (zeros on first use), or null when n needs none.
 float* grad_ptr(Node& n);
 
 /// The shape a and b broadcast to under numpy's rules (align the trailing axes; each pair of
@@ -60,8 +62,11 @@ void accumulate_grad(const Var& x, const Tensor& g);
 std::size_t axis_index(const char* op, int axis, const Shape& shape);
 /// The sizes before, at and after an axis: x viewed as (outer, n, inner).
 struct AxisSplit {
-  std::size_t outer, n, inner;
+  std::size_t outer;  ///< the product of the sizes before the axis
+  std::size_t n;      ///< the axis's size
+  std::size_t inner;  ///< the product of the sizes after the axis
 };
+/// shape viewed as (outer, n, inner) around axis.
 AxisSplit split_at_axis(const Shape& shape, std::size_t axis);
 
 /// One op's recording. Construct it with the op's name and inputs before the forward; call
@@ -73,10 +78,14 @@ class Op {
   /// cheapest in terms of their output: exp, tanh, sigmoid, softmax).
   using Backward = std::function<void(const Tensor& dy, const Tensor& y)>;
 
+  /// Starts the recording of op `name` (a string literal) on inputs; throws when an input was
+  /// made on a tape that has since been cleared or spent.
   Op(const char* name, std::initializer_list<Var> inputs);
-  Op(const char* name, const std::vector<Var>& inputs);  // for ops of any number of inputs (cat)
+  /// The same for ops of any number of inputs (cat).
+  Op(const char* name, const std::vector<Var>& inputs);
   /// True when finish will record: check it before saving anything expensive for backward.
   bool recording() const { return tape_ != nullptr; }
+  /// The op's name, for error messages.
   const char* name() const { return name_; }
   /// The output Var holding value; records backward (with saved_bytes counted as kept alive)
   /// when recording().

@@ -1,4 +1,4 @@
-// Differentiable ops, PyTorch's names and semantics (SPEC section 8). Each validates its inputs,
+// Differentiable ops with PyTorch's names and semantics. Each validates its inputs,
 // runs its forward and records its backward through core/op.h, the API users' own ops use too.
 // Two tiers: general primitives (broadcasting elementwise ops, axis reductions, views), from
 // which any layer composes with no backward of its own; and fused ops (rms_norm, layer_norm,
@@ -78,49 +78,49 @@ Var square(const Var& x);                    ///< x^2; saves x
 
 // ---- Elementwise, binary with numpy broadcasting; y has broadcast(a, b)'s shape -------------
 // Gradients reach a and b through sum_to (core/op.h), the one place broadcasts are undone.
-Var add(const Var& a, const Var& b);
-Var sub(const Var& a, const Var& b);
-Var mul(const Var& a, const Var& b);         ///< saves a and b
-Var div(const Var& a, const Var& b);         ///< saves a and b
-Var maximum(const Var& a, const Var& b);     ///< ties send the gradient to a; saves a and b
-Var add(const Var& a, float b);
-Var sub(const Var& a, float b);
-Var sub(float a, const Var& b);
-Var mul(const Var& a, float b);
-Var div(const Var& a, float b);
-Var div(float a, const Var& b);
-Var maximum(const Var& a, float b);
+Var add(const Var& a, const Var& b);         ///< a + b; keeps a and b (to reach their gradients)
+Var sub(const Var& a, const Var& b);         ///< a - b; keeps a and b (to reach their gradients)
+Var mul(const Var& a, const Var& b);         ///< a * b; saves a and b
+Var div(const Var& a, const Var& b);         ///< a / b; saves a and b
+Var maximum(const Var& a, const Var& b);     ///< max(a, b); ties send the gradient to a; saves a and b
+Var add(const Var& a, float b);              ///< a + b for a scalar b
+Var sub(const Var& a, float b);              ///< a - b for a scalar b
+Var sub(float a, const Var& b);              ///< a - b for a scalar a
+Var mul(const Var& a, float b);              ///< a * b for a scalar b
+Var div(const Var& a, float b);              ///< a / b for a scalar b
+Var div(float a, const Var& b);              ///< a / b for a scalar a; saves y and b
+Var maximum(const Var& a, float b);          ///< max(a, b) for a scalar b (ties to a); saves a
 /// x repeated along its size-1 (or missing leading) axes to shape (torch.broadcast_to).
 Var expand(const Var& x, const Shape& shape);
 
-Var operator+(const Var& a, const Var& b);
-Var operator-(const Var& a, const Var& b);
-Var operator*(const Var& a, const Var& b);
-Var operator/(const Var& a, const Var& b);
-Var operator+(const Var& a, float b);
-Var operator-(const Var& a, float b);
-Var operator*(const Var& a, float b);
-Var operator/(const Var& a, float b);
-Var operator+(float a, const Var& b);
-Var operator-(float a, const Var& b);
-Var operator*(float a, const Var& b);
-Var operator/(float a, const Var& b);
-Var operator-(const Var& x);
+Var operator+(const Var& a, const Var& b);   ///< add(a, b)
+Var operator-(const Var& a, const Var& b);   ///< sub(a, b)
+Var operator*(const Var& a, const Var& b);   ///< mul(a, b)
+Var operator/(const Var& a, const Var& b);   ///< div(a, b)
+Var operator+(const Var& a, float b);        ///< add(a, b)
+Var operator-(const Var& a, float b);        ///< sub(a, b)
+Var operator*(const Var& a, float b);        ///< mul(a, b)
+Var operator/(const Var& a, float b);        ///< div(a, b)
+Var operator+(float a, const Var& b);        ///< add(b, a)
+Var operator-(float a, const Var& b);        ///< sub(a, b)
+Var operator*(float a, const Var& b);        ///< mul(b, a)
+Var operator/(float a, const Var& b);        ///< div(a, b)
+Var operator-(const Var& x);                 ///< neg(x)
 
 // ---- Reductions ------------------------------------------------------------------------------
-/// Sum, mean and max of every element -> shape []. max sends the gradient to the first maximum.
-Var sum(const Var& x);
-Var mean(const Var& x);
-Var max(const Var& x);
-/// Over one axis; keepdim keeps it with size 1. max sends the gradient to the first maximum
-/// along the axis (torch.max(x, dim).values) and saves its indices.
-Var sum(const Var& x, int axis, bool keepdim = false);
-Var mean(const Var& x, int axis, bool keepdim = false);
-Var max(const Var& x, int axis, bool keepdim = false);
+// Over every element -> shape [], or over one axis (keepdim keeps it with size 1). max sends the
+// gradient to the first maximum (torch.max(x, dim).values) and saves its index.
+Var sum(const Var& x);                                      ///< The sum of every element -> []
+Var mean(const Var& x);                                     ///< The mean of every element -> []
+Var max(const Var& x);                                      ///< The largest element -> []; saves its index
+Var sum(const Var& x, int axis, bool keepdim = false);      ///< The sum along axis
+Var mean(const Var& x, int axis, bool keepdim = false);     ///< The mean along axis
+Var max(const Var& x, int axis, bool keepdim = false);      ///< The largest along axis; saves the indices
 
 // ---- Views and shapes (copies: a Tensor is always contiguous) --------------------------------
 /// The same values under another shape with as many elements; one size may be -1 (inferred).
 Var reshape(const Var& x, Shape shape);
+/// reshape with signed sizes (torch.Tensor.view): one size may be -1 (inferred).
 Var view(const Var& x, std::vector<std::int64_t> shape);
 /// y's axis i is x's axis dims[i].
 Var permute(const Var& x, std::vector<int> dims);
@@ -130,14 +130,17 @@ Var transpose(const Var& x, int axis0, int axis1);
 Var slice(const Var& x, int axis, std::size_t start, std::size_t end);
 /// Joins along axis; every other size must agree (torch.cat).
 Var cat(const std::vector<Var>& xs, int axis);
+/// cat under its other name (torch.concat).
 Var concat(const std::vector<Var>& xs, int axis);
-/// Pieces of split_size along axis (the last may be shorter), or pieces of the given sizes.
+/// Pieces of split_size along axis (the last may be shorter).
 std::vector<Var> split(const Var& x, std::size_t split_size, int axis);
+/// Pieces of the given sizes along axis (they must add up to its size).
 std::vector<Var> split(const Var& x, const std::vector<std::size_t>& sizes, int axis);
 
 // ---- Normalisation, probabilities, losses, dropout -------------------------------------------
-/// softmax / log_softmax along axis. softmax saves y; log_softmax saves y.
+/// y = exp(x) / sum(exp(x)) along axis (max-subtracted); saves y.
 Var softmax(const Var& x, int axis = -1);
+/// y = x - log(sum(exp(x))) along axis; saves y.
 Var log_softmax(const Var& x, int axis = -1);
 /// mean((a - b)^2); composed from primitives (no backward of its own).
 Var mse_loss(const Var& a, const Var& b);

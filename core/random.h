@@ -12,10 +12,14 @@ namespace tapegrad {
 
 class Tensor;
 
+/// The project's seeded generator, xoshiro256** with its own distributions, so that a seed gives
+/// the same numbers on every compiler and machine.
 class Rng {
  public:
+  /// A generator whose state is seeded from seed by splitmix64 (nearby seeds give unrelated streams).
   explicit Rng(std::uint64_t seed = 0);
 
+  /// The next 64 random bits.
   std::uint64_t next_u64();
   /// Uniform in [0, 1) with 24 random bits (every value exactly representable in float).
   float uniform();

@@ -2,6 +2,7 @@
 #include "core/remat.h"
 
 #include "core/kernels.h"
+#include "core/op.h"
 
 namespace tapegrad {
 
@@ -13,12 +14,12 @@ Var rematerialize(Block block, const Var& x) {
     NoGradScope no_grad;
     out->value = std::move(block(x, nullptr).node().value);
   }
-  tape->record(out, [block = std::move(block), xn = x.node_ptr()](Node& o) {
-    Var input(xn->value, /*requires_grad=*/true);
+  tape->record(out, [block = std::move(block), x](Node& o) {
+    Var input(x.value(), /*requires_grad=*/true);
     Tape nested;
     Var y = block(input, &o.value);
     nested.backward(y, o.grad);
-    Tensor& dx = Var(xn).grad_buffer();
+    Tensor& dx = *grad_if_needed(x);  // x requires a gradient (checked above)
     kernels::accumulate(dx.data(), input.grad().data(), dx.size());
   }, 0);
   return Var(out);

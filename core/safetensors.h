@@ -1,5 +1,6 @@
-// safetensors files (SPEC section 5): an atomic writer and a reader that checks every header
-// value against the real file before trusting it. Generic: names and metadata are the caller's.
+// safetensors files (a u64 header length, a JSON header, raw float32 data): an atomic writer and
+// a reader that checks every header value against the real file before trusting it. Generic:
+// names and metadata are the caller's.
 #pragma once
 
 #include <cstdint>
@@ -14,8 +15,8 @@ namespace tapegrad {
 
 /// The contents of a safetensors file: its tensors by name and its "__metadata__" strings.
 struct SafetensorsFile {
-  std::map<std::string, Tensor> tensors;
-  std::map<std::string, std::string> metadata;
+  std::map<std::string, Tensor> tensors;        ///< by name
+  std::map<std::string, std::string> metadata;  ///< the "__metadata__" strings
 };
 
 /// Writes the tensors (F32, in the given order, contiguous) and metadata to path atomically:

@@ -19,10 +19,12 @@ Var::Var(Tensor value, bool requires_grad) : node_(std::make_shared<Node>()) {
   node_->requires_grad = requires_grad;
 }
 
-Node& Var::node() const {
+Node& Var::gradient_node() const {
   if (!node_) throw std::logic_error("Var: use of an undefined (default-constructed) Var");
   return *node_;
 }
+const Node& Var::node() const { return gradient_node(); }
+Node& Var::node() { return gradient_node(); }
 
 Tensor& Var::mutable_value() {
   ++node().version;
@@ -75,7 +77,7 @@ void Tape::backward(const Var& loss) {
 }
 
 void Tape::backward(const Var& out, const Tensor& seed) {
-  Node& root = out.node();
+  Node& root = out.gradient_node();
   if (root.tape != state_) {
     if (root.is_leaf) throw std::logic_error("Tape::backward: the output is a leaf, not computed on this tape");
     throw std::logic_error("Tape::backward: the output was computed on another tape");

@@ -20,42 +20,58 @@ struct TapeState;  // shared by a tape and the values it made, so stale values a
 /// The storage behind a Var: its value, its gradient (empty until something flows into it), and
 /// where it came from.
 struct Node {
-  Tensor value;
-  Tensor grad;
-  bool requires_grad = false;
-  bool is_leaf = true;
-  std::shared_ptr<TapeState> tape;  // the tape that produced it (null for leaves)
-  std::uint64_t epoch = 0;          // the tape's epoch when it was produced
-  std::uint64_t version = 0;        // bumped whenever the value is changed in place (optimizer steps)
+  Tensor value;                ///< the value
+  Tensor grad;                 ///< d loss / d value, empty until something flows into it
+  bool requires_grad = false;  ///< whether backward computes grad
+  bool is_leaf = true;         ///< made by the user (a parameter, an input), not by an op
+  std::shared_ptr<TapeState> tape;  ///< the tape that produced it (null for leaves)
+  std::uint64_t epoch = 0;          ///< the tape's epoch when it was produced
+  std::uint64_t version = 0;        ///< bumped whenever the value is changed in place (optimizer steps)
 };
 
+/// A value in the autodiff graph: a shared handle to a Node (copies share it), as a
+/// torch.Tensor is a handle to its storage and autograd metadata.
 class Var {
  public:
+  /// An undefined Var (defined() is false): a placeholder to assign to.
   Var() = default;
   /// A leaf. Parameters pass requires_grad = true.
   explicit Var(Tensor value, bool requires_grad = false);
 
-  const Tensor& value() const { return node().value; }
+  const Tensor& value() const { return node().value; }  ///< The value.
   /// For in-place updates (optimizers, loading): bumps the version so KV caches notice.
   Tensor& mutable_value();
-  const Shape& shape() const { return node().value.shape(); }
-  bool requires_grad() const { return node().requires_grad; }
-  bool is_leaf() const { return node().is_leaf; }
-  bool has_grad() const { return !node().grad.empty(); }
+  const Shape& shape() const { return node().value.shape(); }  ///< The value's shape.
+  bool requires_grad() const { return node().requires_grad; }   ///< Whether backward computes its gradient.
+  bool is_leaf() const { return node().is_leaf; }               ///< Made by the user, not by an op.
+  bool has_grad() const { return !node().grad.empty(); }        ///< Whether a gradient has reached it.
   /// The accumulated gradient; throws if none has flowed here.
   const Tensor& grad() const;
   /// The gradient buffer, allocated as zeros on first use.
   Tensor& grad_buffer();
+  /// Drops the gradient (the next backward starts from zero).
   void zero_grad();
+  /// How many times the value was changed in place (caches compare it).
   std::uint64_t version() const { return node().version; }
+  /// Marks the value as changed in place.
   void bump_version() { ++node().version; }
+  /// False for a default-constructed Var.
   bool defined() const { return static_cast<bool>(node_); }
 
-  Node& node() const;
-  const std::shared_ptr<Node>& node_ptr() const { return node_; }
+  /// The storage behind this handle, read-only.
+  const Node& node() const;
+  /// The storage behind this handle, for in-place changes (loading, tests).
+  Node& node();
+  /// A handle to an existing node (what Op::finish returns).
   explicit Var(std::shared_ptr<Node> node) : node_(std::move(node)) {}
 
  private:
+  // A backward adds into the gradients of inputs it captured by value (its closure is const):
+  // the op API's gradient functions (core/op.h) and the tape alone reach the node for that.
+  friend Tensor* grad_if_needed(const Var& x);
+  friend class Tape;
+  Node& gradient_node() const;
+
   std::shared_ptr<Node> node_;
 };
 
@@ -78,15 +94,18 @@ class Tape {
 
   /// Bytes of activations the entries keep alive (op outputs and saved tensors).
   std::size_t bytes() const { return bytes_; }
+  /// The number of entries (ops recorded).
   std::size_t size() const { return entries_.size(); }
 
   /// The innermost recording tape, or null inside a NoGradScope or outside any Tape.
   static Tape* current();
 
+  /// An entry's backward: adds out.grad's contribution into the gradients of its inputs.
   using Backward = std::function<void(Node& out)>;
   /// Appends an entry: backward(out) runs when gradient reaches out. Ops record through Op
   /// (core/op.h), which calls this; remat (core/remat.h) records its one entry per block here.
   void record(const std::shared_ptr<Node>& out, Backward backward, std::size_t saved_bytes);
+  /// What the values made on this tape share with it, to detect a cleared or spent tape.
   const std::shared_ptr<TapeState>& state() const { return state_; }
 
  private:

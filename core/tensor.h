@@ -11,6 +11,7 @@
 
 namespace tapegrad {
 
+/// Sizes of the axes, outermost first ([] for a scalar).
 using Shape = std::vector<std::size_t>;
 
 /// "[4, 3]": the form every shape error uses.
@@ -20,48 +21,56 @@ std::size_t numel(const Shape& shape);
 
 /// Deleter of tensor storage: returns it to the storage cache (see tensor.cpp).
 struct StorageDeleter {
-  std::size_t bytes = 0;
-  void operator()(float* p) const;
+  std::size_t bytes = 0;              ///< the size of the storage it frees
+  void operator()(float* p) const;  ///< Returns p's storage to the cache.
 };
 
+/// A float32 array, contiguous and row-major, that owns its storage (copies copy it).
 class Tensor {
  public:
-
+  /// An empty tensor: no shape, no storage.
   Tensor() = default;
   /// Zero-filled tensor of the given shape.
   explicit Tensor(Shape shape);
+  /// A tensor of the given shape with every element fill.
   Tensor(Shape shape, float fill);
-  Tensor(Shape shape, const std::vector<float>& values);  // values.size() must equal numel(shape)
+  /// A tensor of the given shape holding values (values.size() must equal numel(shape)).
+  Tensor(Shape shape, const std::vector<float>& values);
 
   /// Storage of the given shape whose contents are unspecified (every kernel output that writes
   /// all of its elements starts from this, skipping a memset).
   static Tensor uninitialized(Shape shape);
+  /// A tensor of shape [] holding value.
   static Tensor scalar(float value) { return Tensor(Shape{}, value); }
 
-  Tensor(const Tensor& other);
-  Tensor& operator=(const Tensor& other);
-  Tensor(Tensor&&) noexcept = default;
-  Tensor& operator=(Tensor&&) noexcept = default;
+  Tensor(const Tensor& other);             ///< A deep copy.
+  Tensor& operator=(const Tensor& other);  ///< A deep copy.
+  Tensor(Tensor&&) noexcept = default;             ///< Takes other's storage.
+  Tensor& operator=(Tensor&&) noexcept = default;  ///< Takes other's storage.
 
-  const Shape& shape() const { return shape_; }
-  std::size_t rank() const { return shape_.size(); }
-  std::size_t dim(std::size_t axis) const;  // checked
-  std::size_t size() const { return size_; }
-  std::size_t bytes() const { return size_ * sizeof(float); }
-  bool empty() const { return size_ == 0 && shape_.empty() && !data_; }
+  const Shape& shape() const { return shape_; }                      ///< The sizes of the axes.
+  std::size_t rank() const { return shape_.size(); }                 ///< The number of axes.
+  std::size_t dim(std::size_t axis) const;                           ///< The size of one axis (checked).
+  std::size_t size() const { return size_; }                         ///< The number of elements.
+  std::size_t bytes() const { return size_ * sizeof(float); }        ///< The storage's size in bytes.
+  bool empty() const { return size_ == 0 && shape_.empty() && !data_; }  ///< True for Tensor().
 
-  float* data() { return data_.get(); }
-  const float* data() const { return data_.get(); }
-  float& operator[](std::size_t i) { return data_[i]; }
-  float operator[](std::size_t i) const { return data_[i]; }
+  float* data() { return data_.get(); }                      ///< The elements, row-major.
+  const float* data() const { return data_.get(); }          ///< The elements, row-major.
+  float& operator[](std::size_t i) { return data_[i]; }      ///< Element i in storage order (unchecked).
+  float operator[](std::size_t i) const { return data_[i]; }  ///< Element i in storage order (unchecked).
   /// Checked multi-index access, for tests and setup code (not for kernels).
   float& at(std::initializer_list<std::size_t> index);
+  /// Checked multi-index access (read-only).
   float at(std::initializer_list<std::size_t> index) const;
-  float item() const;  // the value of a one-element tensor
+  /// The value of a one-element tensor (throws for any other).
+  float item() const;
 
+  /// Sets every element to value.
   void fill(float value);
   /// The same data under another shape with the same number of elements.
   Tensor reshaped(Shape shape) const&;
+  /// The same, moving the storage out of a temporary.
   Tensor reshaped(Shape shape) &&;
 
  private:
@@ -72,8 +81,9 @@ class Tensor {
   std::unique_ptr<float[], StorageDeleter> data_;
 };
 
-/// Bytes of freed tensor storage kept for reuse, and a way to hand it back to the system.
+/// Bytes of freed tensor storage kept for reuse.
 std::size_t cached_storage_bytes();
+/// Hands the cached storage back to the system.
 void release_cached_storage();
 
 /// Throws std::invalid_argument "<op>: expected <what> to be [..], got [..]" when shapes differ.

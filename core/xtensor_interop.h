@@ -11,6 +11,7 @@ namespace tapegrad {
 
 /// A non-owning xtensor view of t's storage with t's shape (writes go to t).
 inline auto as_xtensor(Tensor& t) { return xt::adapt(t.data(), t.size(), xt::no_ownership(), t.shape()); }
+/// A read-only xtensor view of t's storage with t's shape.
 inline auto as_xtensor(const Tensor& t) { return xt::adapt(t.data(), t.size(), xt::no_ownership(), t.shape()); }
 
 /// A flat (n,) view of raw storage, for kernels.

@@ -1,4 +1,4 @@
-// The communicator of data-parallel training (SPEC section 11): rank, size, a sum of float buffers
+// The communicator of data-parallel training: rank, size, a sum of float buffers
 // across ranks in fixed rank order, broadcast, allgather and barrier. One process always; MPI
 // when the build found it (dist/mpi_communicator.cpp). core/, nn/ and optim/ never include this.
 #pragma once
@@ -14,11 +14,13 @@
 
 namespace tapegrad::dist {
 
+/// What data-parallel training needs of a transport: this process's rank among size ranks and
+/// the collectives, each with a result that does not depend on the transport.
 class Communicator {
  public:
   virtual ~Communicator() = default;
-  virtual int rank() const = 0;
-  virtual int size() const = 0;
+  virtual int rank() const = 0;  ///< This process's rank, 0 to size() - 1 (0 leads).
+  virtual int size() const = 0;  ///< The number of ranks.
   /// What carries the messages, for logs: "one process", "MPI (Open MPI v4.1.4, ...)".
   virtual std::string description() const = 0;
 
@@ -30,6 +32,7 @@ class Communicator {
   virtual void broadcast(std::span<std::byte> bytes, int root) = 0;
   /// Every rank's `mine` (the same length everywhere), concatenated in rank order.
   virtual std::vector<std::byte> allgather(std::span<const std::byte> mine) = 0;
+  /// Returns on every rank once every rank has called it.
   virtual void barrier() = 0;
   /// Ends every rank at once with this status (after an error on one rank only: the others
   /// would otherwise wait in their next collective).
@@ -39,22 +42,23 @@ class Communicator {
 /// The communicator of one process: size 1; ordered_sum and broadcast leave the data as it is.
 class SingleProcess final : public Communicator {
  public:
-  int rank() const override { return 0; }
-  int size() const override { return 1; }
+  int rank() const override { return 0; }  ///< 0
+  int size() const override { return 1; }  ///< 1
   std::string description() const override { return "one process"; }
   void ordered_sum(std::span<float>) override {}
   void broadcast(std::span<std::byte>, int) override {}
   std::vector<std::byte> allgather(std::span<const std::byte> mine) override { return {mine.begin(), mine.end()}; }
-  void barrier() override {}
+  void barrier() override {}  ///< Returns at once.
   [[noreturn]] void abort(int status) override;
 };
 
 /// The number of processes a launcher says it started, from the first of OMPI_COMM_WORLD_SIZE
 /// (mpirun), PMI_SIZE (MPICH, Slurm's PMI) and SLURM_NTASKS that is set; nullopt when none is.
 struct LaunchSize {
-  std::size_t size;
-  std::string variable;  // e.g. "OMPI_COMM_WORLD_SIZE=2"
+  std::size_t size;      ///< the number of processes
+  std::string variable;  ///< the variable that said so, e.g. "OMPI_COMM_WORLD_SIZE=2"
 };
+/// The launcher's process count (LaunchSize), or nullopt when no launcher variable is set.
 std::optional<LaunchSize> launch_size_from_environment();
 
 /// Whether this build has the MPI communicator (CMake option TAPEGRAD_MPI).
@@ -73,12 +77,14 @@ std::optional<std::string> launch_mismatch(const std::optional<LaunchSize>& laun
 
 // Typed conveniences over the byte calls.
 
+/// Root's values (trivially copyable) into every rank's span of the same length.
 template <class T, std::size_t N>
 void broadcast_values(Communicator& comm, std::span<T, N> values, int root = 0) {
   comm.broadcast(std::as_writable_bytes(values), root);
 }
-/// A string or vector of root's, resized everywhere first.
+/// Root's string into every rank's, resized everywhere first.
 void broadcast_string(Communicator& comm, std::string& text, int root = 0);
+/// Root's floats into every rank's vector, resized everywhere first.
 void broadcast_floats(Communicator& comm, std::vector<float>& values, int root = 0);
 
 /// Every rank's value, in rank order.

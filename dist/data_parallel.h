@@ -1,4 +1,4 @@
-// Data-parallel training helpers over a Communicator (SPEC section 11): gradients summed in flat
+// Data-parallel training helpers over a Communicator: gradients summed in flat
 // buckets of several parameters (PyTorch DDP's buckets, Horovod's tensor fusion), in fixed order,
 // so that N ranks and one process accumulating N micro-batches do the same float arithmetic; and
 // the replica check (a hash of every parameter, compared across ranks).
@@ -13,6 +13,8 @@
 
 namespace tapegrad::dist {
 
+/// The gradients of the parts of a step (ranks, micro-batches), summed in a fixed order in flat
+/// buckets of whole parameters, so that the sum does not depend on how the batch was split.
 class GradientBuckets {
  public:
   /// Whole parameters in parameter order, a bucket closed once it holds bucket_floats or more.
@@ -26,8 +28,8 @@ class GradientBuckets {
   /// over all ranks (ranks x micro-batches). Returns the seconds spent in comm.ordered_sum.
   double reduce(Communicator& comm, std::size_t parts);
 
-  std::size_t bucket_count() const { return buckets_.size(); }
-  std::size_t floats() const;
+  std::size_t bucket_count() const { return buckets_.size(); }  ///< The number of buckets.
+  std::size_t floats() const;  ///< The floats in all buckets (every parameter's size, added up).
 
  private:
   struct Bucket {

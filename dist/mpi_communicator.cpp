@@ -1,5 +1,6 @@
 // Communicator over MPI_COMM_WORLD. ordered_sum is a reduce-scatter made of an alltoall of shards
-// and a local sum in rank order, then an allgather (the reproducible allreduce of SPEC section 11).
+// and a local sum in rank order, then an allgather: an allreduce whose result does not depend on
+// MPI's algorithm or transport.
 #include "dist/mpi_communicator.h"
 
 #include <fmt/format.h>

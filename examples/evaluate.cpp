@@ -1,5 +1,6 @@
 // evaluate: the mean next-character cross-entropy of a checkpoint over a text file, in windows
-// of max_len (SPEC section 6); prints one JSON line {"loss", "bits_per_char", "tokens"}.
+// of max_len (windowed_loss, examples/common/batches.h); prints one JSON line
+// {"loss", "bits_per_char", "tokens"}.
 #include <fmt/format.h>
 
 #include <cmath>

@@ -1,4 +1,4 @@
-// train_char: trains a char-level rotary decoder or gpt2 on a text file (SPEC section 6). Flags become a
+// train_char: trains a char-level rotary decoder or gpt2 on a text file. Flags become a
 // TrainOptions; the run itself lives in examples/common/trainer.
 #include <cstdint>
 #include <cstdlib>
@@ -25,7 +25,7 @@ int main(int argc, char** argv) {
   app.add_option("--data", o.data, "Training text, UTF-8 (default: the DATA environment variable)")->envname("DATA");
   app.add_option("--out", o.out, "Checkpoint written atomically (periodically, at the end, on Ctrl-C)")
       ->capture_default_str();
-  app.add_option("--arch", arch, "Architecture: rotary (SPEC section 2) or gpt2 (section 9); a resume takes the "
+  app.add_option("--arch", arch, "Architecture: rotary (RoPE, RMSNorm, SwiGLU) or gpt2 (GPT-2); a resume takes the "
                  "checkpoint's")
       ->check(CLI::IsMember({"rotary", "gpt2"}))
       ->capture_default_str();
@@ -85,7 +85,7 @@ int main(int argc, char** argv) {
                app.count("--dropout") ? std::optional(dropout) : std::nullopt};
     if (app.count("--decay-steps")) o.decay_steps = decay_steps;
     if (app.count("--warmup")) o.warmup = warmup;
-    // Test seams (tests/examples; README "Hardening"): a NaN in the model or in a batch before
+    // Test seams (docs/testing.md), set only by tests/examples: a NaN in the model or in a batch before
     // step N, and a save after step N that fails like a full disk.
     auto seam = [](const char* name) {
       const char* step = std::getenv(name);
@@ -95,7 +95,7 @@ int main(int argc, char** argv) {
     o.inject_nan_batch_at = seam("TAPEGRAD_TEST_INJECT_NAN_BATCH_AT_STEP");
     o.fail_save_at = seam("TAPEGRAD_TEST_FAIL_SAVE_AT_STEP");
     o.perturb_last_rank_at = seam("TAPEGRAD_TEST_PERTURB_LAST_RANK_AT_STEP");  // under mpirun
-    // Under mpirun or srun, one rank of a data-parallel run (SPEC section 11).
+    // Under mpirun or srun, one rank of a data-parallel run; else a single process.
     comm = tapegrad::dist::make_communicator(argc, argv);
     const auto& stop_signal = install_stop_handlers();
     try {

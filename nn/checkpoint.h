@@ -1,5 +1,5 @@
-// Model checkpoints in safetensors (SPEC section 5): the parameters under their SPEC names, and
-// the hyperparameters and the character vocabulary in "__metadata__", so that a checkpoint is
+// Model checkpoints in safetensors (docs/checkpoints.md): the parameters under their module
+// names, and the hyperparameters and the character vocabulary in "__metadata__", so that a checkpoint is
 // all that generation needs. Training checkpoints add "optim." tensors and more metadata.
 #pragma once
 
@@ -14,12 +14,13 @@
 
 namespace tapegrad::nn {
 
+/// The "format_version" this build writes and reads.
 inline constexpr const char* kCheckpointFormatVersion = "1";
 
 /// Extra content a training checkpoint carries besides the model.
 struct CheckpointExtras {
-  std::vector<std::pair<std::string, const Tensor*>> tensors;  // names must start with "optim."
-  std::map<std::string, std::string> metadata;                 // e.g. step, rng_state, data_position
+  std::vector<std::pair<std::string, const Tensor*>> tensors;  ///< names must start with "optim."
+  std::map<std::string, std::string> metadata;                 ///< e.g. step, rng_state, data_position
 };
 
 /// What every model checkpoint writer shares: checks that the tokenizer has `vocab` characters,
@@ -33,11 +34,12 @@ void write_checkpoint_file(const std::string& path, const ParameterList& params,
 void save_checkpoint(const std::string& path, const RotaryDecoder& model, const CharTokenizer& tokenizer,
                      const CheckpointExtras& extras = {});
 
+/// A rotary decoder checkpoint as load_checkpoint read it.
 struct LoadedCheckpoint {
-  RotaryDecoder model;
-  CharTokenizer tokenizer;
-  std::map<std::string, Tensor> extra_tensors;         // the "optim." tensors
-  std::map<std::string, std::string> metadata;         // everything in "__metadata__"
+  RotaryDecoder model;                                 ///< the model, its weights loaded
+  CharTokenizer tokenizer;                             ///< the vocabulary it was trained with
+  std::map<std::string, Tensor> extra_tensors;         ///< the "optim." tensors
+  std::map<std::string, std::string> metadata;         ///< everything in "__metadata__"
 };
 
 /// Reads and checks everything: the file layout (core/safetensors), the metadata (every key

@@ -1,5 +1,5 @@
 // Dropout (Srivastava et al. 2014): zeroes each element with probability p in training and
-// scales the rest by 1 / (1 - p); the identity in evaluation mode (SPEC section 8).
+// scales the rest by 1 / (1 - p); the identity in evaluation mode and in generation.
 #pragma once
 
 #include "core/ops.h"
@@ -7,16 +7,18 @@
 
 namespace tapegrad::nn {
 
+/// Dropout(p) as a module: no parameters; active in training mode when p > 0.
 class Dropout : public Module {
  public:
+  /// p in [0, 1): the probability of zeroing an element.
   explicit Dropout(float p = 0);
   /// The mask comes from rng: the caller owns the stream (a model derives one from its seed,
   /// per step and per block, so that remat re-draws the very same mask).
   Var forward(const Var& x, Rng& rng) const { return dropout(x, p, training() && p > 0, rng); }
-  bool active() const { return training() && p > 0; }
+  bool active() const { return training() && p > 0; }  ///< Whether forward draws a mask.
   void collect_params(const std::string&, ParameterList&) const override {}
 
-  float p;
+  float p;  ///< the probability of zeroing an element
 };
 
 /// The seed of a dropout stream: a SplitMix64 mix of (seed, step, index), so that streams of

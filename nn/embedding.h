@@ -11,6 +11,7 @@ class Rng;
 
 namespace tapegrad::nn {
 
+/// A table of learned vectors, one row per token id (torch.nn.Embedding).
 class Embedding : public Module {
  public:
   /// Table ~ N(0, init_std^2).
@@ -19,7 +20,7 @@ class Embedding : public Module {
   Var forward(std::span<const std::int32_t> ids, std::size_t batch, std::size_t seq_len) const;
   void collect_params(const std::string& prefix, ParameterList& out) const override;
 
-  Var weight;  // (V, D)
+  Var weight;  ///< (V, D)
 };
 
 }  // namespace tapegrad::nn

@@ -1,4 +1,4 @@
-// Linear: y = x W (+ b), W stored (in, out) as in SPEC section 5.
+// Linear: y = x W (+ b), W stored (in, out), as checkpoints store every matrix.
 #pragma once
 
 #include "nn/module.h"
@@ -9,6 +9,7 @@ class Rng;
 
 namespace tapegrad::nn {
 
+/// A dense layer y = x W (+ b), W stored (in, out) (torch.nn.Linear stores its transpose).
 class Linear : public Module {
  public:
   /// W ~ N(0, init_std^2); b (when present) starts at zero.
@@ -17,10 +18,10 @@ class Linear : public Module {
   Var forward(const Var& x) const;
   void collect_params(const std::string& prefix, ParameterList& out) const override;
 
-  std::size_t in() const { return weight.shape()[0]; }
-  std::size_t out() const { return weight.shape()[1]; }
-  Var weight;  // (in, out)
-  Var bias;    // (out) or undefined
+  std::size_t in() const { return weight.shape()[0]; }   ///< The input size.
+  std::size_t out() const { return weight.shape()[1]; }  ///< The output size.
+  Var weight;  ///< (in, out)
+  Var bias;    ///< (out) or undefined
 };
 
 }  // namespace tapegrad::nn

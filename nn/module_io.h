@@ -1,4 +1,4 @@
-// Saving and loading any Module's named parameters as safetensors (SPEC section 8), with the
+// Saving and loading any Module's named parameters as safetensors, with the
 // caller's metadata, through the same hardened reader as the model checkpoints.
 #pragma once
 

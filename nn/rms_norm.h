@@ -5,14 +5,16 @@
 
 namespace tapegrad::nn {
 
+/// RMSNorm over the last axis with a weight (ones): the rms_norm op.
 class RMSNorm : public Module {
  public:
+  /// Normalises vectors of size dim; eps is added to the mean square.
   explicit RMSNorm(std::size_t dim, float eps = 1e-5f);
-  Var forward(const Var& x) const;  // (.., D) -> (.., D)
+  Var forward(const Var& x) const;  ///< (.., D) -> (.., D)
   void collect_params(const std::string& prefix, ParameterList& out) const override;
 
-  Var weight;  // (D)
-  float eps;
+  Var weight;  ///< (D)
+  float eps;  ///< added to the mean square
 };
 
 }  // namespace tapegrad::nn

@@ -1,4 +1,4 @@
-// Sampler: turns a row of logits into a token id. The order is fixed (SPEC section 4):
+// Sampler: turns a row of logits into a token id. The order is fixed:
 // temperature, then top-k, then top-p, then one draw from the project's seeded Rng.
 #pragma once
 
@@ -10,16 +10,19 @@
 
 namespace tapegrad::nn {
 
+/// How the next token is drawn from the logits.
 struct SamplingOptions {
-  float temperature = 1.0f;  // 0 = greedy: argmax, the lowest id winning ties
-  std::size_t top_k = 0;     // keep the k most probable ids (0 = all)
-  float top_p = 1.0f;        // keep the smallest most-probable set whose probability reaches p
+  float temperature = 1.0f;  ///< 0 = greedy: argmax, the lowest id winning ties
+  std::size_t top_k = 0;     ///< keep the k most probable ids (0 = all)
+  float top_p = 1.0f;        ///< keep the smallest most-probable set whose probability reaches p
   /// Throws std::invalid_argument naming the bad value.
   void validate() const;
 };
 
+/// Draws token ids from rows of logits, in a fixed order: temperature, top-k, top-p, one draw.
 class Sampler {
  public:
+  /// A sampler with its own Rng seeded with seed (the same seed gives the same tokens).
   Sampler(SamplingOptions options, std::uint64_t seed);
   /// One token from logits (vocab); reuses its buffers (no allocation after the first call).
   std::int32_t next(std::span<const float> logits);

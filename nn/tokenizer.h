@@ -1,4 +1,4 @@
-// CharTokenizer: one id per Unicode code point, ids in code-point order (SPEC section 3), and
+// CharTokenizer: one id per Unicode code point of the text, ids in code-point order, and
 // the strict UTF-8 decoding it stands on.
 #pragma once
 
@@ -18,6 +18,7 @@ void append_utf8(std::string& out, char32_t c);
 /// A printable description of a character for error messages: 'a', U+000A.
 std::string describe_char(char32_t c);
 
+/// One token per character: ids are the ranks of the code points in the sorted vocabulary.
 class CharTokenizer {
  public:
   /// The sorted distinct code points of text; throws on invalid UTF-8 or an empty text.
@@ -29,8 +30,8 @@ class CharTokenizer {
   std::vector<std::int32_t> encode(std::string_view text) const;
   /// Throws std::out_of_range naming an id >= size().
   std::string decode(std::span<const std::int32_t> ids) const;
-  std::size_t size() const { return chars_.size(); }
-  std::string vocab() const;
+  std::size_t size() const { return chars_.size(); }  ///< The number of characters (ids).
+  std::string vocab() const;  ///< The characters concatenated in id order, as UTF-8.
 
  private:
   explicit CharTokenizer(std::u32string chars);

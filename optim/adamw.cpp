@@ -78,8 +78,8 @@ void AdamW::step() {
                   options_.eps};
   const float decay_factor = float(1.0 - lr * double(options_.weight_decay));
   for (std::size_t i = 0; i < params().size(); ++i) {
-    const NamedParameter& p = params()[i];
-    Var var = p.var;
+    NamedParameter& p = mutable_params()[i];
+    Var& var = p.var;
     if (!var.has_grad()) continue;
     scalars.decay = decays(p, options_.decay_all_params) ? decay_factor : 1.0f;
     const float* grad = var.grad().data();

@@ -9,14 +9,15 @@ namespace tapegrad::optim {
 
 /// AdamW hyperparameters, torch.optim.AdamW's defaults.
 struct AdamWOptions {
-  float lr = 1e-3f;
-  float beta1 = 0.9f;
-  float beta2 = 0.999f;
-  float eps = 1e-8f;
-  float weight_decay = 0.01f;
-  bool decay_all_params = false;  // false: decay matrices (rank >= 2) only, never norm weights or biases
+  float lr = 1e-3f;            ///< the learning rate (a schedule may change it; see set_lr)
+  float beta1 = 0.9f;          ///< decay of the first moment m
+  float beta2 = 0.999f;        ///< decay of the second moment v
+  float eps = 1e-8f;           ///< added to sqrt(v) in the denominator
+  float weight_decay = 0.01f;  ///< decoupled: p -= lr * weight_decay * p
+  bool decay_all_params = false;  ///< false: decay matrices (rank >= 2) only, never norm weights or biases
 };
 
+/// AdamW (Loshchilov and Hutter 2019): Adam with decoupled weight decay, as torch.optim.AdamW.
 class AdamW : public Optimizer {
  public:
   /// Validates the options (lr, eps, weight_decay finite and >= 0; betas in [0, 1)); the state

@@ -1,6 +1,6 @@
 // Optimizer: the base of SGD and AdamW. It holds the parameters, one set of per-parameter state
 // tensors ("slots", e.g. AdamW's m and v) and the step count, and exports and restores that state
-// under checkpoint names "optim.<parameter name>.<slot>" (SPEC section 5).
+// under checkpoint names "optim.<parameter name>.<slot>" (the "optim." tensors of a training checkpoint).
 #pragma once
 
 #include <cstdint>
@@ -14,17 +14,18 @@ namespace tapegrad::optim {
 
 /// One exported state tensor under its checkpoint name.
 struct NamedTensor {
-  std::string name;  // e.g. "optim.blocks.0.attn.wq.weight.m"
-  Tensor value;
+  std::string name;  ///< e.g. "optim.blocks.0.attn.wq.weight.m"
+  Tensor value;      ///< the slot's values, of its parameter's shape
 };
 
 /// Everything an optimizer needs to continue bit-identically: its slot tensors and the number of
 /// steps taken (kept apart from the tensors because a float cannot count past 2^24 exactly).
 struct OptimizerState {
-  std::vector<NamedTensor> tensors;
-  std::int64_t step = 0;
+  std::vector<NamedTensor> tensors;  ///< every slot of every parameter, in params() order
+  std::int64_t step = 0;             ///< steps taken
 };
 
+/// The base of the optimizers: parameters, per-parameter state tensors, the step count.
 class Optimizer {
  public:
   virtual ~Optimizer() = default;
@@ -65,6 +66,8 @@ class Optimizer {
   /// parameter's shape. name is a string literal ("AdamW").
   Optimizer(const char* name, ParameterList params, std::vector<std::string> slot_names, float lr);
 
+  /// The parameters, for the update of step().
+  ParameterList& mutable_params() { return params_; }
   /// The state tensor of slot `slot` for parameter i (same shape as the parameter).
   Tensor& slot(std::size_t i, std::size_t slot) { return slots_[i][slot]; }
   /// Why the value of an element of slot `slot` cannot be this optimizer's state, or null if it

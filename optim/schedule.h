@@ -24,12 +24,12 @@ class LrSchedule {
   /// The lr of step `step` (>= 0; see the class comment).
   float at(std::int64_t step) const;
 
-  /// The construction arguments (a constant schedule has min_lr == peak_lr and no steps).
+  /// The peak lr (a constant schedule's lr; its min_lr is the same and it has no steps).
   float peak_lr() const { return lr_; }
-  float min_lr() const { return min_lr_; }
-  std::int64_t warmup_steps() const { return warmup_steps_; }
-  std::int64_t decay_steps() const { return decay_steps_; }
-  bool is_constant() const { return constant_; }
+  float min_lr() const { return min_lr_; }                     ///< The lr after the decay.
+  std::int64_t warmup_steps() const { return warmup_steps_; }  ///< Steps of linear warmup.
+  std::int64_t decay_steps() const { return decay_steps_; }    ///< The step where the decay ends.
+  bool is_constant() const { return constant_; }               ///< Made by constant().
 
  private:
   LrSchedule(bool constant, float lr, std::int64_t warmup_steps, std::int64_t decay_steps, float min_lr)

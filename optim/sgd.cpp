@@ -27,8 +27,8 @@ void SGD::step() {
   advance_step();
   const float lr = this->lr(), momentum = options_.momentum;
   for (std::size_t i = 0; i < params().size(); ++i) {
-    const NamedParameter& p = params()[i];
-    Var var = p.var;
+    NamedParameter& p = mutable_params()[i];
+    Var& var = p.var;
     if (!var.has_grad()) continue;
     const float wd = decays(p, options_.decay_all_params) ? options_.weight_decay : 0.0f;
     const float* grad = var.grad().data();

@@ -8,12 +8,13 @@ namespace tapegrad::optim {
 
 /// SGD hyperparameters; the defaults are plain SGD without momentum or decay.
 struct SGDOptions {
-  float lr = 1e-2f;
-  float momentum = 0.0f;          // 0: plain p -= lr g, and no state tensors
-  float weight_decay = 0.0f;      // L2 term wd * p added to the gradient (coupled, as PyTorch's SGD)
-  bool decay_all_params = false;  // false: decay matrices (rank >= 2) only, never norm weights or biases
+  float lr = 1e-2f;               ///< the learning rate (a schedule may change it; see set_lr)
+  float momentum = 0.0f;          ///< 0: plain p -= lr g, and no state tensors
+  float weight_decay = 0.0f;      ///< L2 term wd * p added to the gradient (coupled, as PyTorch's SGD)
+  bool decay_all_params = false;  ///< false: decay matrices (rank >= 2) only, never norm weights or biases
 };
 
+/// Stochastic gradient descent with optional momentum and L2 weight decay, as torch.optim.SGD.
 class SGD : public Optimizer {
  public:
   /// Validates the options (lr, momentum, weight_decay finite and >= 0; momentum < 1); with

@@ -57,7 +57,7 @@ cmake --build build -j"$(nproc)" --target train_char generate evaluate
 # the sample uses is trained), batches of 16: 2,800 steps take about two minutes on two cores.
 # OpenMP's passive wait policy (threads sleep at once at a barrier instead of spinning) costs
 # about a quarter of the speed on idle cores but keeps 2-thread training 4-6x faster when other
-# work shares the cores, as on a busy build machine (README, "Programs"); override by setting it.
+# work shares the cores, as on a busy build machine; override by setting it.
 export OMP_WAIT_POLICY="${OMP_WAIT_POLICY:-passive}"
 start=$(date +%s)
 build/train_char --data "$data" --out out/demo.safetensors --d-model 64 --heads 4 --blocks 2 --max-len 128 \

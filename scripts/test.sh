@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The whole test suite: installs dependencies, builds (Release), runs every doctest case (the
-# example programs' end-to-end tests among them) and checks that an installed tapegrad works from
-# another CMake project; then (unless TAPEGRAD_QUICK=1) the same suite under AddressSanitizer +
-# UndefinedBehaviorSanitizer, and each fuzzer for 60 seconds.
+# example programs' end-to-end tests among them, and the checks of README.md's and docs/'s code
+# blocks), builds the API reference (Doxygen; any warning fails) and checks that an installed
+# tapegrad works from another CMake project; then (unless TAPEGRAD_QUICK=1) the same suite under
+# AddressSanitizer + UndefinedBehaviorSanitizer, and each fuzzer for 60 seconds.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/deps.sh
@@ -10,6 +11,7 @@ jobs=$(nproc)
 cmake -S . -B build -DCMAKE_BUILD_TYPE=Release >/dev/null
 cmake --build build -j"$jobs"
 (cd build && ./tapegrad_tests)
+cmake --build build --target docs
 bash scripts/check_install.sh build
 [ "${TAPEGRAD_QUICK:-0}" = 1 ] && exit 0
 

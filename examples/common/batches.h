@@ -1,5 +1,5 @@
 // Training and evaluation inputs for a language model: random windows of a token stream
-// (nanoGPT's get_batch) and the windowed cross-entropy of a whole text (SPEC section 6).
+// (nanoGPT's get_batch) and the windowed cross-entropy of a whole text (what evaluate prints).
 #pragma once
 
 #include <cstdint>
@@ -32,9 +32,9 @@ struct WindowedLoss {
   std::size_t tokens = 0;  // tokens predicted
 };
 
-/// SPEC section 6: for s = 0, L, 2L, ... while s + 1 < n: inputs ids[s:s+L], targets
-/// ids[s+1:s+L+1], L = min(max_len, n-1-s); the mean over all predicted tokens (each window
-/// weighted by its length). Full windows go through the model `group` at a time. n >= 2.
+/// The mean next-token loss of a whole text, in windows: for s = 0, L, 2L, ... while s + 1 < n:
+/// inputs ids[s:s+L], targets ids[s+1:s+L+1], L = min(max_len, n-1-s); the mean over all
+/// predicted tokens (each window weighted by its length). Full windows go through the model `group` at a time. n >= 2.
 WindowedLoss windowed_loss(const nn::LanguageModel& model, std::span<const std::int32_t> ids, std::size_t group = 16);
 
 }  // namespace tapegrad::examples

@@ -1,5 +1,5 @@
 // A training text as the example programs use it: read, checked as UTF-8, tokenized by its own
-// characters (SPEC section 3), and split into the first 90% (training) and the last 10%
+// characters (nn::CharTokenizer), and split into the first 90% (training) and the last 10%
 // (validation) of its characters.
 #pragma once
 

@@ -33,9 +33,9 @@ std::string Progress::status(std::int64_t step, double loss, double lr) const {
   // ETA from the wall time per step of this run so far (evaluations and saves included).
   const double done = double(step - start_step_), elapsed = elapsed_s();
   const double eta = done > 0 ? elapsed / done * double(total_steps_ - step) : NAN;
-  const double rate = tokens_per_s();
+  const double rate = recent_tokens_per_s();
   const std::string tokens = rate >= 1e4 ? fmt::format("{:.1f}k", rate / 1e3) : fmt::format("{:.0f}", rate);
-  return fmt::format("step {}/{} | loss {:.4f} | lr {:.2e} | {} tok/s | elapsed {} | ETA {}", step, total_steps_, loss,
+  return fmt::format("step {}/{} | loss {:.4f} | lr {:.2e} | {} tok/s recent | elapsed {} | ETA {}", step, total_steps_, loss,
                      lr, tokens, format_duration(elapsed), format_duration(eta));
 }
 

@@ -25,8 +25,9 @@ class Progress {
   /// Clears the live line (before the program prints its last lines or an error).
   void clear();
 
-  /// Training tokens per second, smoothed over recent steps.
-  double tokens_per_s() const { return ema_step_s_ > 0 ? tokens_per_step_ / ema_step_s_ : 0.0; }
+  /// Training tokens per second over recent steps (an exponential moving average of the step
+  /// time): what the live line shows as "recent".
+  double recent_tokens_per_s() const { return ema_step_s_ > 0 ? tokens_per_step_ / ema_step_s_ : 0.0; }
   /// Seconds since construction.
   double elapsed_s() const;
 

@@ -5,7 +5,6 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <charconv>
 #include <cmath>
 #include <csignal>
 #include <cstdio>
@@ -26,6 +25,7 @@
 #include "core/safetensors.h"
 #include "dist/data_parallel.h"
 #include "nn/checkpoint.h"
+#include "nn/checkpoint_metadata.h"
 #include "nn/language_model.h"
 #include "optim/adamw.h"
 #include "optim/clip.h"
@@ -44,21 +44,6 @@ std::string str(float v) { return fmt::format("{}", v); }
 template <class T>
 std::string str(T v) requires std::integral<T> {
   return std::to_string(v);
-}
-
-const std::string& required(const std::map<std::string, std::string>& metadata, const std::string& key) {
-  auto it = metadata.find(key);
-  if (it == metadata.end()) throw std::runtime_error(fmt::format("metadata key '{}' is missing", key));
-  return it->second;
-}
-
-std::int64_t parse_int(const std::map<std::string, std::string>& metadata, const std::string& key) {
-  const std::string& text = required(metadata, key);
-  std::int64_t value = -1;
-  auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), value);
-  if (ec != std::errc() || end != text.data() + text.size() || value < 0)
-    throw std::runtime_error(fmt::format("metadata '{}' = '{}' is not a non-negative integer", key, text));
-  return value;
 }
 
 /// The hyperparameters a resume compares with its command line: metadata "train.<key>" -> value
@@ -186,9 +171,9 @@ struct Run {
         throw std::runtime_error(
             "it is not a training checkpoint (no 'step' in its metadata); train from scratch "
             "without --resume");
-      step = parse_int(meta, "step");
-      batch_rng.set_state(required(meta, "rng_state"));
-      optim::OptimizerState state{{}, parse_int(meta, "optimizer_steps")};
+      step = nn::metadata_count(meta, "step");
+      batch_rng.set_state(nn::metadata_text(meta, "rng_state"));
+      optim::OptimizerState state{{}, nn::metadata_count(meta, "optimizer_steps")};
       for (const auto& [name, tensor] : ckpt.extra_tensors) state.tensors.push_back({name, tensor});
       optimizer.load_state(state);
       const std::string fingerprint = fmt::format("fnv1a64:{:016x}", corpus.fingerprint);
@@ -350,7 +335,7 @@ std::string output_stem(const std::string& out) {
 const std::atomic<int>& install_stop_handlers() {
   std::signal(SIGINT, on_stop_signal);
   std::signal(SIGTERM, on_stop_signal);
-  std::signal(SIGUSR1, on_stop_signal);  // what mpirun forwards to every rank (SPEC section 11)
+  std::signal(SIGUSR1, on_stop_signal);  // mpirun forwards SIGUSR1 to every rank: a way to stop a run
   return g_stop_signal;
 }
 
@@ -363,9 +348,11 @@ TrainOutcome train(const TrainOptions& o, const std::atomic<int>& stop_signal) {
   return train(o, stop_signal, one);
 }
 
-TrainOutcome train(const TrainOptions& o, const std::atomic<int>& stop_signal, dist::Communicator& comm) {
-  const std::size_t ranks = std::size_t(comm.size());
-  const bool leader = comm.rank() == 0;
+namespace {
+
+/// Throws a UsageError (on every rank alike) for a bad flag or a --batch that does not split into
+/// equal parts over the ranks and micro-batches.
+void check_options(const TrainOptions& o, std::size_t ranks) {
   agreed([&] {
     o.validate();
     if (o.batch % (ranks * o.micro_batches) != 0)
@@ -375,21 +362,23 @@ TrainOutcome train(const TrainOptions& o, const std::atomic<int>& stop_signal, d
           o.batch, ranks, o.micro_batches > 1 ? fmt::format(" x --micro-batches {}", o.micro_batches) : "",
           ranks, ranks * o.micro_batches));
   });
-  set_num_threads(o.threads);
-  const std::int64_t decay_steps = o.decay();
-  const std::string stem = output_stem(o.out);
-  MetricsLog metrics(o.metrics.empty() ? stem + ".metrics.csv" : o.metrics, stem + ".loss.svg",
-                     fmt::format("train_char: {}", o.out));
+}
 
-  // Inputs are read and checked first, so that a bad one leaves no trace (not even a folder).
-  // Rank 0 reads and checks them, takes the lock, and sends the text and its run to the others.
-  std::string text;
-  std::optional<Run> run_slot;
-  std::vector<std::string> notes, removed;
-  std::optional<OutputLock> lock;
-  on_leader(comm, [&] {
-  text = read_file(o.data);
-  Corpus corpus = corpus_from_bytes(o.data, text);
+/// What the set-up leaves for the training loop: the run, and the notes it logs.
+struct Setup {
+  std::string text;  // the training text's bytes, for the other ranks
+  std::optional<Run> run;
+  std::vector<std::string> notes;    // hyperparameters that differ from the resumed checkpoint's
+  std::vector<std::string> removed;  // temporary files of killed writers, removed
+  std::optional<OutputLock> lock;    // on o.out, for the whole run (rank 0)
+};
+
+/// Rank 0: reads --data and --resume and checks them against the flags, builds the run (new or
+/// resumed), then creates the output folder, takes the lock and removes stale temporary files.
+/// Inputs are checked first, so that a bad one leaves no trace (not even a folder).
+void prepare_leader_run(const TrainOptions& o, std::int64_t decay_steps, const MetricsLog& metrics, Setup& setup) {
+  setup.text = read_file(o.data);
+  Corpus corpus = corpus_from_bytes(o.data, setup.text);
   std::optional<nn::LoadedModelCheckpoint> ckpt;
   std::optional<nn::LanguageModel> fresh;
   if (!o.resume.empty()) {
@@ -398,7 +387,7 @@ TrainOutcome train(const TrainOptions& o, const std::atomic<int>& stop_signal, d
     if (o.model.arch && *o.model.arch != arch)
       throw UsageError(fmt::format("--arch {} disagrees with --resume {}, whose model is {} (drop the flag)",
                                    *o.model.arch, o.resume, arch));
-    auto meta_size = [&](const char* key) { return std::size_t(parse_int(ckpt->metadata, key)); };
+    auto meta_size = [&](const char* key) { return std::size_t(nn::metadata_count(ckpt->metadata, key)); };
     check_flag("d-model", o.model.d_model, meta_size("d_model"), o.resume);
     check_flag("heads", o.model.heads, meta_size("n_heads"), o.resume);
     check_flag("blocks", o.model.blocks, meta_size("n_blocks"), o.resume);
@@ -431,211 +420,317 @@ TrainOutcome train(const TrainOptions& o, const std::atomic<int>& stop_signal, d
                     "needed (use a longer text)",
                     o.data, corpus.validation().size()));
 
-  Run& run = run_slot.emplace(o, decay_steps, std::move(corpus), ckpt ? std::move(ckpt->model) : std::move(*fresh));
-  if (ckpt) notes = run.restore(*ckpt);
+  Run& run = setup.run.emplace(o, decay_steps, std::move(corpus), ckpt ? std::move(ckpt->model) : std::move(*fresh));
+  if (ckpt) setup.notes = run.restore(*ckpt);
   ckpt.reset();
   if (run.step > o.steps)
     throw UsageError(
         fmt::format("--steps {} is below the step {} that --resume {} reached", o.steps, run.step, o.resume));
 
   create_parent_directories(o.out);  // fail now rather than at the first save
-  lock.emplace(o.out);               // before any file is written
+  setup.lock.emplace(o.out);         // before any file is written
   for (const std::string& path : {o.out, metrics.csv_path(), metrics.svg_path()})
-    for (std::string& file : remove_stale_temporaries(path)) removed.push_back(std::move(file));
-  });
-  if (ranks > 1) {
-    dist::broadcast_string(comm, text);
-    std::array<std::uint64_t, kConfigFields> fields{};
-    if (leader) fields = config_fields(run_slot->model);
-    dist::broadcast_values(comm, std::span(fields));
-    if (!leader) {
-      TrainOptions shape = o;  // the model of rank 0, whether new or resumed
-      shape.model = {fields[1], fields[2], fields[3], fields[4], fields[5], fields[0] ? "gpt2" : "rotary",
-                     std::bit_cast<float>(std::uint32_t(fields[6]))};
-      shape.seed = fields[7];
-      Corpus corpus = corpus_from_bytes(o.data, text);
-      nn::LanguageModel model = new_model(shape, corpus.tokenizer.size());
-      run_slot.emplace(o, decay_steps, std::move(corpus), std::move(model));
-    }
-    broadcast_state(comm, *run_slot);
-  }
-  text = std::string();
-  Run& run = *run_slot;
-  const std::size_t parts = ranks * o.micro_batches, rows = o.batch / parts;
-  std::optional<dist::GradientBuckets> buckets;  // the sum of parts gradients, when there are several
-  if (parts > 1) buckets.emplace(run.params);
-  const auto schedule = optim::LrSchedule::warmup_cosine(o.lr, o.warmup_steps(), decay_steps, o.min_lr);
-  const float clip = o.clip > 0 ? o.clip : std::numeric_limits<float>::max();
+    for (std::string& file : remove_stale_temporaries(path)) setup.removed.push_back(std::move(file));
+}
 
-  const Corpus& data = run.corpus;
-  const bool live = ::isatty(::fileno(stderr)) == 1;
-  Progress progress(live && leader, std::max<std::int64_t>(1, o.steps / 20), run.step, o.steps,
-                    double(o.batch * o.seq));
-  auto log = [&](const std::string& line) {  // rank 0 alone prints and writes files
-    if (leader) progress.log(line);
-  };
-  auto write_metrics = [&] {
-    if (leader) metrics.write();
-  };
-  log(fmt::format("data: {}: {} characters, vocabulary of {}; train {} (first 90%), validation {}", o.data,
-                           data.ids.size(), data.tokenizer.size(), data.train().size(), data.validation().size()));
-  log(fmt::format("model: {}", run.model.describe()));
-  log(fmt::format("parameters: {}", run.model.num_params()));
-  log(
-      fmt::format("training: {} steps of {} x {} tokens; AdamW lr {} (warmup {}, cosine to {} at step {}), "
-                  "betas {}/{}, weight decay {}, clip {}; {} threads",
-                  o.steps, o.batch, o.seq, o.lr, o.warmup_steps(), o.min_lr, decay_steps, o.beta1, o.beta2,
-                  o.weight_decay, o.clip > 0 ? str(o.clip) : std::string("off"), num_threads()));
-  if (parts > 1)
-    log(fmt::format("data-parallel: {}; each step sums {} gradients of {} windows ({} rank{} x {} micro-batch{}) in "
-                    "a fixed order, in {} buckets",
-                    comm.description(), parts, rows, ranks, ranks > 1 ? "s" : "", o.micro_batches,
-                    o.micro_batches > 1 ? "es" : "", buckets->bucket_count()));
-  const std::size_t max_len = run.model.config().max_len;
-  if (o.resume.empty() && o.seq < max_len)
-    log(
-        fmt::format("note: windows of --seq {} never train positions {} to {} of max_len {}: text generated "
-                    "past {} characters will degrade (use --max-len {} to match)",
-                    o.seq, o.seq, max_len - 1, max_len, o.seq, o.seq));
-  for (const std::string& note : notes) log(note);
-  for (const std::string& file : removed)
-    log(fmt::format("note: removed {}, left by a run that was killed while writing", file));
-  if (!o.resume.empty()) {
-    if (leader && !metrics.load_until(run.step))
-      log(fmt::format("note: {} is missing or not from this run; it restarts at step {}", metrics.csv_path(),
-                               run.step));
-    log(fmt::format("resumed from {} at step {}", o.resume, run.step));
+/// With several ranks: rank 0 sends its text, its model's shape and its state; the other ranks
+/// build the same run from them (they need no copy of --data or --resume).
+void share_leader_run(const TrainOptions& o, std::int64_t decay_steps, dist::Communicator& comm, Setup& setup) {
+  dist::broadcast_string(comm, setup.text);
+  std::array<std::uint64_t, kConfigFields> fields{};
+  if (comm.rank() == 0) fields = config_fields(setup.run->model);
+  dist::broadcast_values(comm, std::span(fields));
+  if (comm.rank() != 0) {
+    TrainOptions shape = o;  // the model of rank 0, whether new or resumed
+    shape.model = {fields[1], fields[2], fields[3], fields[4], fields[5], fields[0] ? "gpt2" : "rotary",
+                   std::bit_cast<float>(std::uint32_t(fields[6]))};
+    shape.seed = fields[7];
+    Corpus corpus = corpus_from_bytes(o.data, setup.text);
+    nn::LanguageModel model = new_model(shape, corpus.tokenizer.size());
+    setup.run.emplace(o, decay_steps, std::move(corpus), std::move(model));
   }
-  if (run.step == o.steps) {
-    log(fmt::format("nothing to do: the checkpoint is already at step {} of --steps {}", run.step, o.steps));
+  broadcast_state(comm, *setup.run);
+}
+
+/// One training step's figures.
+struct StepResult {
+  double loss;     // the mean over every part of the global batch
+  float lr;        // the lr it used
+  double seconds;  // its wall time, from the batch drawn to the update done
+  double exchange_seconds;  // of which the gradient exchange between ranks
+};
+
+/// The training loop of a prepared run: steps, periodic validation, metrics and saves, the stop
+/// on a signal, and the closing lines. Rank 0 alone validates, prints and writes files.
+class TrainingLoop {
+ public:
+  TrainingLoop(const TrainOptions& o, std::int64_t decay_steps, dist::Communicator& comm, Run& run,
+               MetricsLog& metrics)
+      : o_(o),
+        decay_steps_(decay_steps),
+        comm_(comm),
+        run_(run),
+        metrics_(metrics),
+        ranks_(std::size_t(comm.size())),
+        leader_(comm.rank() == 0),
+        parts_(ranks_ * o.micro_batches),
+        rows_(o.batch / parts_),
+        schedule_(optim::LrSchedule::warmup_cosine(o.lr, o.warmup_steps(), decay_steps, o.min_lr)),
+        clip_(o.clip > 0 ? o.clip : std::numeric_limits<float>::max()),
+        progress_(::isatty(::fileno(stderr)) == 1 && leader_, std::max<std::int64_t>(1, o.steps / 20), run.step,
+                  o.steps, double(o.batch * o.seq)) {
+    if (parts_ > 1) buckets_.emplace(run_.params);  // the sum of the parts' gradients
+  }
+
+  /// The data, the model, the schedule and any note, before the first step.
+  void log_setup(const Setup& setup) {
+    const Corpus& data = run_.corpus;
+    log(fmt::format("data: {}: {} characters, vocabulary of {}; train {} (first 90%), validation {}", o_.data,
+                    data.ids.size(), data.tokenizer.size(), data.train().size(), data.validation().size()));
+    log(fmt::format("model: {}", run_.model.describe()));
+    log(fmt::format("parameters: {}", run_.model.num_params()));
+    log(fmt::format("training: {} steps of {} x {} tokens; AdamW lr {} (warmup {}, cosine to {} at step {}), "
+                    "betas {}/{}, weight decay {}, clip {}; {} threads",
+                    o_.steps, o_.batch, o_.seq, o_.lr, o_.warmup_steps(), o_.min_lr, decay_steps_, o_.beta1,
+                    o_.beta2, o_.weight_decay, o_.clip > 0 ? str(o_.clip) : std::string("off"), num_threads()));
+    if (parts_ > 1)
+      log(fmt::format("data-parallel: {}; each step sums {} gradients of {} windows ({} rank{} x {} micro-batch{}) "
+                      "in a fixed order, in {} buckets",
+                      comm_.description(), parts_, rows_, ranks_, ranks_ > 1 ? "s" : "", o_.micro_batches,
+                      o_.micro_batches > 1 ? "es" : "", buckets_->bucket_count()));
+    const std::size_t max_len = run_.model.config().max_len;
+    if (o_.resume.empty() && o_.seq < max_len)
+      log(fmt::format("note: windows of --seq {} never train positions {} to {} of max_len {}: text generated "
+                      "past {} characters will degrade (use --max-len {} to match)",
+                      o_.seq, o_.seq, max_len - 1, max_len, o_.seq, o_.seq));
+    for (const std::string& note : setup.notes) log(note);
+    for (const std::string& file : setup.removed)
+      log(fmt::format("note: removed {}, left by a run that was killed while writing", file));
+    if (!o_.resume.empty()) {
+      if (leader_ && !metrics_.load_until(run_.step))
+        log(fmt::format("note: {} is missing or not from this run; it restarts at step {}", metrics_.csv_path(),
+                        run_.step));
+      log(fmt::format("resumed from {} at step {}", o_.resume, run_.step));
+    }
+  }
+
+  /// Runs the steps left; returns interrupted when a stop signal arrived between two steps.
+  TrainOutcome run(const std::atomic<int>& stop_signal) {
+    if (run_.step == o_.steps) {
+      log(fmt::format("nothing to do: the checkpoint is already at step {} of --steps {}", run_.step, o_.steps));
+      return TrainOutcome::finished;
+    }
+    wall_before_ = metrics_.last_wall_s();
+    if (o_.resume.empty() && o_.eval_every > 0) validate_now();
+    stop_ = ranks_ > 1 ? 0 : stop_signal.load();  // with several ranks: agreed after every step
+    while (run_.step < o_.steps) {
+      if (ranks_ == 1) stop_ = stop_signal.load();
+      if (stop_ != 0) return stop_on_signal();
+      record(train_step(stop_signal));
+      if (run_.step < o_.steps) validate_or_save_on_schedule();
+    }
+    finish();
     return TrainOutcome::finished;
   }
-  const double wall_before = metrics.last_wall_s();
-  auto wall = [&] { return wall_before + progress.elapsed_s(); };
-  auto validate_now = [&](double train_sum, std::int64_t train_count) {
-    if (!leader) return 0.0;  // rank 0 alone validates; the others go on to the next collective
-    run.model.set_training(false);  // no dropout in validation
-    double val = sampled_loss(run.model, data.validation(), o.batch, o.seq, o.eval_batches,
-                              stream_seed(o.seed, kValidationStream));
-    run.model.set_training(true);
-    metrics.set_val_loss(run.step, val, wall());
-    std::string train_part = train_count > 0 ? fmt::format("train loss {:.4f} (mean of {} steps), ",
-                                                           train_sum / double(train_count), train_count)
-                                             : std::string();
-    log(fmt::format("step {}/{}: {}val loss {:.4f} ({:.3f} bits/char)", run.step, o.steps, train_part, val,
+
+ private:
+  void log(const std::string& line) {
+    if (leader_) progress_.log(line);
+  }
+  void write_metrics() {
+    if (leader_) metrics_.write();
+  }
+  /// Seconds since the run began, across resumes (the metrics' wall_s).
+  double wall() const { return wall_before_ + progress_.elapsed_s(); }
+
+  /// The validation loss (rank 0; the others return 0 and go on to the next collective), logged
+  /// with the mean training loss since the last validation.
+  double validate_now() {
+    if (!leader_) return 0.0;
+    run_.model.set_training(false);  // no dropout in validation
+    const double val = sampled_loss(run_.model, run_.corpus.validation(), o_.batch, o_.seq, o_.eval_batches,
+                                    stream_seed(o_.seed, kValidationStream));
+    run_.model.set_training(true);
+    metrics_.set_val_loss(run_.step, val, wall());
+    const std::string train_part = train_count_ > 0 ? fmt::format("train loss {:.4f} (mean of {} steps), ",
+                                                                  train_sum_ / double(train_count_), train_count_)
+                                                    : std::string();
+    log(fmt::format("step {}/{}: {}val loss {:.4f} ({:.3f} bits/char)", run_.step, o_.steps, train_part, val,
                     val / std::log(2.0)));
     write_metrics();
     return val;
-  };
-  // Every rank checks that the replicas agree, then rank 0 writes; a failure reaches every rank.
-  auto save = [&] {
-    if (ranks > 1) agreed([&] { dist::check_same_parameters(comm, run.params, fmt::format("step {}", run.step)); });
-    on_leader(comm, [&] { run.save(); });
-  };
-  if (o.resume.empty() && o.eval_every > 0) validate_now(0, 0);
+  }
 
-  double train_sum = 0;
-  std::int64_t train_count = 0;
-  const std::int64_t write_every = std::max<std::int64_t>(1, o.steps / 20);
-  double exchange_seconds = 0, step_seconds = 0;  // this run's, for the closing line
-  std::int64_t steps_run = 0;
-  int stop = ranks > 1 ? 0 : stop_signal.load();  // with several ranks: agreed after every step
-  while (run.step < o.steps) {
-    if (ranks == 1) stop = stop_signal.load();
-    if (stop != 0) {
-      save();
-      write_metrics();
-      log(fmt::format("interrupted by signal {} at step {}/{}: saved {}; continue with --resume {}", stop, run.step,
-                      o.steps, o.out, o.out));
-      comm.barrier();  // no rank ends (and has the launcher end the others) before rank 0 is done
-      g_interrupting_signal = stop;
-      return TrainOutcome::interrupted;
-    }
-    const float lr = schedule.at(run.step);
-    run.optimizer.set_lr(lr);
-    // The global batch, drawn alike on every rank (rng_state and data_position do not depend on
-    // the number of ranks); this rank computes parts rank * micro_batches + m, rows each.
-    Batch batch = sample_batch(data.train(), o.batch, o.seq, run.batch_rng);
-    const auto started = std::chrono::steady_clock::now();
-    if (o.inject_nan_at && *o.inject_nan_at == run.step + 1) {
-      // A NaN that reaches every logit: the head bias, or gpt2's final norm bias (tied head).
-      Var poisoned = run.model.rotary() ? run.model.rotary()->head.bias : run.model.gpt2()->norm.bias;
-      poisoned.mutable_value()[0] = std::numeric_limits<float>::quiet_NaN();
-    }
-    // The masks of a step depend on it alone: resume is exact, and every part (rank or
-    // micro-batch) draws the same masks for its rows whatever the split.
-    run.model.set_dropout_step(std::uint64_t(run.step));
-    double loss = 0;  // the sum of this rank's part losses, then the mean over all parts
-    for (std::size_t m = 0; m < o.micro_batches; ++m) {
-      const std::size_t part = std::size_t(comm.rank()) * o.micro_batches + m, tokens = rows * o.seq;
+  /// Every rank checks that the replicas agree, then rank 0 writes; a failure reaches every rank.
+  void save() {
+    if (ranks_ > 1) agreed([&] { dist::check_same_parameters(comm_, run_.params, fmt::format("step {}", run_.step)); });
+    on_leader(comm_, [&] { run_.save(); });
+  }
+
+  /// Saves the current step and says how to continue.
+  TrainOutcome stop_on_signal() {
+    save();
+    write_metrics();
+    log(fmt::format("interrupted by signal {} at step {}/{}: saved {}; continue with --resume {}", stop_, run_.step,
+                    o_.steps, o_.out, o_.out));
+    comm_.barrier();  // no rank ends (and has the launcher end the others) before rank 0 is done
+    g_interrupting_signal = stop_;
+    return TrainOutcome::interrupted;
+  }
+
+  /// This rank's parts of the batch, forward and backward one after another, their gradients
+  /// summed in order; returns the sum of their losses.
+  double forward_backward_parts(const Batch& batch) {
+    double loss = 0;
+    for (std::size_t m = 0; m < o_.micro_batches; ++m) {
+      const std::size_t part = std::size_t(comm_.rank()) * o_.micro_batches + m, tokens = rows_ * o_.seq;
       const std::span<const std::int32_t> inputs = std::span(batch.inputs).subspan(part * tokens, tokens);
       const std::span<const std::int32_t> targets = std::span(batch.targets).subspan(part * tokens, tokens);
       Tape tape;
-      Var logits = run.model.forward(inputs, rows, o.seq);  // (rows, T, vocab)
-      if (o.inject_nan_batch_at && *o.inject_nan_batch_at == run.step + 1 && part == 0) {
+      Var logits = run_.model.forward(inputs, rows_, o_.seq);  // (rows, T, vocab)
+      if (o_.inject_nan_batch_at && *o_.inject_nan_batch_at == run_.step + 1 && part == 0) {
         Tensor poison(logits.shape());  // zeros but the first logit of the batch
         poison[0] = std::numeric_limits<float>::quiet_NaN();
         logits = add(logits, Var(std::move(poison)));
       }
-      Var l = cross_entropy(logits, targets);  // RotaryDecoder::loss, with room for the seam
-      loss += l.value().item();
-      if (std::isfinite(loss)) tape.backward(l);
-      if (buckets) {
-        buckets->accumulate();  // gradients of part 0 copied, the others added in order
-        run.optimizer.zero_grad();
+      Var part_loss = cross_entropy(logits, targets);  // the model's loss(), with room for the seam
+      loss += part_loss.value().item();
+      if (std::isfinite(loss)) tape.backward(part_loss);
+      if (buckets_) {
+        buckets_->accumulate();  // gradients of part 0 copied, the others added in order
+        run_.optimizer.zero_grad();
       }
     }
-    double comm_seconds = 0;
-    if (ranks > 1) {
-      // One exchange agrees on the loss (so a NaN on one rank stops all) and on a stop signal.
-      struct Report {
-        double loss;
-        std::int64_t stop;
-      };
-      const std::vector<Report> reports = dist::allgather_value(comm, Report{loss, stop_signal.load()});
-      loss = 0;
-      for (const Report& r : reports) loss += r.loss, stop = std::max<int>(stop, int(r.stop));
+    return loss;
+  }
+
+  /// With several ranks, one exchange agrees on the loss (so a NaN on one rank stops all) and on
+  /// a stop signal; returns the sum of every rank's loss.
+  double agree_on_loss_and_stop(double loss, const std::atomic<int>& stop_signal) {
+    if (ranks_ == 1) return loss;
+    struct Report {
+      double loss;
+      std::int64_t stop;
+    };
+    const std::vector<Report> reports = dist::allgather_value(comm_, Report{loss, stop_signal.load()});
+    double sum = 0;
+    for (const Report& r : reports) sum += r.loss, stop_ = std::max<int>(stop_, int(r.stop));
+    return sum;
+  }
+
+  /// One AdamW step on the global batch: draw it, run this rank's parts, agree on the loss, sum
+  /// the gradients over the parts, clip and update. Throws (saving nothing) on a non-finite loss
+  /// or gradient norm.
+  StepResult train_step(const std::atomic<int>& stop_signal) {
+    const float lr = schedule_.at(run_.step);
+    run_.optimizer.set_lr(lr);
+    // The global batch, drawn alike on every rank (rng_state and data_position do not depend on
+    // the number of ranks); this rank computes parts rank * micro_batches + m, rows each.
+    const Batch batch = sample_batch(run_.corpus.train(), o_.batch, o_.seq, run_.batch_rng);
+    const auto started = std::chrono::steady_clock::now();
+    if (o_.inject_nan_at && *o_.inject_nan_at == run_.step + 1) {
+      // A NaN that reaches every logit: the head bias, or gpt2's final norm bias (tied head).
+      Var& poisoned = run_.model.rotary() ? run_.model.rotary()->head.bias : run_.model.gpt2()->norm.bias;
+      poisoned.mutable_value()[0] = std::numeric_limits<float>::quiet_NaN();
     }
-    loss /= double(parts);
-    if (!std::isfinite(loss)) diverged("loss", loss, run, metrics, leader);
-    if (buckets) comm_seconds = buckets->reduce(comm, parts);
-    const float norm = optim::clip_grad_norm(run.params, clip);
-    if (!std::isfinite(norm)) diverged("gradient norm", norm, run, metrics, leader);
-    run.optimizer.step();
-    run.optimizer.zero_grad();
-    ++run.step;
-    if (o.perturb_last_rank_at && *o.perturb_last_rank_at == run.step && ranks > 1 && comm.rank() + 1 == comm.size())
-      run.params.back().var.mutable_value()[0] += 1.0f;
+    // The masks of a step depend on it alone: resume is exact, and every part (rank or
+    // micro-batch) draws the same masks for its rows whatever the split.
+    run_.model.set_dropout_step(std::uint64_t(run_.step));
+    double loss = forward_backward_parts(batch);
+    loss = agree_on_loss_and_stop(loss, stop_signal) / double(parts_);
+    if (!std::isfinite(loss)) diverged("loss", loss, run_, metrics_, leader_);
+    const double exchange_seconds = buckets_ ? buckets_->reduce(comm_, parts_) : 0.0;
+    const float norm = optim::clip_grad_norm(run_.params, clip_);
+    if (!std::isfinite(norm)) diverged("gradient norm", norm, run_, metrics_, leader_);
+    run_.optimizer.step();
+    run_.optimizer.zero_grad();
+    ++run_.step;
+    if (o_.perturb_last_rank_at && *o_.perturb_last_rank_at == run_.step && ranks_ > 1 &&
+        comm_.rank() + 1 == comm_.size())
+      run_.params.back().var.mutable_value()[0] += 1.0f;
     const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
-    metrics.add({run.step, loss, std::nullopt, lr, double(o.batch * o.seq) / seconds, wall()});
-    exchange_seconds += comm_seconds, step_seconds += seconds, ++steps_run;
-    train_sum += loss;
-    ++train_count;
-    if (leader) progress.step(run.step, loss, lr, seconds);
-    if (run.step < o.steps) {
-      if (o.eval_every > 0 && run.step % o.eval_every == 0) {
-        validate_now(train_sum, train_count);
-        train_sum = 0, train_count = 0;
-      } else if (run.step % write_every == 0) {
-        write_metrics();
-      }
-      if (o.save_every > 0 && run.step % o.save_every == 0) {
-        save();
-        log(fmt::format("step {}/{}: saved {}", run.step, o.steps, o.out));
-      }
+    return {loss, lr, seconds, exchange_seconds};
+  }
+
+  /// The step's row of metrics, its share of the closing figures, and the progress line.
+  void record(const StepResult& step) {
+    metrics_.add({run_.step, step.loss, std::nullopt, step.lr, double(o_.batch * o_.seq) / step.seconds, wall()});
+    exchange_seconds_ += step.exchange_seconds, step_seconds_ += step.seconds, ++steps_run_;
+    train_sum_ += step.loss;
+    ++train_count_;
+    if (leader_) progress_.step(run_.step, step.loss, step.lr, step.seconds);
+  }
+
+  /// Between two steps: validation every --eval-every steps (else the metrics files every
+  /// twentieth of the run), a checkpoint every --save-every steps.
+  void validate_or_save_on_schedule() {
+    const std::int64_t write_every = std::max<std::int64_t>(1, o_.steps / 20);
+    if (o_.eval_every > 0 && run_.step % o_.eval_every == 0) {
+      validate_now();
+      train_sum_ = 0, train_count_ = 0;
+    } else if (run_.step % write_every == 0) {
+      write_metrics();
+    }
+    if (o_.save_every > 0 && run_.step % o_.save_every == 0) {
+      save();
+      log(fmt::format("step {}/{}: saved {}", run_.step, o_.steps, o_.out));
     }
   }
-  const double val = validate_now(train_sum, train_count);
-  save();
-  write_metrics();
-  log(fmt::format("done: step {} in {} ({:.0f} tokens/s); final val loss {:.4f} ({:.3f} bits/char)", run.step,
-                  format_duration(progress.elapsed_s()), progress.tokens_per_s(), val, val / std::log(2.0)));
-  log(fmt::format("saved {}; metrics {} and {}", o.out, metrics.csv_path(), metrics.svg_path()));
-  if (ranks > 1 && steps_run > 0)
-    log(fmt::format("gradient exchange: {:.3f} ms per step, {:.1f}% of the step time",
-                    1e3 * exchange_seconds / double(steps_run), 100.0 * exchange_seconds / step_seconds));
-  comm.barrier();
-  return TrainOutcome::finished;
+
+  /// The final validation and checkpoint, and the closing lines: the run's wall time and its
+  /// average throughput (the tokens this run trained on / that wall time).
+  void finish() {
+    const double val = validate_now();
+    save();
+    write_metrics();
+    const double elapsed = progress_.elapsed_s();
+    const double tokens = double(steps_run_) * double(o_.batch * o_.seq);
+    log(fmt::format("done: step {} in {} ({:.0f} tokens in {:.2f} s, {:.0f} tokens/s on average); final val loss "
+                    "{:.4f} ({:.3f} bits/char)",
+                    run_.step, format_duration(elapsed), tokens, elapsed, tokens / elapsed, val, val / std::log(2.0)));
+    log(fmt::format("saved {}; metrics {} and {}", o_.out, metrics_.csv_path(), metrics_.svg_path()));
+    if (ranks_ > 1 && steps_run_ > 0)
+      log(fmt::format("gradient exchange: {:.3f} ms per step, {:.1f}% of the step time",
+                      1e3 * exchange_seconds_ / double(steps_run_), 100.0 * exchange_seconds_ / step_seconds_));
+    comm_.barrier();
+  }
+
+  const TrainOptions& o_;
+  const std::int64_t decay_steps_;
+  dist::Communicator& comm_;
+  Run& run_;
+  MetricsLog& metrics_;
+  const std::size_t ranks_;
+  const bool leader_;
+  const std::size_t parts_, rows_;  // parts of the global batch (ranks x micro-batches), rows in each
+  std::optional<dist::GradientBuckets> buckets_;  // the sum of the parts' gradients, when there are several
+  const optim::LrSchedule schedule_;
+  const float clip_;
+  Progress progress_;
+  double wall_before_ = 0;             // the metrics' wall time when this run began (a resume's)
+  int stop_ = 0;                       // the stop signal, agreed between ranks
+  double train_sum_ = 0;               // training losses since the last validation
+  std::int64_t train_count_ = 0;
+  double exchange_seconds_ = 0, step_seconds_ = 0;  // this run's, for the closing lines
+  std::int64_t steps_run_ = 0;
+};
+
+}  // namespace
+
+TrainOutcome train(const TrainOptions& o, const std::atomic<int>& stop_signal, dist::Communicator& comm) {
+  check_options(o, std::size_t(comm.size()));
+  set_num_threads(o.threads);
+  const std::int64_t decay_steps = o.decay();
+  const std::string stem = output_stem(o.out);
+  MetricsLog metrics(o.metrics.empty() ? stem + ".metrics.csv" : o.metrics, stem + ".loss.svg",
+                     fmt::format("train_char: {}", o.out));
+  Setup setup;
+  on_leader(comm, [&] { prepare_leader_run(o, decay_steps, metrics, setup); });
+  if (comm.size() > 1) share_leader_run(o, decay_steps, comm, setup);
+  setup.text = std::string();
+  TrainingLoop loop(o, decay_steps, comm, *setup.run, metrics);
+  loop.log_setup(setup);
+  return loop.run(stop_signal);
 }
 
 }  // namespace tapegrad::examples

@@ -1,4 +1,4 @@
-// The char-level training run behind train_char (SPEC section 6): random-window batches, AdamW
+// The char-level training run behind train_char: random-window batches, AdamW
 // with warmup and cosine decay, clipping, periodic validation, metrics, atomic checkpoints that
 // resume bit-identically, a clean stop on a signal, and a refusal to save a diverged model.
 #pragma once
@@ -27,7 +27,7 @@ struct TrainOptions {
   std::string metrics;  // default: <out without .safetensors>.metrics.csv
   std::string resume;   // a training checkpoint to continue from
   ModelFlags model;
-  std::size_t seq = 128, batch = 16;  // batch: global, over all ranks (SPEC section 11)
+  std::size_t seq = 128, batch = 16;  // batch: global, the sum over all ranks of a data-parallel run
   std::size_t micro_batches = 1;      // each rank's rows in this many parts, gradients summed in order
   std::int64_t steps = 1000;
   std::optional<std::int64_t> decay_steps;                             // default: steps
@@ -40,7 +40,8 @@ struct TrainOptions {
   std::int64_t eval_every = 100;  // 0: validate only at the end
   std::size_t eval_batches = 20;
   std::int64_t save_every = 500;              // 0: save only at the end (and on a signal)
-  // Test seams (environment variables of train_char, README "Hardening"), each for one step:
+  // Test seams, set only by the tests through train_char's TAPEGRAD_TEST_* environment variables
+  // (docs/testing.md), each for one step:
   std::optional<std::int64_t> inject_nan_at;        // a NaN in the head bias before this step
   std::optional<std::int64_t> inject_nan_batch_at;  // a NaN in this step's batch (its first logit)
   std::optional<std::int64_t> fail_save_at;         // the save after this step fails like a full disk
@@ -61,7 +62,7 @@ enum class TrainOutcome { finished, interrupted };
 /// run writing the same checkpoint throws before touching any file.
 /// Progress and log lines go to stdout (the live line to stderr on a terminal).
 TrainOutcome train(const TrainOptions& options, const std::atomic<int>& stop_signal);
-/// The same, data-parallel over comm (SPEC section 11): every rank draws the same global batch
+/// The same, data-parallel over comm: every rank draws the same global batch
 /// and computes its batch / size rows; gradients are summed in rank order (dist/data_parallel.h),
 /// so the result equals one process with --micro-batches size. Rank 0 alone reads --data and
 /// --resume (and sends them), validates, writes the files and holds the lock; the loss check and

@@ -1,11 +1,14 @@
 // A differentiable op defined outside core/ with the public API (core/op.h), as a user writes
-// one: it records on a Tape, records nothing under a NoGradScope, rematerialises and passes
-// gradcheck like a built-in op.
+// one: it records on a Tape, records nothing under a NoGradScope, rematerialises, passes
+// gradcheck and trains like a built-in op. docs/custom-ops.md shows this file's code; its test
+// (tests/docs/test_docs.cpp) fails if the two differ.
 #include <doctest/doctest.h>
 
 #include "core/gradcheck.h"
 #include "core/ops.h"
+#include "core/random.h"
 #include "core/remat.h"
+#include "optim/adamw.h"
 #include "support/checks.h"
 
 using namespace tapegrad;
@@ -31,7 +34,7 @@ Var cubic(const Var& x, const Var& a, const Var& b) {
       if (float* dx = grad_ptr(x)) dx[i] += 3 * a.value()[0] * v * v * dy[i];
       da[i] = v * v * v * dy[i];
     }
-    accumulate_grad(a, da);  // sum_to reduces (.., ) to [1]
+    accumulate_grad(a, da);  // summed down to a's shape [1] (sum_to)
     accumulate_grad(b, dy);
   });
 }
@@ -79,4 +82,25 @@ TEST_CASE("a custom op inside a rematerialised block gives the plain path's grad
   };
   std::vector<Tensor> plain = run(false), remat = run(true);
   for (std::size_t k = 0; k < plain.size(); ++k) CHECK(max_abs_diff(plain[k], remat[k]) == 0.0f);
+}
+
+TEST_CASE("a custom op trains like a built-in one: AdamW fits a and b of y = a x^3 + b") {
+  Rng rng(5);
+  Tensor x_values({64}), y_values({64});
+  for (std::size_t i = 0; i < 64; ++i) {
+    x_values[i] = 2 * rng.uniform() - 1;
+    y_values[i] = 2 * x_values[i] * x_values[i] * x_values[i] + 1;  // the target: a = 2, b = 1
+  }
+  Var x(x_values), target(y_values);
+  Var a(Tensor({1}, {0.5f}), /*requires_grad=*/true), b(Tensor({1}, {0.0f}), /*requires_grad=*/true);
+  optim::AdamW optimizer({{"a", a}, {"b", b}}, {.lr = 0.05f});
+  for (int step = 0; step < 300; ++step) {
+    optimizer.zero_grad();
+    Tape tape;
+    Var loss = mse_loss(cubic(x, a, b), target);
+    tape.backward(loss);
+    optimizer.step();
+  }
+  CHECK(a.value()[0] == doctest::Approx(2.0f).epsilon(0.02));
+  CHECK(b.value()[0] == doctest::Approx(1.0f).epsilon(0.02));
 }

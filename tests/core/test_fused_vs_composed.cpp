@@ -1,5 +1,5 @@
-// Each fused op against the same computation written with the general primitives (SPEC section
-// 8): values and the gradients of every input agree. Tolerance: 2e-5 absolute + 1e-4 relative
+// Each fused op against the same computation written with the general primitives: values and
+// the gradients of every input agree. Tolerance: 2e-5 absolute + 1e-4 relative
 // per element; both sides are float32 with the same inputs, so they differ only by rounding in
 // a different order of operations (observed max differences are around 1e-6).
 #include <doctest/doctest.h>

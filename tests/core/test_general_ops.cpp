@@ -1,6 +1,6 @@
-// The general primitives of SPEC section 8: each forward against a naive reference written here,
+// The general primitives: each forward against a naive reference written here,
 // each gradient by central differences (test::check_float_op: float ops, eps 1e-2, atol 2e-3 +
-// rtol 2e-3, see support/checks.h), the broadcast cases the issue lists, and error messages
+// rtol 2e-3, see support/checks.h), the usual broadcast cases, and error messages
 // naming the op and the shapes.
 #include <doctest/doctest.h>
 

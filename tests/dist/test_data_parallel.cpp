@@ -1,4 +1,4 @@
-// Data-parallel training (SPEC section 11) and gradient accumulation (--micro-batches, section 6):
+// Data-parallel training and gradient accumulation (--micro-batches):
 // the bucketed ordered sum, the launcher checks, and train_char run under mpirun with 2 and 3 ranks
 // (shared memory and TCP on loopback): byte-identical to one process with --micro-batches N,
 // faults (a rank killed, SIGTERM and SIGUSR1 to mpirun), resume across N, and clear errors.

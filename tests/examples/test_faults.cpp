@@ -1,4 +1,4 @@
-// Fault tests of train_char, run as built (README "Hardening"): two runs writing one checkpoint,
+// Fault tests of train_char, run as built (docs/testing.md): two runs writing one checkpoint,
 // SIGKILL at random moments, a save that fails part-way, a NaN in a batch, forged checkpoints and
 // metrics files. After every fault the checkpoint on disk is whole, loadable and where it was.
 #include <doctest/doctest.h>

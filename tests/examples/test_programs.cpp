@@ -8,6 +8,7 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <regex>
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <thread>
@@ -30,6 +31,7 @@ TEST_CASE("train_char trains a tiny model and writes its checkpoint, metrics CSV
   CHECK(test::contains(r.out, "model: RotaryDecoder(vocab="));
   CHECK(test::contains(r.out, "parameters: "));
   CHECK(test::contains(r.out, "step 20/20 | loss "));
+  CHECK(test::contains(r.out, " tok/s recent | "));  // the live line's rate is labelled as recent
   CHECK(test::contains(r.out, "final val loss"));
   nn::LoadedCheckpoint loaded = nn::load_checkpoint(ckpt.string());
   CHECK(loaded.model.config().d_model == 16);
@@ -73,6 +75,35 @@ TEST_CASE("a run stopped halfway and resumed ends bit-identical to a straight ru
   // The metrics of the resumed run continue those of the first half.
   std::string csv = read_bytes(dir / "halves.metrics.csv");
   CHECK(std::count(csv.begin(), csv.end(), '\n') == 14);  // header, step 0, steps 1..12
+}
+
+// "done: step 12 in 0:01 (384 tokens in 0.53 s, 725 tokens/s on average); final val loss ..."
+struct Summary {
+  long step = 0, tokens = 0;
+  double seconds = 0, tokens_per_s = 0;
+};
+Summary summary_line(const std::string& out) {
+  std::smatch m;
+  const std::regex line(R"(done: step (\d+) in \S+ \((\d+) tokens in ([0-9.]+) s, (\d+) tokens/s on average\); final val loss)");
+  REQUIRE_MESSAGE(std::regex_search(out, m, line), out);
+  return {std::stol(m[1]), std::stol(m[2]), std::stod(m[3]), std::stod(m[4])};
+}
+
+TEST_CASE("the summary line reports the run's average tokens/s: its tokens over its wall time") {
+  fs::path dir = work_dir("summary"), data = write_corpus(dir), ckpt = dir / "summary.safetensors";
+  Result first = run("train_char", tiny(data, ckpt, 6) + std::vector<std::string>{"--decay-steps", "12"});
+  REQUIRE_MESSAGE(first.status == 0, first.err);
+  Result resumed = run("train_char", tiny(data, ckpt, 12) + std::vector<std::string>{"--resume", ckpt.string()});
+  REQUIRE_MESSAGE(resumed.status == 0, resumed.err);
+  for (const auto& [result, steps] : {std::pair{&first, 6}, {&resumed, 6}}) {
+    const Summary s = summary_line(result->out);
+    CHECK(s.tokens == steps * 4 * 16);  // this run's steps x --batch 4 x --seq 16, not the resumed ones
+    REQUIRE(s.seconds > 0);
+    // The seconds are printed to 0.01 s: the rate lies between tokens / (s + 0.005) and tokens / (s - 0.005).
+    CHECK(s.tokens_per_s >= std::floor(double(s.tokens) / (s.seconds + 0.005)));
+    if (s.seconds > 0.005) CHECK(s.tokens_per_s <= std::ceil(double(s.tokens) / (s.seconds - 0.005)));
+  }
+  CHECK(summary_line(resumed.out).step == 12);
 }
 
 TEST_CASE("train_char --remat writes the same checkpoint as without") {
@@ -122,7 +153,7 @@ TEST_CASE("evaluate prints one JSON line whose loss matches a direct windowed co
   REQUIRE(line.contains("bits_per_char"));
   REQUIRE(line.contains("tokens"));
   CHECK(line["tokens"].get<int>() == 999);
-  // SPEC section 6 by hand: windows of L = min(max_len, n-1-s) at s = 0, L, 2L, ..., one at a
+  // evaluate's windows by hand: L = min(max_len, n-1-s) at s = 0, L, 2L, ..., one at a
   // time, weighted by length. The program batches full windows, so float32 means may round
   // differently: 1e-5 relative is far above that rounding (~1e-7) and far below any real error.
   nn::LoadedCheckpoint loaded = nn::load_checkpoint(ckpt.string());

@@ -32,7 +32,7 @@ Run loss_and_grads(const RotaryDecoder& model, std::span<const std::int32_t> ids
 }  // namespace
 
 // Tolerance: remat runs the same kernels in the same order on bit-identical inputs, so the loss
-// and every gradient must be bit-identical (0 difference), stricter than SPEC's 1e-6 relative.
+// and every gradient must be bit-identical (0 difference), stricter than the 1e-6 relative promised.
 TEST_CASE("remat gives bit-identical loss and gradients for many shapes") {
   struct Case { std::size_t batch, heads, blocks, seq, max_len; };
   for (auto c : {Case{3, 1, 1, 1, 16}, Case{2, 4, 3, 16, 16}, Case{4, 4, 1, 70, 70}, Case{2, 1, 3, 9, 12}}) {

@@ -10,7 +10,7 @@ using namespace tapegrad;
 using namespace tapegrad::nn;
 using test::random_ids;
 
-TEST_CASE("rotary_decoder(65, 64, 4, 2, 256) has exactly 139,777 parameters with the SPEC names") {
+TEST_CASE("rotary_decoder(65, 64, 4, 2, 256) has exactly 139,777 parameters with the checkpoint names") {
   RotaryDecoder model = rotary_decoder(65, 64, 4, 2, 256);
   CHECK(model.num_params() == 139777);
   ParameterList params = model.params();
@@ -69,8 +69,8 @@ TEST_CASE("the whole decoder's gradient passes gradcheck") {
     Tape tape;
     tape.backward(model.loss(ids, targets, 2, 5));
   }
-  for (const auto& p : model.params()) {
-    Var var = p.var;
+  for (NamedParameter& p : model.params()) {
+    Var& var = p.var;  // shares its node with the model's parameter
     std::vector<float> x(var.value().data(), var.value().data() + var.value().size());
     std::vector<float> analytic(var.grad().data(), var.grad().data() + x.size());
     auto forward = [&] {

@@ -1,0 +1,30 @@
+// Reading the "__metadata__" strings of a checkpoint back into numbers: each reader names the key
+// and the text it refused, for the loaders and for train_char's resume.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <string>
+
+namespace tapegrad::nn {
+
+/// The "__metadata__" of a safetensors file: key -> value, both strings.
+using Metadata = std::map<std::string, std::string>;
+
+/// The value of key; throws std::runtime_error "metadata key '<key>' is missing".
+const std::string& metadata_text(const Metadata& metadata, const std::string& key);
+
+/// The value of key as a size in [0, 2^31] (a model dimension); throws std::runtime_error naming
+/// the key and the text otherwise.
+std::size_t metadata_size(const Metadata& metadata, const std::string& key);
+
+/// The value of key as a non-negative 64-bit integer (a step or a count); throws
+/// std::runtime_error naming the key and the text otherwise.
+std::int64_t metadata_count(const Metadata& metadata, const std::string& key);
+
+/// The value of key as a finite number > 0 (an epsilon, a base, a probability); throws
+/// std::runtime_error naming the key and the text otherwise.
+double metadata_positive(const Metadata& metadata, const std::string& key);
+
+}  // namespace tapegrad::nn
