@@ -26,44 +26,50 @@ namespace tapegrad::nn {
 
 /// A value of a CachePass: `rows` rows of `cols` floats, row-major, in the pass's scratch.
 struct Rows {
-  float* data = nullptr;
+  float* data = nullptr;  ///< the first row
+  /// @{ The number of rows (the pass's tokens) and of floats per row.
   std::size_t rows = 0, cols = 0;
-  float* row(std::size_t r) const { return data + r * cols; }
+  /// @}
+  float* row(std::size_t r) const { return data + r * cols; }  ///< Row r.
 };
 
+/// Runs a model description as kernel calls on rows, through a KVCache (decoding).
 class CachePass {
  public:
-  using Value = Rows;
-  using Run = TokenRun;
+  using Value = Rows;    ///< What the description's ops take and return.
+  using Run = TokenRun;  ///< Tokens appended to one sequence.
 
+  /// A pass over `runs` (checked by check_decode), its buffers taken from `scratch`.
   CachePass(KVCache& cache, std::span<const Run> runs, KVCache::Scratch& scratch);
 
   // The ops of a description (nn/tape_pass.h has the same, on the tape).
-  Rows embed(const Embedding& table);                        // the tokens' rows of the table
-  Rows positions(const Embedding& table);                    // the rows of the tokens' positions
-  Rows add(const Rows& a, const Rows& b);
-  Rows dropout(const Rows& x, const Dropout&) { return x; }  // decoding is evaluation
-  Rows rms_norm(const Rows& x, const RMSNorm& norm);
-  Rows layer_norm(const Rows& x, const LayerNorm& norm);
-  Rows linear(const Rows& x, const Linear& layer);           // x W (+ b)
-  Rows matmul_transposed(const Rows& x, const Var& weight);  // x W^T, W (out, in): a tied head
+  Rows embed(const Embedding& table);                        ///< The tokens' rows of the table.
+  Rows positions(const Embedding& table);                    ///< The rows of the tokens' positions.
+  Rows add(const Rows& a, const Rows& b);                    ///< a + b.
+  Rows dropout(const Rows& x, const Dropout&) { return x; }  ///< x: decoding is evaluation.
+  Rows rms_norm(const Rows& x, const RMSNorm& norm);         ///< RMSNorm of each row.
+  Rows layer_norm(const Rows& x, const LayerNorm& norm);     ///< LayerNorm of each row.
+  Rows linear(const Rows& x, const Linear& layer);           ///< x W (+ b).
+  Rows matmul_transposed(const Rows& x, const Var& weight);  ///< x W^T, W (out, in): a tied head.
+  /// RoPE on each row at its token's position, heads as contiguous column chunks.
   Rows rope(const Rows& x, const std::shared_ptr<const kernels::RopeTable<float>>& table, std::size_t n_heads);
   /// Causal attention over each token's sequence: its k and v rows are appended to the cache (the
   /// k-th attention of a pass uses the cache's layer k), then q attends to rows 0..position.
   Rows attention(const Rows& q, const Rows& k, const Rows& v, std::size_t n_heads, const Dropout&);
-  Rows residual(const Rows& x, const Rows& h, const Linear& out, const Dropout&);  // x + h W (+ b)
+  Rows residual(const Rows& x, const Rows& h, const Linear& out, const Dropout&);  ///< x + h W (+ b).
+  /// residual(): a block's last op (only training tells the two apart).
   Rows output_residual(const Rows& x, const Rows& h, const Linear& out, const Dropout& drop) {
     return residual(x, h, out, drop);
   }
-  Rows swiglu(const Rows& gate, const Rows& up);
-  Rows gelu_tanh(const Rows& x);
+  Rows swiglu(const Rows& gate, const Rows& up);  ///< silu(gate) * up.
+  Rows gelu_tanh(const Rows& x);                  ///< GELU, tanh approximation.
   /// A block: its description runs on this pass (remat and dropout seeds concern training only).
   template <class Describe>
   Rows block(const Rows& x, bool /*remat*/, std::uint64_t /*dropout_seed*/, Describe&& describe) {
     return describe(*this, x);
   }
 
-  std::size_t rows() const { return rows_; }
+  std::size_t rows() const { return rows_; }  ///< The pass's tokens, every run's added up.
   /// Attention layers the pass has used so far.
   std::size_t layers_used() const { return layer_; }
 
@@ -79,9 +85,9 @@ class CachePass {
 
 /// What a model's decoding call asks for: runs of tokens, and where their logits go.
 struct DecodeRequest {
-  std::span<const CachePass::Run> runs;
-  std::size_t vocab = 0;
-  float* logits = nullptr;  // (total tokens, vocab), the runs' rows in order
+  std::span<const CachePass::Run> runs;  ///< checked by check_decode
+  std::size_t vocab = 0;                 ///< the model's vocabulary size
+  float* logits = nullptr;               ///< (total tokens, vocab), the runs' rows in order
 };
 
 /// Refuses (with a message naming the values) a request the cache cannot take: a cache made by

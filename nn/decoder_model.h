@@ -22,10 +22,12 @@
 
 namespace tapegrad::nn {
 
+/// The base (CRTP) of a decoder-only model: forward, loss and cached decoding, derived from
+/// Model::run.
 template <class Model>
 class DecoderModel {
  public:
-  using Cache = KVCache;
+  using Cache = KVCache;  ///< The decoding state that make_cache() returns.
 
   /// ids (B*T, row-major) -> logits (B, T, vocab). T <= max_len.
   Var forward(std::span<const std::int32_t> ids, std::size_t batch, std::size_t seq_len) const {

@@ -18,16 +18,18 @@
 
 namespace tapegrad::nn {
 
+/// What generate and generate_samples do.
 struct GenerateOptions {
-  std::size_t max_new = 100;
-  SamplingOptions sampling;
-  std::uint64_t seed = 0;
-  bool use_cache = true;
+  std::size_t max_new = 100;  ///< the most new tokens per sample
+  SamplingOptions sampling;   ///< how each token is drawn from the logits
+  std::uint64_t seed = 0;     ///< the Sampler's seed (sample i: seed + i)
+  bool use_cache = true;      ///< decode through the KV cache when the model has one
 };
 
+/// One sample's output.
 struct Generation {
-  std::vector<std::int32_t> tokens;  // the new tokens, without the prompt
-  bool stopped_at_max_len = false;   // fewer than max_new: the text reached the model's max_len
+  std::vector<std::int32_t> tokens;  ///< the new tokens, without the prompt
+  bool stopped_at_max_len = false;   ///< fewer than max_new: the text reached the model's max_len
 };
 
 /// A model with forward(ids, batch, seq_len) -> logits (B, T, vocab) and config().{vocab, max_len}.

@@ -15,22 +15,27 @@ namespace tapegrad::nn {
 
 /// Tokens appended to one sequence of a cache, from its current position on.
 struct TokenRun {
+  /// @{ The sequence, the run's first position in it (set when the run is checked), its length.
   std::size_t sequence = 0, position = 0, count = 0;
-  const std::int32_t* tokens = nullptr;
+  /// @}
+  const std::int32_t* tokens = nullptr;  ///< count token ids
 };
 
+/// The K and V rows of S sequences for decoding, with each sequence's position and the scratch
+/// buffers of the passes that fill it.
 class KVCache {
  public:
   /// `layers` attention layers with K and V rows of `width` floats; `sequences` slots of up to
   /// max_len tokens each. Models make theirs with make_cache(), which also binds it to them.
   KVCache(std::size_t layers, std::size_t max_len, std::size_t width, std::size_t sequences = 1);
 
-  std::size_t sequences() const { return positions_.size(); }
-  std::size_t layers() const { return layers_; }
-  std::size_t max_len() const { return max_len_; }
-  std::size_t width() const { return width_; }
+  std::size_t sequences() const { return positions_.size(); }  ///< The number of sequence slots.
+  std::size_t layers() const { return layers_; }                ///< The number of attention layers.
+  std::size_t max_len() const { return max_len_; }              ///< The most tokens a sequence holds.
+  std::size_t width() const { return width_; }                  ///< Floats per K (or V) row.
   /// Tokens held by sequence s, which is also the position its next token takes.
   std::size_t position(std::size_t sequence = 0) const { return positions_.at(sequence); }
+  /// Tokens sequence s can still take.
   std::size_t remaining(std::size_t sequence = 0) const { return max_len_ - position(sequence); }
   /// Whether steps advance sequence s: every sequence is, until drop(s).
   bool active(std::size_t sequence) const { return active_.at(sequence) != 0; }
@@ -44,15 +49,17 @@ class KVCache {
 
   // ---- for the decoding pass (nn/cache_pass.h) ----
 
-  /// Rows 0..max_len-1 of sequence s's keys (values) in a layer: (max_len, width), row-major.
+  /// Rows 0..max_len-1 of sequence s's keys in a layer: (max_len, width), row-major.
   float* keys(std::size_t layer, std::size_t sequence) { return keys_.data() + offset(layer, sequence); }
+  /// The same for its values.
   float* values(std::size_t layer, std::size_t sequence) { return values_.data() + offset(layer, sequence); }
   /// Records that sequence s now holds n more tokens.
   void advance(std::size_t sequence, std::size_t n) { positions_[sequence] += n; }
   /// The model this cache was made for (its address) and handles to its parameters, whose
   /// versions tell whether the weights changed since rows were written.
   void bind(const void* model, std::vector<Var> params);
-  const void* model() const { return model_; }
+  const void* model() const { return model_; }  ///< The model bound by bind(), or null.
+  /// The sum of the bound parameters' versions: it changes whenever a weight is updated in place.
   std::uint64_t weights_version() const;
   /// The version the held rows were computed under (meaningful while any sequence holds rows).
   std::uint64_t filled_version = 0;
@@ -62,7 +69,8 @@ class KVCache {
   /// only the first time.
   class Scratch {
    public:
-    void rewind() { next_ = 0; }
+    void rewind() { next_ = 0; }  ///< Starts a pass: the next take() returns the first buffer.
+    /// The next buffer, grown to at least `floats` floats (its contents are left over).
     float* take(std::size_t floats);
 
    private:
@@ -71,10 +79,12 @@ class KVCache {
   };
   /// Per thread of a pass: its Scratch. Grown by the pass, kept by the cache.
   std::vector<Scratch> scratch;
-  /// A step's runs (one per active sequence), its logits (sequences, vocab), and the active
-  /// rows' logits before NaN rows are put in for the dropped sequences.
+  /// A step's runs (one per active sequence).
   std::vector<TokenRun> step_runs;
+  /// @{ A step's logits (sequences, vocab), and the active rows' logits before NaN rows are put
+  /// in for the dropped sequences.
   std::vector<float> step_logits, active_logits;
+  /// @}
 
  private:
   std::size_t offset(std::size_t layer, std::size_t sequence) const {

@@ -14,17 +14,20 @@
 
 namespace tapegrad::nn {
 
+/// The sizes and options of a RotaryDecoder.
 struct DecoderConfig {
+  /// @{ Vocabulary size, model width, attention heads, blocks, and the longest text (tokens).
   std::size_t vocab = 0, d_model = 0, n_heads = 0, n_blocks = 0, max_len = 0;
-  std::optional<std::size_t> d_ff;  // default 4 * d_model
-  bool remat = false;
-  float norm_eps = 1e-5f;
-  double rope_theta = 10000.0;
-  std::uint64_t seed = 0;  // initialisation, and the root of the dropout streams
-  float dropout = 0;       // on the embedding output, the attention probabilities, each residual branch
+  /// @}
+  std::optional<std::size_t> d_ff;  ///< the FFN's hidden size; default 4 * d_model
+  bool remat = false;               ///< rematerialise each block in backward (Note [Remat])
+  float norm_eps = 1e-5f;           ///< the RMSNorms' epsilon
+  double rope_theta = 10000.0;      ///< the RoPE base
+  std::uint64_t seed = 0;           ///< initialisation, and the root of the dropout streams
+  float dropout = 0;                ///< on the embedding output, the attention probabilities, each residual branch
 
-  std::size_t ffn_dim() const { return d_ff.value_or(4 * d_model); }
-  std::size_t head_dim() const { return n_heads ? d_model / n_heads : 0; }
+  std::size_t ffn_dim() const { return d_ff.value_or(4 * d_model); }        ///< d_ff, or 4 * d_model.
+  std::size_t head_dim() const { return n_heads ? d_model / n_heads : 0; }  ///< d_model / n_heads.
   /// Throws std::invalid_argument naming the values when the shapes are impossible.
   void validate() const;
 };
@@ -34,6 +37,7 @@ struct DecoderConfig {
 /// FFN (SwiGLU, Shazeer 2020): (silu(x W1) * (x W3)) W2. No biases.
 class DecoderBlock : public Module {
  public:
+  /// Projections ~ N(0, init_std^2), the residual outputs Wo and W2 ~ N(0, out_std^2), norms one.
   DecoderBlock(const DecoderConfig& config, std::shared_ptr<const kernels::RopeTable<float>> rope, float init_std,
                float out_std, Rng& rng);
   /// The block's one description (x: (B, T, D) on the tape, or rows in a cache pass).
@@ -41,15 +45,20 @@ class DecoderBlock : public Module {
   void set_training(bool on) override;
   void collect_params(const std::string& prefix, ParameterList& out) const override;
 
-  std::size_t n_heads;
-  std::shared_ptr<const kernels::RopeTable<float>> rope;  // shared by every block
-  RMSNorm attn_norm;
-  Linear wq, wk, wv, wo;  // (D, D), named attn.w*
-  RMSNorm ffn_norm;
-  Linear w1, w3, w2;      // (D, F), (D, F), (F, D), named ffn.w*
-  Dropout drop;
+  std::size_t n_heads;                                    ///< attention heads
+  std::shared_ptr<const kernels::RopeTable<float>> rope;  ///< the RoPE table, shared by every block
+  RMSNorm attn_norm;                                      ///< before attention
+  /// @{ The attention projections, (D, D), named attn.w*.
+  Linear wq, wk, wv, wo;
+  /// @}
+  RMSNorm ffn_norm;  ///< before the FFN
+  /// @{ The FFN: gate W1 (D, F), up W3 (D, F), down W2 (F, D), named ffn.w*.
+  Linear w1, w3, w2;
+  /// @}
+  Dropout drop;  ///< on the attention probabilities and each residual branch
 };
 
+/// The rotary decoder: token embedding, DecoderBlocks, a final RMSNorm and a biased head.
 class RotaryDecoder : public Module, public DecoderModel<RotaryDecoder> {
  public:
   /// Initialisation (seeded by config.seed, in parameter order): embedding and every projection
@@ -62,17 +71,17 @@ class RotaryDecoder : public Module, public DecoderModel<RotaryDecoder> {
 
   void collect_params(const std::string& prefix, ParameterList& out) const override;
   void set_training(bool on) override;
-  const DecoderConfig& config() const { return config_; }
+  const DecoderConfig& config() const { return config_; }  ///< The configuration, d_ff filled in.
 
   /// The dropout streams of the next forward derive from (seed, dropout_step, block): set it
   /// once per training step, so that a resumed run draws the same masks.
   std::uint64_t dropout_step = 0;
 
-  Embedding embed;
-  std::vector<DecoderBlock> blocks;
-  RMSNorm norm;
-  Linear head;
-  Dropout embed_drop;
+  Embedding embed;                   ///< the token embedding (V, D)
+  std::vector<DecoderBlock> blocks;  ///< n_blocks blocks
+  RMSNorm norm;                      ///< the final norm
+  Linear head;                       ///< (D, V) with bias: the logits
+  Dropout embed_drop;                ///< on the embedding output
 
  private:
   RotaryDecoder(const DecoderConfig& config, Rng&& rng);
@@ -86,6 +95,9 @@ RotaryDecoder rotary_decoder(std::size_t vocab, std::size_t d_model, std::size_t
 
 }  // namespace tapegrad::nn
 
+// Printing with fmt. Outside the API reference: Doxygen never sees namespace fmt, so it cannot
+// place these specializations.
+/// \cond
 /// RotaryDecoder(vocab=65, d_model=64, n_heads=4, n_blocks=2, max_len=256, d_ff=256, remat=false)
 template <>
 struct fmt::formatter<tapegrad::nn::RotaryDecoder> : fmt::formatter<std::string_view> {
@@ -103,3 +115,4 @@ struct fmt::formatter<tapegrad::nn::DecoderBlock> : fmt::formatter<std::string_v
     return fmt::format_to(ctx.out(), "RotaryDecoderBlock({}, {}, d_ff={})", b.wq.in(), b.n_heads, b.w1.out());
   }
 };
+/// \endcond

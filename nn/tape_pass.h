@@ -31,21 +31,23 @@
 
 namespace tapegrad::nn {
 
+/// Runs a model description as recorded ops on the tape (training and the full forward).
 class TapePass {
  public:
-  using Value = Var;
+  using Value = Var;  ///< What the description's ops take and return.
   /// ids (batch * seq_len, row-major); dropout masks, when a Dropout is active, come from
   /// Rng(dropout_seed). Throws std::invalid_argument when the sizes disagree.
   TapePass(std::span<const std::int32_t> ids, std::size_t batch, std::size_t seq_len, std::uint64_t dropout_seed);
 
-  Var embed(const Embedding& table) const;                             // (B, T, D)
-  Var positions(const Embedding& table) const;                         // rows 0..T-1: (T, D), broadcast
-  Var add(const Var& a, const Var& b) const { return a + b; }
-  Var dropout(const Var& x, const Dropout& drop) { return drop.forward(x, rng_); }
-  Var rms_norm(const Var& x, const RMSNorm& norm) const { return norm.forward(x); }
-  Var layer_norm(const Var& x, const LayerNorm& norm) const { return norm.forward(x); }
-  Var linear(const Var& x, const Linear& layer) const { return layer.forward(x); }
-  Var matmul_transposed(const Var& x, const Var& weight) const;       // x W^T, W (out, in)
+  Var embed(const Embedding& table) const;                     ///< The ids' rows: (B, T, D).
+  Var positions(const Embedding& table) const;                 ///< Rows 0..T-1: (T, D), broadcast.
+  Var add(const Var& a, const Var& b) const { return a + b; }  ///< a + b.
+  Var dropout(const Var& x, const Dropout& drop) { return drop.forward(x, rng_); }       ///< drop(x), this pass's mask.
+  Var rms_norm(const Var& x, const RMSNorm& norm) const { return norm.forward(x); }      ///< norm(x).
+  Var layer_norm(const Var& x, const LayerNorm& norm) const { return norm.forward(x); }  ///< norm(x).
+  Var linear(const Var& x, const Linear& layer) const { return layer.forward(x); }       ///< x W (+ b).
+  Var matmul_transposed(const Var& x, const Var& weight) const;  ///< x W^T, W (out, in).
+  /// RoPE on (B, T, D), row t at position t.
   Var rope(const Var& x, const std::shared_ptr<const kernels::RopeTable<float>>& table, std::size_t n_heads) const;
   /// Causal attention; drop (when active) on the probabilities.
   Var attention(const Var& q, const Var& k, const Var& v, std::size_t n_heads, const Dropout& drop);
@@ -54,8 +56,8 @@ class TapePass {
   /// residual() as a block's last op: in a remat re-run its output is already known, and
   /// add_matmul skips computing it (Note [Remat]).
   Var output_residual(const Var& x, const Var& h, const Linear& out, const Dropout& drop);
-  Var swiglu(const Var& gate, const Var& up) const;
-  Var gelu_tanh(const Var& x) const;
+  Var swiglu(const Var& gate, const Var& up) const;  ///< silu(gate) * up.
+  Var gelu_tanh(const Var& x) const;                 ///< GELU, tanh approximation.
 
   /// describe(inner_pass, x) on a pass of its own whose masks come from dropout_seed; with remat,
   /// as one tape entry that re-runs it in backward with the same masks (Note [Remat]).
