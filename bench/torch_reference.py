@@ -199,6 +199,44 @@ class RotaryDecoder(torch.nn.Module):
             logits = self.run_cached(torch.tensor([token]), cache)[0]
         return out
 
+    # ---- eager batched KV-cache decoding (S sequences, prompts of one length) ------------------
+    @torch.inference_mode()
+    def run_cached_batch(self, tokens, cache):
+        """tokens (S, T) at positions pos..pos+T-1 of every sequence -> logits (S, T, vocab)."""
+        S, T = tokens.shape
+        H, Dh = self.n_heads, self.head_dim
+        pos = cache["pos"]
+        end = pos + T
+        cos, sin = self.cos[pos:end], self.sin[pos:end]
+        x = F.embedding(tokens, self.embed)  # (S, T, d)
+        for i, b in enumerate(self.blocks):
+            h = rms_norm(x, b.attn_norm)
+            q = rope((h @ b.wq).view(S, T, H, Dh), cos, sin).transpose(1, 2)  # (S, H, T, Dh)
+            cache["k"][i, :, :, pos:end] = rope((h @ b.wk).view(S, T, H, Dh), cos, sin).transpose(1, 2)
+            cache["v"][i, :, :, pos:end] = (h @ b.wv).view(S, T, H, Dh).transpose(1, 2)
+            k, v = cache["k"][i, :, :, :end], cache["v"][i, :, :, :end]  # rows 0..end-1 only
+            scores = (q @ k.transpose(-2, -1)) / math.sqrt(Dh)  # (S, H, T, end)
+            if T > 1:
+                scores = scores.masked_fill(self.mask[pos:end, :end], float("-inf"))
+            att = (torch.softmax(scores, dim=-1) @ v).transpose(1, 2).reshape(S, T, self.d_model)
+            x = x + att @ b.wo
+            x = x + b.ffn(x)
+        cache["pos"] = end
+        return rms_norm(x, self.norm) @ self.head + self.head_bias
+
+    @torch.inference_mode()
+    def generate_cached_batch(self, prompts, max_new):
+        """Greedy for S prompts (S, T) at once: one prefill pass, then one step of S tokens per new token."""
+        S = prompts.shape[0]
+        shape = (self.n_blocks, S, self.n_heads, self.max_len, self.head_dim)
+        cache = {"k": torch.zeros(shape), "v": torch.zeros(shape), "pos": 0}
+        tokens = torch.argmax(self.run_cached_batch(prompts, cache)[:, -1], dim=-1)
+        out = [tokens]
+        for _ in range(max_new - 1):
+            tokens = torch.argmax(self.run_cached_batch(tokens[:, None], cache)[:, 0], dim=-1)
+            out.append(tokens)
+        return torch.stack(out, dim=1)
+
     @torch.inference_mode()
     def generate_uncached(self, prompt, max_new):
         """Greedy with the full forward over the whole text for every new token."""
@@ -468,6 +506,29 @@ def bench_decoding(threads, repeats, directory):
     return result
 
 
+def bench_batched_decoding(threads, repeats, sizes=(1, 8, 64)):
+    """bench_kv_cache's batched work: S sequences with prompts of 8, 100 new greedy tokens each; tokens/s =
+    S * 100 / median time. Checks first that sequence s decoded in the batch gives what it gives alone."""
+    set_threads(threads)
+    model = RotaryDecoder(65, 64, 4, 2, 256)
+    model.init_like_tapegrad()
+    out = {}
+    for S in sizes:
+        g = torch.Generator().manual_seed(S)
+        prompts = torch.randint(0, 65, (S, 8), generator=g)
+        batch = model.generate_cached_batch(prompts, 100)
+        alone = model.generate_cached_batch(prompts[-1:], 100)
+        times = []
+        for _ in range(repeats):
+            start = time.perf_counter()
+            model.generate_cached_batch(prompts, 100)
+            times.append(time.perf_counter() - start)
+        median = statistics.median(times)
+        out[str(S)] = dict(tokens_per_s=S * 100 / median, median_s=median, min_s=min(times), max_s=max(times),
+                           last_sequence_equals_alone=bool(torch.equal(batch[-1], alone[0])))
+    return out
+
+
 def machine():
     model = "unknown CPU"
     with open("/proc/cpuinfo") as f:
@@ -546,6 +607,15 @@ def main():
         best = min(out["decode"]["threads"], key=lambda k: out["decode"]["threads"][k]["cache"]["median_s"])
         out["decode"]["best_threads"] = int(best)
         out["decode"]["best_cache_median_s"] = out["decode"]["threads"][best]["cache"]["median_s"]
+        batched = {}
+        for t in threads:
+            for size, r in bench_batched_decoding(t, args.repeats).items():
+                batched.setdefault(size, {"threads": {}})["threads"][str(t)] = r
+                print(f"  batched decode S={size}, {t} thread(s): {r['tokens_per_s']:.0f} tokens/s "
+                      f"(median {r['median_s'] * 1e3:.1f} ms)", flush=True)
+        for entry in batched.values():
+            entry["best_tokens_per_s"] = max(r["tokens_per_s"] for r in entry["threads"].values())
+        out["decode"]["batched"] = batched
 
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     with open(args.out, "w") as f:

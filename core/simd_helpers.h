@@ -254,7 +254,8 @@ void row_stable_product(typename B::value_type* c, std::size_t ldc, const typena
   constexpr std::size_t W = B::size, wide = sizeof(B) >= 64 ? 4 : 2;  // tile_rows' vectors per 6-row tile
   std::size_t j = 0;
   if (M >= 6) {  // 6-row tiles: each column load feeds 6 rows
-    for (; j + wide * W <= N; j += wide * W) tile_rows<B, wide>(c + j, ldc, a, lda, 1, b + j, ldb, M, K, T(1), accumulate);
+    for (; j + wide * W <= N; j += wide * W)
+      tile_rows<B, wide>(c + j, ldc, a, lda, 1, b + j, ldb, M, K, T(1), accumulate);
   } else {  // a few rows: wide column blocks keep enough independent chains in flight
     for (std::size_t i = 0; i < M; ++i) {
       std::size_t jj = j;

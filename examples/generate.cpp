@@ -90,10 +90,12 @@ int main(int argc, char** argv) {
       samples = nn::generate_samples(ckpt.model, ids, num_samples, options);
       for (std::size_t i = 0; i < samples.size(); ++i) {
         const std::string text = prompt + tokenizer.decode(samples[i].tokens);
-        if (jsonl)
-          fmt::print("{}\n", nlohmann::json{{"sample", i}, {"seed", options.seed + i}, {"text", text}}.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace));
-        else
+        if (!jsonl) {
           fmt::print("{}\n---\n", text);
+          continue;
+        }
+        const nlohmann::json line = {{"sample", i}, {"seed", options.seed + i}, {"text", text}};
+        fmt::print("{}\n", line.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace));
       }
       std::fflush(stdout);
     }

@@ -187,7 +187,8 @@ void check_decode(std::span<CachePass::Run> runs, KVCache& cache, const void* mo
                                             run.tokens[t], t, vocab));
   }
   bool holds_rows = false;
-  for (std::size_t s = 0; s < cache.sequences(); ++s) holds_rows = holds_rows || (cache.active(s) && cache.position(s) > 0);
+  for (std::size_t s = 0; s < cache.sequences(); ++s)
+    holds_rows = holds_rows || (cache.active(s) && cache.position(s) > 0);
   const std::uint64_t version = cache.weights_version();
   if (holds_rows && version != cache.filled_version)
     throw std::logic_error(fmt::format("KVCache: the weights changed since this cache was filled (version {} -> "

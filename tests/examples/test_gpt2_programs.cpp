@@ -46,7 +46,7 @@ TEST_CASE("train_char --arch gpt2 --dropout resumes bit-identically and matches 
   CHECK(contains(wrong.err, "--arch rotary disagrees with --resume"));
 }
 
-TEST_CASE("generate and evaluate read a gpt2 checkpoint by its arch") {
+TEST_CASE("generate (cached, uncached, batched) and evaluate read a gpt2 checkpoint by its arch") {
   fs::path dir = work_dir("gpt2_use"), data = write_corpus(dir), ckpt = dir / "g.safetensors";
   REQUIRE(run("train_char", tiny(data, ckpt, 6) + kGpt2).status == 0);
   const std::vector<std::string> args = {"--checkpoint", ckpt.string(), "--prompt", "The", "--max-new", "10", "--seed", "3"};
@@ -55,6 +55,10 @@ TEST_CASE("generate and evaluate read a gpt2 checkpoint by its arch") {
   CHECK(g.out.starts_with("The"));
   CHECK(nn::decode_utf8(g.out).size() == 13);
   CHECK(run("generate", args).out == g.out);  // dropout is off in generation: the same text
+  CHECK(run("generate", args + std::vector<std::string>{"--no-cache"}).out == g.out);  // the cache gives the same text
+  Result two = run("generate", args + std::vector<std::string>{"--num-samples", "2"});
+  REQUIRE(two.status == 0);
+  CHECK(two.out.starts_with(g.out + "\n---\n"));  // sample 0 has seed 3
   Result e = run("evaluate", {"--checkpoint", ckpt.string(), "--data", data.string(), "--limit", "500"});
   REQUIRE_MESSAGE(e.status == 0, e.err);
   double loss = nlohmann::json::parse(e.out).at("loss").get<double>();

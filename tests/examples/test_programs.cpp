@@ -127,6 +127,28 @@ TEST_CASE("generate streams exactly the prompt and the new characters, the same 
   Result uncached = run("generate", args + std::vector<std::string>{"--no-cache"});
   REQUIRE(uncached.status == 0);
   CHECK(uncached.out == cached.out);
+  SUBCASE("--num-samples N decodes N samples as a batch: sample i is the text --seed 3+i gives alone") {
+    const std::vector<std::string> sampled = {"--checkpoint", ckpt.string(), "--prompt", "The café", "--max-new", "20",
+                                              "--temperature", "1.2"};
+    std::string expected, expected_jsonl;
+    for (int i = 0; i < 4; ++i) {
+      Result alone = run("generate", sampled + std::vector<std::string>{"--seed", std::to_string(3 + i)});
+      REQUIRE(alone.status == 0);
+      expected += alone.out + "\n---\n";
+      expected_jsonl +=
+          nlohmann::json{{"sample", i}, {"seed", 3 + i}, {"text", alone.out}}.dump() + "\n";
+    }
+    Result batch = run("generate", sampled + std::vector<std::string>{"--seed", "3", "--num-samples", "4"});
+    REQUIRE_MESSAGE(batch.status == 0, batch.err);
+    CHECK(batch.out == expected);
+    Result jsonl = run("generate", sampled + std::vector<std::string>{"--seed", "3", "--num-samples", "4", "--jsonl"});
+    REQUIRE(jsonl.status == 0);
+    CHECK(jsonl.out == expected_jsonl);
+    std::istringstream lines(jsonl.out);
+    std::string line;
+    for (int i = 0; std::getline(lines, line); ++i) CHECK(nlohmann::json::parse(line)["sample"] == i);
+    CHECK(run("generate", sampled + std::vector<std::string>{"--num-samples", "0"}).status == 2);
+  }
   SUBCASE("the default prompt is a newline (the corpus has one)") {
     Result r = run("generate", {"--checkpoint", ckpt.string(), "--max-new", "5"});
     REQUIRE(r.status == 0);
