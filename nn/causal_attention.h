@@ -1,6 +1,6 @@
-// Causal multi-head attention with dropout on the probabilities (SPEC section 8), for the blocks
-// of both architectures: the fused attention op when dropout is off, otherwise the same math
-// from primitives (tests/core/test_fused_vs_composed.cpp checks that the two agree).
+// Causal multi-head attention with dropout on the probabilities, for the blocks of both
+// architectures: the fused attention op when dropout is off, otherwise the same math from
+// primitives (tests/core/test_fused_vs_composed.cpp checks that the two agree).
 #pragma once
 
 #include "nn/dropout.h"

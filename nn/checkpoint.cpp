@@ -77,7 +77,7 @@ LoadedCheckpoint load_checkpoint(const std::string& path, bool remat) {
     config.norm_eps = float(metadata_positive(meta, "norm_eps"));
     config.rope_theta = metadata_positive(meta, "rope_theta");
     config.remat = remat;
-    if (meta.count("dropout")) config.dropout = float(metadata_positive(meta, "dropout"));  // validate() bounds it
+    if (meta.count("dropout")) config.dropout = float(metadata_probability(meta, "dropout"));
     CharTokenizer tokenizer = CharTokenizer::from_vocab(metadata_text(meta, "vocab"));
     if (tokenizer.size() != config.vocab)
       throw std::runtime_error(fmt::format("the vocabulary has {} characters but vocab_size is {}", tokenizer.size(),

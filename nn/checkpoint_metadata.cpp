@@ -34,8 +34,8 @@ std::int64_t metadata_count(const Metadata& metadata, const std::string& key) {
   return value;
 }
 
-double metadata_positive(const Metadata& metadata, const std::string& key) {
-  const std::string& text = metadata_text(metadata, key);
+// The whole text as a double, or NaN (which every range check refuses).
+static double parse_number(const std::string& text) {
   std::size_t used = 0;
   double value = 0;
   try {
@@ -43,8 +43,22 @@ double metadata_positive(const Metadata& metadata, const std::string& key) {
   } catch (const std::exception&) {
     used = 0;
   }
-  if (used != text.size() || !(value > 0) || !std::isfinite(value))
+  return used == text.size() ? value : std::nan("");
+}
+
+double metadata_positive(const Metadata& metadata, const std::string& key) {
+  const std::string& text = metadata_text(metadata, key);
+  const double value = parse_number(text);
+  if (!(value > 0) || !std::isfinite(value))
     throw std::runtime_error(fmt::format("metadata '{}' = '{}' is not a positive number", key, text));
+  return value;
+}
+
+double metadata_probability(const Metadata& metadata, const std::string& key) {
+  const std::string& text = metadata_text(metadata, key);
+  const double value = parse_number(text);
+  if (!(value >= 0 && value < 1))
+    throw std::runtime_error(fmt::format("metadata '{}' = '{}' is not a number in [0, 1)", key, text));
   return value;
 }
 

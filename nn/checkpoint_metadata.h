@@ -27,4 +27,8 @@ std::int64_t metadata_count(const Metadata& metadata, const std::string& key);
 /// std::runtime_error naming the key and the text otherwise.
 double metadata_positive(const Metadata& metadata, const std::string& key);
 
+/// The value of key as a number in [0, 1) (a dropout probability); throws std::runtime_error
+/// naming the key and the text otherwise.
+double metadata_probability(const Metadata& metadata, const std::string& key);
+
 }  // namespace tapegrad::nn

@@ -3,65 +3,34 @@
 
 #include <fmt/format.h>
 
-#include <charconv>
 #include <cmath>
 #include <set>
 #include <stdexcept>
 
 #include "core/safetensors.h"
+#include "nn/checkpoint_metadata.h"
 
 namespace tapegrad::nn {
 
 namespace {
 
-const std::string& required(const std::map<std::string, std::string>& metadata, const std::string& key) {
-  auto it = metadata.find(key);
-  if (it == metadata.end()) throw std::runtime_error(fmt::format("metadata key '{}' is missing", key));
-  return it->second;
-}
-
-std::size_t parse_size(const std::map<std::string, std::string>& metadata, const std::string& key) {
-  const std::string& text = required(metadata, key);
-  std::size_t value = 0;
-  auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), value);
-  constexpr std::size_t limit = std::size_t(1) << 31;
-  if (ec != std::errc() || end != text.data() + text.size() || value > limit)
-    throw std::runtime_error(fmt::format("metadata '{}' = '{}' is not an integer in [0, {}]", key, text, limit));
-  return value;
-}
-
-double parse_number(const std::map<std::string, std::string>& metadata, const std::string& key, double low,
-                    double high) {
-  const std::string& text = required(metadata, key);
-  std::size_t used = 0;
-  double value = 0;
-  try {
-    value = std::stod(text, &used);
-  } catch (const std::exception&) {
-    used = 0;
-  }
-  if (used != text.size() || !(value >= low && value < high))
-    throw std::runtime_error(fmt::format("metadata '{}' = '{}' is not a number in [{}, {})", key, text, low, high));
-  return value;
-}
-
 LoadedModelCheckpoint load_gpt2(SafetensorsFile file, bool remat) {
   const auto& meta = file.metadata;
-  std::string version = required(meta, "format_version");
+  std::string version = metadata_text(meta, "format_version");
   if (version != kCheckpointFormatVersion)
     throw std::runtime_error(fmt::format("format_version '{}' is not supported (this build reads '{}')", version,
                                          kCheckpointFormatVersion));
   Gpt2Config config;
-  config.vocab = parse_size(meta, "vocab_size");
-  config.d_model = parse_size(meta, "d_model");
-  config.n_heads = parse_size(meta, "n_heads");
-  config.n_blocks = parse_size(meta, "n_blocks");
-  config.max_len = parse_size(meta, "max_len");
-  config.d_ff = parse_size(meta, "d_ff");
-  config.norm_eps = float(parse_number(meta, "norm_eps", 1e-30, 1));
-  config.dropout = meta.count("dropout") ? float(parse_number(meta, "dropout", 0, 1)) : 0.0f;
+  config.vocab = metadata_size(meta, "vocab_size");
+  config.d_model = metadata_size(meta, "d_model");
+  config.n_heads = metadata_size(meta, "n_heads");
+  config.n_blocks = metadata_size(meta, "n_blocks");
+  config.max_len = metadata_size(meta, "max_len");
+  config.d_ff = metadata_size(meta, "d_ff");
+  config.norm_eps = float(metadata_positive(meta, "norm_eps"));
+  config.dropout = meta.count("dropout") ? float(metadata_probability(meta, "dropout")) : 0.0f;
   config.remat = remat;
-  CharTokenizer tokenizer = CharTokenizer::from_vocab(required(meta, "vocab"));
+  CharTokenizer tokenizer = CharTokenizer::from_vocab(metadata_text(meta, "vocab"));
   if (tokenizer.size() != config.vocab)
     throw std::runtime_error(
         fmt::format("the vocabulary has {} characters but vocab_size is {}", tokenizer.size(), config.vocab));

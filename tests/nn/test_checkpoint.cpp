@@ -6,6 +6,7 @@
 #include "core/safetensors.h"
 #include "nn/checkpoint.h"
 #include "nn/generate.h"
+#include "nn/language_model.h"
 #include "support/helpers.h"
 
 using namespace tapegrad;
@@ -112,4 +113,25 @@ TEST_CASE("a checkpoint holding NaN or infinity, in a weight or the optimizer st
   CHECK(refused([](T& t, M&) { t["optim.head.bias.m"][0] = INFINITY; }) ==
         bad + ": tensor 'optim.head.bias.m' holds inf at element 0" + why);
   CHECK(load_checkpoint(good).extra_tensors.count("optim.head.bias.m") == 1);
+}
+
+TEST_CASE("a gpt2 checkpoint round-trips through load_model_checkpoint, and its bad metadata is refused naming the file") {
+  CharTokenizer tok = CharTokenizer::from_text("abcd");
+  std::string good = temp_path("gpt2.safetensors"), bad = temp_path("gpt2_bad.safetensors");
+  save_model_checkpoint(good, LanguageModel(gpt2(4, 8, 2, 1, 8)), tok);  // dropout 0 is written as "0"
+  LoadedModelCheckpoint loaded = load_model_checkpoint(good);
+  REQUIRE(loaded.model.gpt2() != nullptr);
+  CHECK(loaded.model.gpt2()->config().dropout == 0.0f);
+  auto refused = [&](auto edit) {
+    rewrite(good, bad, edit);
+    return test::error_of([&] { load_model_checkpoint(bad); });
+  };
+  using T = std::map<std::string, Tensor>;
+  using M = std::map<std::string, std::string>;
+  CHECK(refused([](T&, M& m) { m.erase("n_heads"); }) == bad + ": metadata key 'n_heads' is missing");
+  CHECK(refused([](T&, M& m) { m["d_model"] = "8x"; }) == bad + ": metadata 'd_model' = '8x' is not an integer in [0, 2147483648]");
+  CHECK(refused([](T&, M& m) { m["norm_eps"] = "0"; }) == bad + ": metadata 'norm_eps' = '0' is not a positive number");
+  CHECK(refused([](T&, M& m) { m["dropout"] = "1"; }) == bad + ": metadata 'dropout' = '1' is not a number in [0, 1)");
+  rewrite(good, bad, [](T&, M& m) { m["dropout"] = "0.25"; });
+  CHECK(load_model_checkpoint(bad).model.gpt2()->config().dropout == 0.25f);
 }

@@ -1,6 +1,6 @@
-// gpt2 (SPEC section 9): the parameter count and names, causality (the no-cache path's logits
-// equal the full forward's at every position), remat, dropout's train/eval switch and streams,
-// and overfitting one batch.
+// gpt2, the pre-LN GPT-2 decoder: the parameter count and names, causality (the no-cache path's
+// logits equal the full forward's at every position), remat, dropout's train/eval switch and
+// streams, and overfitting one batch.
 #include <doctest/doctest.h>
 
 #include <cmath>
@@ -14,7 +14,7 @@
 
 using namespace tapegrad;
 
-TEST_CASE("gpt2(65, 64, 4, 2, 256) has exactly 120,640 parameters with the SPEC names") {
+TEST_CASE("gpt2(65, 64, 4, 2, 256) has exactly 120,640 parameters with the tensor names of the checkpoint format") {
   nn::Gpt2 model = nn::gpt2(65, 64, 4, 2, 256);
   CHECK(model.num_params() == 120640);
   std::vector<std::string> names;
