@@ -201,6 +201,42 @@ template <class B> void check_helpers(Failures& f, std::string_view name) {
                 f.add("{}: tile_product M={} N={} K={} transposed={} accumulate={}: c[{}] = {}, want {}", name, M, N, K,
                       transposed, accumulate, i, c[i], want[i]);
           }
+
+  // row_stable_product: C (M, N) (+)= A B. With small integers the result is exact; with fractions
+  // (rounding in every FMA) each row must equal, bit for bit, the same row computed alone (M = 1):
+  // M covers the few-row path (< 6) and the 6-row tiles with their remainders, N the wide column
+  // blocks, single vectors and the zero-padded tail.
+  for (std::size_t M : {std::size_t(1), std::size_t(2), std::size_t(5), std::size_t(6), std::size_t(7), std::size_t(13)})
+    for (std::size_t N : {std::size_t(1), W - 1, W + 1, 2 * W + 3, 9 * W + 1})
+      for (std::size_t K : {std::size_t(1), std::size_t(4), std::size_t(17)})
+        for (bool accumulate : {false, true}) {
+          const std::size_t lda = K + 1, ldb = N + 2, ldc = N + 3;
+          std::vector<T> a = small_ints<T>(M * lda, M + K), b = small_ints<T>(K * ldb, N + K);
+          std::vector<T> c = small_ints<T>(M * ldc, M + N), want = c;
+          for (std::size_t i = 0; i < M; ++i)
+            for (std::size_t j = 0; j < N; ++j) {
+              T sum = 0;
+              for (std::size_t k = 0; k < K; ++k) sum += a[i * lda + k] * b[k * ldb + j];
+              want[i * ldc + j] = sum + (accumulate ? want[i * ldc + j] : T(0));
+            }
+          detail::row_stable_product<B>(c.data(), ldc, a.data(), lda, b.data(), ldb, M, N, K, accumulate);
+          for (std::size_t i = 0; i < c.size(); ++i)
+            if (c[i] != want[i])
+              f.add("{}: row_stable_product M={} N={} K={} accumulate={}: c[{}] = {}, want {}", name, M, N, K, accumulate,
+                    i, c[i], want[i]);
+          for (auto& x : a) x = x / T(3) + T(0.1);  // inexact products from here on
+          for (auto& x : b) x = x / T(7) - T(0.05);
+          std::vector<T> together(M * ldc, T(1)), alone(ldc, T(1));
+          detail::row_stable_product<B>(together.data(), ldc, a.data(), lda, b.data(), ldb, M, N, K, accumulate);
+          for (std::size_t i = 0; i < M; ++i) {
+            std::fill(alone.begin(), alone.end(), T(1));
+            detail::row_stable_product<B>(alone.data(), ldc, a.data() + i * lda, lda, b.data(), ldb, 1, N, K, accumulate);
+            for (std::size_t j = 0; j < N; ++j)
+              if (together[i * ldc + j] != alone[j])
+                f.add("{}: row_stable_product M={} N={} K={}: row {} column {} differs from the row alone ({} vs {})",
+                      name, M, N, K, i, j, together[i * ldc + j], alone[j]);
+          }
+        }
 }
 
 }  // namespace tapegrad::simd_checks

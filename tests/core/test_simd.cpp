@@ -152,6 +152,13 @@ TEST_CASE("every kernel gives the same results at every level and at 16 emulated
     c.insert(c.end(), c2.begin(), c2.end());
     return widen(c);
   });
+  check_levels_agree("row-stable matmul (decoding), many rows and one", rtol, [&](const Table& k) {
+    std::vector<float> c(rows * rows, 0.5f), c1(rows, 0.5f);
+    k.row_stable_matmul(c.data(), x.data(), dy.data(), rows, dim, rows, true);
+    k.row_stable_matmul(c1.data(), x.data(), dy.data(), 1, dim, rows, false);
+    c.insert(c.end(), c1.begin(), c1.end());
+    return widen(c);
+  });
   check_levels_agree("elementwise, SiLU and SwiGLU", rtol, [&](const Table& k) {
     std::vector<float> out(9 * rows * dim, 0.25f);
     float* o = out.data();
