@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""torch_reference: the same model (SPEC section 2), training step and cached decoding as bench_train and
+"""torch_reference: the same model (the rotary decoder), training step and cached decoding as bench_train and
 bench_kv_cache, in eager PyTorch, so bench/compare.sh can print tapegrad / PyTorch ratios. It first checks
 that both implementations agree on checkpoints written by `bench_train --write-agreement DIR`.
 Writes bench/results/torch_cpu.json. Run with /usr/bin/python3 (python3-torch)."""
@@ -24,13 +24,13 @@ import torch.nn.functional as F
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
-# SPEC section 7's training configurations; vocab 65, max_len = seq, d_ff = 4 d_model.
+# bench_train's training configurations; vocab 65, max_len = seq, d_ff = 4 d_model.
 CONFIGS = {
     "a": dict(d_model=64, n_heads=4, n_blocks=2, seq_len=128, batch=16),
     "b": dict(d_model=128, n_heads=4, n_blocks=4, seq_len=64, batch=12),
     "c": dict(d_model=256, n_heads=8, n_blocks=4, seq_len=256, batch=8),
     "d": dict(d_model=256, n_heads=8, n_blocks=4, seq_len=1024, batch=2),  # long context
-    # gpt2 (SPEC section 9) at (a)'s size.
+    # gpt2 at (a)'s size.
     "a-gpt2": dict(d_model=64, n_heads=4, n_blocks=2, seq_len=128, batch=16, arch="gpt2"),
 }
 VOCAB = 65
@@ -86,7 +86,7 @@ class Block(torch.nn.Module):
 
 
 class RotaryDecoder(torch.nn.Module):
-    """SPEC section 2; matrices are stored (in, out) and used as x @ W, as in tapegrad's checkpoints."""
+    """tapegrad's rotary decoder; matrices are stored (in, out) and used as x @ W, as in tapegrad's checkpoints."""
 
     def __init__(self, vocab, d_model, n_heads, n_blocks, max_len, d_ff=None):
         super().__init__()
@@ -104,7 +104,7 @@ class RotaryDecoder(torch.nn.Module):
         self.register_buffer("mask", torch.triu(torch.ones(max_len, max_len, dtype=torch.bool), diagonal=1))
 
     def spec_params(self):
-        """SPEC section 5's name -> parameter."""
+        """Checkpoint tensor name -> parameter."""
         out = {"embed.weight": self.embed}
         for i, b in enumerate(self.blocks):
             out.update({f"blocks.{i}.attn_norm.weight": b.attn_norm, f"blocks.{i}.attn.wq.weight": b.wq,
@@ -267,7 +267,7 @@ def set_threads(n):
 
 
 class Gpt2(torch.nn.Module):
-    """SPEC section 9: pre-LN GPT-2 with learned positions, gelu_tanh MLP and a tied head; matrices
+    """tapegrad's gpt2: pre-LN GPT-2 with learned positions, gelu_tanh MLP and a tied head; matrices
     stored (in, out) as in tapegrad's checkpoints."""
 
     def __init__(self, vocab, d_model, n_heads, n_blocks, max_len, d_ff=None):
