@@ -271,10 +271,23 @@ std::vector<Case> matmul_cases() {
       kernels::gemm(ta, tb, M, N, K, 1.0f, a, ta ? M : K, b, tb ? K : N, beta, c, N);
     });
   };
-  return {gemm("gemm NN", false, false, 1024, 1024, 1024, 0.0f), forward(2048, 128, 512), forward(2048, 512, 128),
-          gemm("gemm TN b=1 (dW = X^T dY)", true, false, 128, 512, 2048, 1.0f),
-          gemm("gemm NT b=1 (dX = dY W^T)", false, true, 2048, 128, 512, 1.0f), matmul_backward_case(2048, 128, 512),
-          matmul_backward_case(2048, 512, 128)};
+  std::vector<Case> cases = {
+      gemm("gemm NN", false, false, 1024, 1024, 1024, 0.0f), forward(2048, 128, 512), forward(2048, 512, 128),
+      gemm("gemm TN b=1 (dW = X^T dY)", true, false, 128, 512, 2048, 1.0f),
+      gemm("gemm NT b=1 (dX = dY W^T)", false, true, 2048, 128, 512, 1.0f), matmul_backward_case(2048, 128, 512),
+      matmul_backward_case(2048, 512, 128)};
+  // Decoding's products (the seed model, d 64, d_ff 256, one row per sequence): the row-stable
+  // kernel the cache pass uses against matmul_forward (BLAS above two rows) at the same shapes.
+  for (std::size_t M : {std::size_t(1), std::size_t(8), std::size_t(64)})
+    for (auto shape : {std::pair<std::size_t, std::size_t>{64, 64}, {64, 256}, {256, 64}}) {
+      const std::size_t K = shape.first, N = shape.second;  // named: lambdas cannot capture bindings in clang 14
+      cases.push_back(product_case("row_stable_matmul (decoding)", false, false, M, N, K, 0.0f,
+                                   [=](const float* x, const float* w, float* y) {
+                                     kernels::row_stable_matmul(y, x, w, M, K, N, false);
+                                   }));
+      cases.push_back(forward(M, K, N));
+    }
+  return cases;
 }
 
 // ---- attention ----
