@@ -31,4 +31,12 @@ double metadata_positive(const Metadata& metadata, const std::string& key);
 /// naming the key and the text otherwise.
 double metadata_probability(const Metadata& metadata, const std::string& key);
 
+/// The sizes both architectures record (vocab_size, d_model, n_heads, n_blocks, max_len, d_ff),
+/// after checking that format_version is `format_version`; throws std::runtime_error naming the
+/// key and the text otherwise.
+struct ModelSizes {
+  std::size_t vocab = 0, d_model = 0, n_heads = 0, n_blocks = 0, max_len = 0, d_ff = 0;  ///< As recorded.
+};
+ModelSizes metadata_model_sizes(const Metadata& metadata, const std::string& format_version);
+
 }  // namespace tapegrad::nn

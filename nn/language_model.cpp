@@ -16,17 +16,14 @@ namespace {
 
 LoadedModelCheckpoint load_gpt2(SafetensorsFile file, bool remat) {
   const auto& meta = file.metadata;
-  std::string version = metadata_text(meta, "format_version");
-  if (version != kCheckpointFormatVersion)
-    throw std::runtime_error(fmt::format("format_version '{}' is not supported (this build reads '{}')", version,
-                                         kCheckpointFormatVersion));
+  const ModelSizes sizes = metadata_model_sizes(meta, kCheckpointFormatVersion);
   Gpt2Config config;
-  config.vocab = metadata_size(meta, "vocab_size");
-  config.d_model = metadata_size(meta, "d_model");
-  config.n_heads = metadata_size(meta, "n_heads");
-  config.n_blocks = metadata_size(meta, "n_blocks");
-  config.max_len = metadata_size(meta, "max_len");
-  config.d_ff = metadata_size(meta, "d_ff");
+  config.vocab = sizes.vocab;
+  config.d_model = sizes.d_model;
+  config.n_heads = sizes.n_heads;
+  config.n_blocks = sizes.n_blocks;
+  config.max_len = sizes.max_len;
+  config.d_ff = sizes.d_ff;
   config.norm_eps = float(metadata_positive(meta, "norm_eps"));
   config.dropout = meta.count("dropout") ? float(metadata_probability(meta, "dropout")) : 0.0f;
   config.remat = remat;
