@@ -63,14 +63,9 @@ LoadedCheckpoint load_checkpoint(const std::string& path, bool remat) {
       throw std::runtime_error(fmt::format("arch '{}' is not the rotary decoder; load it with load_model_checkpoint "
                                            "(nn/language_model.h)",
                                            meta.at("arch")));
-    const ModelSizes sizes = metadata_model_sizes(meta, kCheckpointFormatVersion);
+    check_format_version(meta, kCheckpointFormatVersion);
     DecoderConfig config;
-    config.vocab = sizes.vocab;
-    config.d_model = sizes.d_model;
-    config.n_heads = sizes.n_heads;
-    config.n_blocks = sizes.n_blocks;
-    config.max_len = sizes.max_len;
-    config.d_ff = sizes.d_ff;
+    read_model_sizes(meta, config);
     config.norm_eps = float(metadata_positive(meta, "norm_eps"));
     config.rope_theta = metadata_positive(meta, "rope_theta");
     config.remat = remat;

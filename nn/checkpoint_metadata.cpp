@@ -62,13 +62,10 @@ double metadata_probability(const Metadata& metadata, const std::string& key) {
   return value;
 }
 
-ModelSizes metadata_model_sizes(const Metadata& metadata, const std::string& format_version) {
+void check_format_version(const Metadata& metadata, const std::string& expected) {
   const std::string& version = metadata_text(metadata, "format_version");
-  if (version != format_version)
-    throw std::runtime_error(
-        fmt::format("format_version '{}' is not supported (this build reads '{}')", version, format_version));
-  return {metadata_size(metadata, "vocab_size"), metadata_size(metadata, "d_model"), metadata_size(metadata, "n_heads"),
-          metadata_size(metadata, "n_blocks"),   metadata_size(metadata, "max_len"), metadata_size(metadata, "d_ff")};
+  if (version != expected)
+    throw std::runtime_error(fmt::format("format_version '{}' is not supported (this build reads '{}')", version, expected));
 }
 
 }  // namespace tapegrad::nn

@@ -31,12 +31,18 @@ double metadata_positive(const Metadata& metadata, const std::string& key);
 /// naming the key and the text otherwise.
 double metadata_probability(const Metadata& metadata, const std::string& key);
 
-/// The sizes both architectures record (vocab_size, d_model, n_heads, n_blocks, max_len, d_ff),
-/// after checking that format_version is `format_version`; throws std::runtime_error naming the
-/// key and the text otherwise.
-struct ModelSizes {
-  std::size_t vocab = 0, d_model = 0, n_heads = 0, n_blocks = 0, max_len = 0, d_ff = 0;  ///< As recorded.
-};
-ModelSizes metadata_model_sizes(const Metadata& metadata, const std::string& format_version);
+/// Throws std::runtime_error unless the file's format_version is `expected`.
+void check_format_version(const Metadata& metadata, const std::string& expected);
+
+/// Reads the sizes every architecture records (vocab_size, d_model, n_heads, n_blocks, max_len,
+/// d_ff) into a model config; throws std::runtime_error naming the key and the text otherwise.
+template <class Config> void read_model_sizes(const Metadata& metadata, Config& config) {
+  config.vocab = metadata_size(metadata, "vocab_size");
+  config.d_model = metadata_size(metadata, "d_model");
+  config.n_heads = metadata_size(metadata, "n_heads");
+  config.n_blocks = metadata_size(metadata, "n_blocks");
+  config.max_len = metadata_size(metadata, "max_len");
+  config.d_ff = metadata_size(metadata, "d_ff");
+}
 
 }  // namespace tapegrad::nn

@@ -16,14 +16,9 @@ namespace {
 
 LoadedModelCheckpoint load_gpt2(SafetensorsFile file, bool remat) {
   const auto& meta = file.metadata;
-  const ModelSizes sizes = metadata_model_sizes(meta, kCheckpointFormatVersion);
+  check_format_version(meta, kCheckpointFormatVersion);
   Gpt2Config config;
-  config.vocab = sizes.vocab;
-  config.d_model = sizes.d_model;
-  config.n_heads = sizes.n_heads;
-  config.n_blocks = sizes.n_blocks;
-  config.max_len = sizes.max_len;
-  config.d_ff = sizes.d_ff;
+  read_model_sizes(meta, config);
   config.norm_eps = float(metadata_positive(meta, "norm_eps"));
   config.dropout = meta.count("dropout") ? float(metadata_probability(meta, "dropout")) : 0.0f;
   config.remat = remat;
