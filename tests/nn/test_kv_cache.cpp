@@ -31,14 +31,29 @@ using test::random_ids;
 namespace {
 std::atomic<bool> counting = false;
 std::atomic<std::size_t> allocations = 0;
+// Every non-aligned form is replaced, so that each allocation and its release meet in malloc and
+// free (a sanitizer's own forms would otherwise pair with these and report a mismatch).
+void* counted_malloc(std::size_t n) noexcept {
+  if (counting) ++allocations;
+  return std::malloc(n ? n : 1);
+}
 }  // namespace
 void* operator new(std::size_t n) {
-  if (counting) ++allocations;
-  if (void* p = std::malloc(n ? n : 1)) return p;
+  if (void* p = counted_malloc(n)) return p;
   throw std::bad_alloc();
 }
+void* operator new[](std::size_t n) {
+  if (void* p = counted_malloc(n)) return p;
+  throw std::bad_alloc();
+}
+void* operator new(std::size_t n, const std::nothrow_t&) noexcept { return counted_malloc(n); }
+void* operator new[](std::size_t n, const std::nothrow_t&) noexcept { return counted_malloc(n); }
 void operator delete(void* p) noexcept { std::free(p); }
+void operator delete[](void* p) noexcept { std::free(p); }
 void operator delete(void* p, std::size_t) noexcept { std::free(p); }
+void operator delete[](void* p, std::size_t) noexcept { std::free(p); }
+void operator delete(void* p, const std::nothrow_t&) noexcept { std::free(p); }
+void operator delete[](void* p, const std::nothrow_t&) noexcept { std::free(p); }
 
 namespace {
 
