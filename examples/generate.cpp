@@ -45,8 +45,9 @@ int main(int argc, char** argv) {
   app.add_option("--seed", options.seed, "Seed of the sampler")->check(non_negative())->capture_default_str();
   app.add_flag("--no-cache", no_cache, "Run the full forward for every character instead of the KV cache (same text)");
   app.add_option("--num-samples", num_samples,
-                 "Samples to decode together as one batch; sample i is the text --seed S+i gives alone")
-      ->check(CLI::PositiveNumber)
+                 "Samples to decode together as one batch (at most 65536); sample i is the text --seed S+i "
+                 "gives alone")
+      ->check(CLI::Range(std::size_t(1), std::size_t(65536)))
       ->capture_default_str();
   app.add_flag("--jsonl", jsonl, "Print one JSON object per sample and line: {\"sample\", \"seed\", \"text\"}");
 

@@ -7,6 +7,7 @@
 #include <concepts>
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <span>
 #include <stdexcept>
 #include <vector>
@@ -68,6 +69,13 @@ std::vector<Generation> generate_samples(const M& model, std::span<const std::in
   if (samples == 0) throw std::invalid_argument("generate: the number of samples must be at least 1");
   // The text can grow to max_len tokens: the last one is predicted from position max_len - 1.
   const std::size_t budget = std::min(options.max_new, max_len - prompt.size());
+  // The cache first: it refuses more sequences than it can hold before anything per sample exists.
+  auto cache = [&] {
+    if constexpr (CachedModel<M>)
+      return options.use_cache ? std::optional(model.make_cache(samples)) : std::nullopt;
+    else
+      return std::optional<int>();
+  }();
   std::vector<Generation> out(samples);
   std::vector<Sampler> samplers;
   for (std::size_t i = 0; i < samples; ++i) {
@@ -83,15 +91,14 @@ std::vector<Generation> generate_samples(const M& model, std::span<const std::in
   };
   NoGradScope no_grad;
   if constexpr (CachedModel<M>) {
-    if (options.use_cache) {
-      auto cache = model.make_cache(samples);
+    if (cache) {
       std::vector<std::vector<std::int32_t>> prompts(samples, std::vector<std::int32_t>(prompt.begin(), prompt.end()));
-      Tensor logits = model.prefill(prompts, cache);  // (samples * prompt, vocab)
+      Tensor logits = model.prefill(prompts, *cache);  // (samples * prompt, vocab)
       std::vector<std::int32_t> last(samples);
       for (std::size_t i = 0; i < samples; ++i)
         last[i] = emit(i, std::span<const float>(logits.data() + ((i + 1) * prompt.size() - 1) * vocab, vocab));
       for (std::size_t t = 1; t < budget; ++t) {
-        std::span<const float> rows = model.step(last, cache);  // (samples, vocab)
+        std::span<const float> rows = model.step(last, *cache);  // (samples, vocab)
         for (std::size_t i = 0; i < samples; ++i) last[i] = emit(i, rows.subspan(i * vocab, vocab));
       }
       return out;

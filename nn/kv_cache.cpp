@@ -7,16 +7,35 @@
 
 namespace tapegrad::nn {
 
+namespace {
+
+// Floats per K (and per V) buffer: layers x sequences x max_len x width, refused past 2^30 floats
+// (4 GiB each) before anything is allocated, so that a request for too many sequences is one clear
+// error rather than an allocation failure or the out-of-memory killer.
+std::size_t checked_buffer_floats(std::size_t layers, std::size_t max_len, std::size_t width, std::size_t sequences) {
+  constexpr std::size_t limit = std::size_t(1) << 30;
+  if (sequences == 0) throw std::invalid_argument("KVCache: a cache holds at least one sequence");
+  std::size_t floats = 1;
+  for (std::size_t factor : {layers, max_len, width, sequences})
+    if (factor != 0 && floats > limit / factor)
+      throw std::invalid_argument(fmt::format("KVCache: {} sequences x {} layers x {} positions x {} floats is more "
+                                              "than the supported {} floats (4 GiB) for the keys; decode fewer "
+                                              "sequences at once",
+                                              sequences, layers, max_len, width, limit));
+    else floats *= factor;
+  return floats;
+}
+
+}  // namespace
+
 KVCache::KVCache(std::size_t layers, std::size_t max_len, std::size_t width, std::size_t sequences)
     : layers_(layers),
       max_len_(max_len),
       width_(width),
+      keys_(checked_buffer_floats(layers, max_len, width, sequences)),
+      values_(keys_.size()),
       positions_(sequences, 0),
-      active_(sequences, 1),
-      keys_(layers * sequences * max_len * width),
-      values_(layers * sequences * max_len * width) {
-  if (sequences == 0) throw std::invalid_argument("KVCache: a cache holds at least one sequence");
-}
+      active_(sequences, 1) {}
 
 void KVCache::reset() {
   for (std::size_t s = 0; s < sequences(); ++s) restart(s);

@@ -91,9 +91,9 @@ class KVCache {
     return (layer * positions_.size() + sequence) * max_len_ * width_;
   }
   std::size_t layers_, max_len_, width_;
+  std::vector<float> keys_, values_;  // (layers, sequences, max_len, width); first: their size is checked
   std::vector<std::size_t> positions_;
   std::vector<char> active_;
-  std::vector<float> keys_, values_;  // (layers, sequences, max_len, width)
   const void* model_ = nullptr;
   std::vector<Var> params_;
 };

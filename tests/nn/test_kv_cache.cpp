@@ -399,6 +399,11 @@ TEST_CASE("generate stops at max_len and says so, and refuses bad prompts") {
   CHECK(test::contains(test::error_of([&] { generate(model, std::vector<std::int32_t>{1, 13}, {}); }), "id 13"));
   CHECK(test::error_of([&] { generate_samples(model, prompt, 0, {}); }) ==
         "generate: the number of samples must be at least 1");
+  // Too many sequences for a cache: one clear error before anything is allocated.
+  const std::size_t too_many = std::size_t(1) << 40;
+  CHECK(test::contains(test::error_of([&] { generate_samples(model, prompt, too_many, {}); }),
+                       "KVCache: 1099511627776 sequences x 1 layers x 10 positions x 16 floats is more than the "
+                       "supported 1073741824 floats (4 GiB) for the keys; decode fewer sequences at once"));
 }
 
 namespace {
