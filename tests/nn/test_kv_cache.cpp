@@ -82,18 +82,19 @@ float worst_relative(std::span<const float> a, std::span<const float> b) {
   return worst;
 }
 
-RotaryDecoder small_rotary(std::size_t max_len) { return rotary_decoder(13, 16, 2, 2, max_len, 40); }
-Gpt2 small_gpt2(std::size_t max_len) { return gpt2(13, 16, 2, 2, max_len, 40); }
+// Either architecture at vocab 13, d_model 16, 2 heads.
+template <class M>
+M small_model(std::size_t max_len, std::size_t n_blocks = 2, std::optional<std::size_t> d_ff = 40) {
+  if constexpr (std::is_same_v<M, Gpt2>) return gpt2(13, 16, 2, n_blocks, max_len, d_ff);
+  else return rotary_decoder(13, 16, 2, n_blocks, max_len, d_ff);
+}
 
 }  // namespace
 
 TEST_CASE_TEMPLATE("cached logits equal the full forward's row at every position, 1 and 5 sequences", M, RotaryDecoder,
                    Gpt2) {
   const std::vector<std::size_t> lengths = {1, 3, 8, 64, 65};  // across the attention kernel's 64-row block
-  M model = [] {
-    if constexpr (std::is_same_v<M, Gpt2>) return small_gpt2(80);
-    else return small_rotary(80);
-  }();
+  M model = small_model<M>(80);
   sharpen(model, 1);
   std::vector<std::vector<std::int32_t>> prompts;
   for (std::size_t i = 0; i < lengths.size(); ++i) prompts.push_back(random_ids(lengths[i] + 4, 13, 20 + i));
@@ -141,10 +142,7 @@ TEST_CASE_TEMPLATE("cached logits equal the full forward's row at every position
 
 TEST_CASE_TEMPLATE("batched decoding gives every sequence the bits it gets alone, on 1 and 2 threads", M, RotaryDecoder,
                    Gpt2) {
-  M model = [] {
-    if constexpr (std::is_same_v<M, Gpt2>) return small_gpt2(90);
-    else return small_rotary(90);
-  }();
+  M model = small_model<M>(90);
   sharpen(model, 2);
   const std::vector<std::size_t> lengths = {1, 3, 8, 64, 65, 7, 2};
   std::vector<std::vector<std::int32_t>> prompts;
@@ -183,7 +181,7 @@ TEST_CASE_TEMPLATE("batched decoding gives every sequence the bits it gets alone
 }
 
 TEST_CASE("dropping or restarting a sequence leaves the others' logits unchanged") {
-  Gpt2 model = small_gpt2(40);
+  Gpt2 model = small_model<Gpt2>(40);
   sharpen(model, 3);
   auto prompt = [](std::uint64_t seed) { return random_ids(5, 13, seed); };
   std::vector<std::vector<std::int32_t>> prompts = {prompt(1), prompt(2), prompt(3)};
@@ -221,10 +219,7 @@ TEST_CASE("dropping or restarting a sequence leaves the others' logits unchanged
 
 TEST_CASE_TEMPLATE("reset gives the same outputs as a fresh cache; past max_len and bad tokens are clear errors", M,
                    RotaryDecoder, Gpt2) {
-  M model = [] {
-    if constexpr (std::is_same_v<M, Gpt2>) return small_gpt2(8);
-    else return small_rotary(8);
-  }();
+  M model = small_model<M>(8);
   sharpen(model, 5);
   auto ids = random_ids(8, 13, 6);
   KVCache cache = model.make_cache();
@@ -255,10 +250,7 @@ TEST_CASE_TEMPLATE("reset gives the same outputs as a fresh cache; past max_len 
 
 TEST_CASE_TEMPLATE("a cache filled before the weights changed is refused; a cache of another model too", M,
                    RotaryDecoder, Gpt2) {
-  M model = [] {
-    if constexpr (std::is_same_v<M, Gpt2>) return gpt2(13, 16, 2, 1, 16);
-    else return rotary_decoder(13, 16, 2, 1, 16);
-  }();
+  M model = small_model<M>(16, 1, std::nullopt);
   KVCache cache = model.make_cache(2);
   model.step(std::vector<std::int32_t>{1, 2}, cache);
   model.params().back().var.mutable_value()[0] += 1.0f;  // an in-place update, as an optimizer makes
@@ -269,26 +261,17 @@ TEST_CASE_TEMPLATE("a cache filled before the weights changed is refused; a cach
                        "the weights changed"));
   cache.reset();
   CHECK_NOTHROW(model.step(std::vector<std::int32_t>{3, 4}, cache));
-  M bigger = [] {
-    if constexpr (std::is_same_v<M, Gpt2>) return gpt2(13, 16, 2, 2, 16);
-    else return rotary_decoder(13, 16, 2, 2, 16);
-  }();
+  M bigger = small_model<M>(16, 2, std::nullopt);
   CHECK(test::contains(test::error_of([&] { bigger.step(std::vector<std::int32_t>{1, 1}, cache); }),
                        "made for 1 blocks x 16 positions"));
-  M twin = [] {
-    if constexpr (std::is_same_v<M, Gpt2>) return gpt2(13, 16, 2, 1, 16);
-    else return rotary_decoder(13, 16, 2, 1, 16);
-  }();
+  M twin = small_model<M>(16, 1, std::nullopt);
   CHECK(test::contains(test::error_of([&] { twin.step(std::vector<std::int32_t>{1, 1}, cache); }),
                        "this cache was made by another model"));
 }
 
 TEST_CASE_TEMPLATE("a step allocates nothing after the first, for 1 and 8 sequences on 1 and 2 threads", M,
                    RotaryDecoder, Gpt2) {
-  M model = [] {
-    if constexpr (std::is_same_v<M, Gpt2>) return small_gpt2(64);
-    else return small_rotary(64);
-  }();
+  M model = small_model<M>(64);
   for (int threads : {1, 2}) {
     set_num_threads(threads);
     for (std::size_t sequences : {1, 8}) {
@@ -314,10 +297,7 @@ TEST_CASE_TEMPLATE("a step allocates nothing after the first, for 1 and 8 sequen
 }
 
 TEST_CASE_TEMPLATE("cached and uncached generate give identical tokens, greedy and sampled", M, RotaryDecoder, Gpt2) {
-  M model = [] {
-    if constexpr (std::is_same_v<M, Gpt2>) return small_gpt2(40);
-    else return small_rotary(40);
-  }();
+  M model = small_model<M>(40);
   sharpen(model, 7);
   std::vector<std::int32_t> prompt = {1, 2, 3};
   for (float temperature : {0.0f, 0.8f, 1.5f}) {
@@ -332,10 +312,7 @@ TEST_CASE_TEMPLATE("cached and uncached generate give identical tokens, greedy a
 
 TEST_CASE_TEMPLATE("sample i of a batch is the text that seed S+i gives alone, greedy and sampled", M, RotaryDecoder,
                    Gpt2) {
-  M model = [] {
-    if constexpr (std::is_same_v<M, Gpt2>) return small_gpt2(48);
-    else return small_rotary(48);
-  }();
+  M model = small_model<M>(48);
   sharpen(model, 8);
   std::vector<std::int32_t> prompt = {4, 5, 6};
   for (int threads : {1, 2}) {
