@@ -157,33 +157,14 @@ class RotaryDecoder(torch.nn.Module):
         logits = self.forward(inputs)
         return F.cross_entropy(logits.reshape(-1, self.vocab), targets.reshape(-1))
 
-    # ---- eager KV-cache decoding (one sequence) ----------------------------------------------
-    def make_cache(self):
-        shape = (self.n_blocks, self.n_heads, self.max_len, self.head_dim)
+    # ---- eager KV-cache decoding (one sequence: a batch of one) -------------------------------
+    def make_cache(self, sequences=1):
+        shape = (self.n_blocks, sequences, self.n_heads, self.max_len, self.head_dim)
         return {"k": torch.zeros(shape), "v": torch.zeros(shape), "pos": 0}
 
-    @torch.inference_mode()
     def run_cached(self, tokens, cache):
         """tokens (T,) at cache positions pos..pos+T-1 -> logits (T, vocab); writes K, V rows."""
-        T, H, Dh = tokens.shape[0], self.n_heads, self.head_dim
-        pos = cache["pos"]
-        end = pos + T
-        cos, sin = self.cos[pos:end], self.sin[pos:end]
-        x = F.embedding(tokens, self.embed)  # (T, d)
-        for i, b in enumerate(self.blocks):
-            h = rms_norm(x, b.attn_norm)
-            q = rope((h @ b.wq).view(T, H, Dh), cos, sin).transpose(0, 1)  # (H, T, Dh)
-            cache["k"][i, :, pos:end] = rope((h @ b.wk).view(T, H, Dh), cos, sin).transpose(0, 1)
-            cache["v"][i, :, pos:end] = (h @ b.wv).view(T, H, Dh).transpose(0, 1)
-            k, v = cache["k"][i, :, :end], cache["v"][i, :, :end]  # rows 0..end-1 only
-            scores = (q @ k.transpose(-2, -1)) / math.sqrt(Dh)  # (H, T, end)
-            if T > 1:
-                scores = scores.masked_fill(self.mask[pos:end, :end], float("-inf"))
-            att = (torch.softmax(scores, dim=-1) @ v).transpose(0, 1).reshape(T, self.d_model)
-            x = x + att @ b.wo
-            x = x + b.ffn(x)
-        cache["pos"] = end
-        return rms_norm(x, self.norm) @ self.head + self.head_bias
+        return self.run_cached_batch(tokens[None], cache)[0]
 
     @torch.inference_mode()
     def generate_cached(self, prompt, max_new):
@@ -199,7 +180,7 @@ class RotaryDecoder(torch.nn.Module):
             logits = self.run_cached(torch.tensor([token]), cache)[0]
         return out
 
-    # ---- eager batched KV-cache decoding (S sequences, prompts of one length) ------------------
+    # ---- eager KV-cache decoding of S sequences (prompts of one length) -----------------------
     @torch.inference_mode()
     def run_cached_batch(self, tokens, cache):
         """tokens (S, T) at positions pos..pos+T-1 of every sequence -> logits (S, T, vocab)."""
@@ -227,9 +208,7 @@ class RotaryDecoder(torch.nn.Module):
     @torch.inference_mode()
     def generate_cached_batch(self, prompts, max_new):
         """Greedy for S prompts (S, T) at once: one prefill pass, then one step of S tokens per new token."""
-        S = prompts.shape[0]
-        shape = (self.n_blocks, S, self.n_heads, self.max_len, self.head_dim)
-        cache = {"k": torch.zeros(shape), "v": torch.zeros(shape), "pos": 0}
+        cache = self.make_cache(prompts.shape[0])
         tokens = torch.argmax(self.run_cached_batch(prompts, cache)[:, -1], dim=-1)
         out = [tokens]
         for _ in range(max_new - 1):
