@@ -22,6 +22,13 @@ void matmul_backward(T* dx, T* dw, const T* dy, const T* x, const T* w, std::siz
 /// may be the same buffer.
 template <class T>
 void add_matmul_forward(T* y, const T* r, const T* x, const T* w, std::size_t M, std::size_t K, std::size_t N);
+/// y (M, N) = x w + b on every row: y starts as the bias rows, then one gemm with beta = 1.
+template <class T>
+void linear_forward(T* y, const T* x, const T* w, const T* b, std::size_t M, std::size_t K, std::size_t N);
+/// dx += dy w^T; dw += x^T dy; db += sum over rows of dy (in row order). Any pointer may be null.
+template <class T>
+void linear_backward(T* dx, T* dw, T* db, const T* dy, const T* x, const T* w, std::size_t M, std::size_t K,
+                     std::size_t N);
 /// y (M, N) = x w (+ y when accumulating), x (M, K), w (K, N), without BLAS and row-stable: each
 /// element is one FMA chain over k in order, so a row of y has the same bits whatever M is and
 /// whichever rows share the call (batched decoding gives each sequence what it gets alone).
@@ -86,6 +93,27 @@ template <class T> void silu_backward(T* da, const T* dy, const T* a, std::size_
 template <class T> void swiglu_forward(T* y, const T* a, const T* b, std::size_t n);
 /// da += dy * b * silu'(a); db += dy * silu(a).
 template <class T> void swiglu_backward(T* da, T* db, const T* dy, const T* a, const T* b, std::size_t n);
+
+// ---- LayerNorm (Ba et al. 2016) -------------------------------------------------------------
+
+/// LayerNorm over rows of dim: y = (x - mean) * rstd * w + b with the biased variance and
+/// rstd = 1 / sqrt(var + eps); writes mean and rstd (rows) if non-null.
+template <class T>
+void layer_norm_forward(T* y, T* mean, T* rstd, const T* x, const T* w, const T* b, std::size_t rows, std::size_t dim,
+                        T eps);
+/// From the saved mean and rstd: dx += rstd (g w - mean(g w) - xhat mean(g w xhat)); dw += g xhat;
+/// db += g. Any gradient pointer may be null.
+template <class T>
+void layer_norm_backward(T* dx, T* dw, T* db, const T* dy, const T* x, const T* w, const T* mean, const T* rstd,
+                         std::size_t rows, std::size_t dim);
+
+// ---- GELU, tanh approximation (Hendrycks & Gimpel 2016; GPT-2) -------------------------------
+
+/// y = x s with s = sigmoid(2 c (x + 0.044715 x^3)) = (1 + tanh(c (x + 0.044715 x^3))) / 2,
+/// c = sqrt(2 / pi); writes s if non-null (all that backward needs besides x).
+template <class T> void gelu_tanh_forward(T* y, T* s, const T* x, std::size_t n);
+/// dx += dy (s + 2 x s (1 - s) c (1 + 3 * 0.044715 x^2)).
+template <class T> void gelu_tanh_backward(T* dx, const T* dy, const T* x, const T* s, std::size_t n);
 
 // ---- causal multi-head attention (flash-style: Dao et al. 2022) ------------------------------
 

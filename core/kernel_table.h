@@ -25,12 +25,16 @@ template <class T> struct KernelTable {
   decltype(&embedding_backward<T>) embedding_backward;
   decltype(&rms_norm_forward<T>) rms_norm_forward;
   decltype(&rms_norm_backward<T>) rms_norm_backward;
+  decltype(&layer_norm_forward<T>) layer_norm_forward;
+  decltype(&layer_norm_backward<T>) layer_norm_backward;
   decltype(&rope_forward<T>) rope_forward;
   decltype(&rope_backward<T>) rope_backward;
   decltype(&silu_forward<T>) silu_forward;
   decltype(&silu_backward<T>) silu_backward;
   decltype(&swiglu_forward<T>) swiglu_forward;
   decltype(&swiglu_backward<T>) swiglu_backward;
+  decltype(&gelu_tanh_forward<T>) gelu_tanh_forward;
+  decltype(&gelu_tanh_backward<T>) gelu_tanh_backward;
   decltype(&attention_forward<T>) attention_forward;
   decltype(&attention_backward<T>) attention_backward;
   decltype(&cross_entropy_forward<T>) cross_entropy_forward;

@@ -37,6 +37,19 @@ void add_matmul_forward(T* y, const T* r, const T* x, const T* w, std::size_t M,
 }
 
 template <class T>
+void linear_forward(T* y, const T* x, const T* w, const T* b, std::size_t M, std::size_t K, std::size_t N) {
+  for (std::size_t i = 0; i < M; ++i) std::copy(b, b + N, y + i * N);
+  gemm<T>(false, false, M, N, K, T(1), x, K, w, N, T(1), y, N);
+}
+
+template <class T>
+void linear_backward(T* dx, T* dw, T* db, const T* dy, const T* x, const T* w, std::size_t M, std::size_t K,
+                     std::size_t N) {
+  if (db) add_bias_backward<T>(nullptr, db, dy, M, N);
+  matmul_backward(dx, dw, dy, x, w, M, K, N);
+}
+
+template <class T>
 void add_matmul_backward(T* dr, T* dx, T* dw, const T* dy, const T* x, const T* w, std::size_t M, std::size_t K,
                          std::size_t N) {
   if (dr) accumulate(dr, dy, M * N);
@@ -144,62 +157,19 @@ void cross_entropy_backward(T* dlogits, T dloss, const T* logits, const T* lse, 
 template <class T>
 void layer_norm_forward(T* y, T* mean, T* rstd, const T* x, const T* w, const T* b, std::size_t rows, std::size_t dim,
                         T eps) {
-  for (std::size_t r = 0; r < rows; ++r) {
-    const T* row = x + r * dim;
-    double m = 0, v = 0;
-    for (std::size_t j = 0; j < dim; ++j) m += row[j];
-    m /= double(dim);
-    for (std::size_t j = 0; j < dim; ++j) v += (row[j] - m) * (row[j] - m);
-    v /= double(dim);
-    const T row_mean = T(m), row_rstd = T(1 / std::sqrt(v + eps));
-    if (mean) mean[r] = row_mean;
-    if (rstd) rstd[r] = row_rstd;
-    for (std::size_t j = 0; j < dim; ++j) y[r * dim + j] = (row[j] - row_mean) * row_rstd * w[j] + b[j];
-  }
+  active_table<T>().layer_norm_forward(y, mean, rstd, x, w, b, rows, dim, eps);
 }
-
 template <class T>
 void layer_norm_backward(T* dx, T* dw, T* db, const T* dy, const T* x, const T* w, const T* mean, const T* rstd,
                          std::size_t rows, std::size_t dim) {
-  for (std::size_t r = 0; r < rows; ++r) {
-    const T *row = x + r * dim, *g = dy + r * dim;
-    double mean_g = 0, mean_gx = 0;
-    for (std::size_t j = 0; j < dim; ++j) {
-      T xhat = (row[j] - mean[r]) * rstd[r];
-      mean_g += g[j] * w[j];
-      mean_gx += g[j] * w[j] * xhat;
-      if (dw) dw[j] += g[j] * xhat;
-      if (db) db[j] += g[j];
-    }
-    mean_g /= double(dim);
-    mean_gx /= double(dim);
-    if (dx)
-      for (std::size_t j = 0; j < dim; ++j) {
-        T xhat = (row[j] - mean[r]) * rstd[r];
-        dx[r * dim + j] += rstd[r] * T(g[j] * w[j] - mean_g - xhat * mean_gx);
-      }
-  }
-}
-
-namespace {
-constexpr double gelu_c = 0.7978845608028654, gelu_k = 0.044715;  // sqrt(2 / pi), GPT-2's cubic term
+  active_table<T>().layer_norm_backward(dx, dw, db, dy, x, w, mean, rstd, rows, dim);
 }
 
 template <class T> void gelu_tanh_forward(T* y, T* s, const T* x, std::size_t n) {
-  constexpr T c = T(gelu_c), k = T(gelu_k);
-  for (std::size_t i = 0; i < n; ++i) {
-    const T v = x[i], sig = 1 / (1 + std::exp(-2 * c * (v + k * v * v * v)));
-    if (s) s[i] = sig;
-    y[i] = v * sig;
-  }
+  active_table<T>().gelu_tanh_forward(y, s, x, n);
 }
-
 template <class T> void gelu_tanh_backward(T* dx, const T* dy, const T* x, const T* s, std::size_t n) {
-  constexpr T c = T(gelu_c), k = T(gelu_k);
-  for (std::size_t i = 0; i < n; ++i) {
-    const T v = x[i], sig = s[i];
-    dx[i] += dy[i] * (sig + 2 * v * sig * (1 - sig) * c * (1 + 3 * k * v * v));
-  }
+  active_table<T>().gelu_tanh_backward(dx, dy, x, s, n);
 }
 
 #define TAPEGRAD_INSTANTIATE(T)                                                                                  \
@@ -209,6 +179,9 @@ template <class T> void gelu_tanh_backward(T* dx, const T* dy, const T* x, const
   template void matmul_backward<T>(T*, T*, const T*, const T*, const T*, std::size_t, std::size_t, std::size_t); \
   template void add_matmul_forward<T>(T*, const T*, const T*, const T*, std::size_t, std::size_t, std::size_t);  \
   template void row_stable_matmul<T>(T*, const T*, const T*, std::size_t, std::size_t, std::size_t, bool);       \
+  template void linear_forward<T>(T*, const T*, const T*, const T*, std::size_t, std::size_t, std::size_t);      \
+  template void linear_backward<T>(T*, T*, T*, const T*, const T*, const T*, std::size_t, std::size_t,           \
+                                   std::size_t);                                                                 \
   template void add_matmul_backward<T>(T*, T*, T*, const T*, const T*, const T*, std::size_t, std::size_t,       \
                                        std::size_t);                                                             \
   template void add_forward<T>(T*, const T*, const T*, std::size_t);                                            \

@@ -45,23 +45,5 @@ struct AttentionShape {
 
 #include "core/kernel_functions.h"
 
-// ---- kernels with no SIMD code of their own (plain loops, compiled once) -----------------------
-
-/// LayerNorm over rows of dim: y = (x - mean) * rstd * w + b with the biased variance and
-/// rstd = 1 / sqrt(var + eps), both accumulated in double; writes mean and rstd (rows) if non-null.
-template <class T>
-void layer_norm_forward(T* y, T* mean, T* rstd, const T* x, const T* w, const T* b, std::size_t rows, std::size_t dim,
-                        T eps);
-/// From the saved mean and rstd: dx += rstd (g w - mean(g w) - xhat mean(g w xhat)); dw += g xhat;
-/// db += g. Any gradient pointer may be null.
-template <class T>
-void layer_norm_backward(T* dx, T* dw, T* db, const T* dy, const T* x, const T* w, const T* mean, const T* rstd,
-                         std::size_t rows, std::size_t dim);
-/// GPT-2's gelu: y = x s with s = sigmoid(2 c (x + 0.044715 x^3)) = (1 + tanh(c (x + 0.044715 x^3))) / 2,
-/// c = sqrt(2 / pi); writes s if non-null (all that backward needs besides x).
-template <class T> void gelu_tanh_forward(T* y, T* s, const T* x, std::size_t n);
-/// dx += dy (s + 2 x s (1 - s) c (1 + 3 * 0.044715 x^2)).
-template <class T> void gelu_tanh_backward(T* dx, const T* dy, const T* x, const T* s, std::size_t n);
-
 }  // namespace kernels
 }  // namespace tapegrad

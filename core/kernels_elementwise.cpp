@@ -130,6 +130,43 @@ template <class T> void swiglu_backward(T* da, T* db, const T* dy, const T* a, c
       });
 }
 
+// gelu_tanh(x) = x s, s = sigmoid(2 c u), u = x + k x^3 (c = sqrt(2 / pi), k = 0.044715):
+// d/dx = s + x s (1 - s) 2 c (1 + 3 k x^2).
+template <class T> static constexpr T gelu_2c = T(2 * 0.7978845608028654);
+template <class T> static constexpr T gelu_k = T(0.044715);
+
+template <class T> void gelu_tanh_forward(T* y, T* s, const T* x, std::size_t n) {
+  using B = Batch<T>;
+  simd_map<T>(
+      n, 10,
+      [&](std::size_t i) {
+        B v = B::load_unaligned(x + i), sig = sigmoid(B(gelu_2c<T>) * fma(B(gelu_k<T>) * v, v * v, v));
+        if (s) sig.store_unaligned(s + i);
+        (v * sig).store_unaligned(y + i);
+      },
+      [&](std::size_t i) {
+        T v = x[i], sig = sigmoid(gelu_2c<T> * (gelu_k<T> * v * (v * v) + v));
+        if (s) s[i] = sig;
+        y[i] = v * sig;
+      });
+}
+
+template <class T> void gelu_tanh_backward(T* dx, const T* dy, const T* x, const T* s, std::size_t n) {
+  using B = Batch<T>;
+  simd_map<T>(
+      n, 8,
+      [&](std::size_t i) {
+        B v = B::load_unaligned(x + i), sig = B::load_unaligned(s + i);
+        B slope = fma(v * sig * (T(1) - sig) * B(gelu_2c<T>), fma(B(3 * gelu_k<T>) * v, v, B(T(1))), sig);
+        fma(B::load_unaligned(dy + i), slope, B::load_unaligned(dx + i)).store_unaligned(dx + i);
+      },
+      [&](std::size_t i) {
+        T v = x[i], sig = s[i];
+        T slope = v * sig * (T(1) - sig) * gelu_2c<T> * (3 * gelu_k<T> * v * v + T(1)) + sig;
+        dx[i] += dy[i] * slope;
+      });
+}
+
 #define TAPEGRAD_INSTANTIATE(T)                                                                    \
   template void add_forward<T>(T*, const T*, const T*, std::size_t);                               \
   template void accumulate<T>(T*, const T*, std::size_t);                                          \
@@ -142,7 +179,9 @@ template <class T> void swiglu_backward(T* da, T* db, const T* dy, const T* a, c
   template void silu_forward<T>(T*, const T*, std::size_t);                                        \
   template void silu_backward<T>(T*, const T*, const T*, std::size_t);                             \
   template void swiglu_forward<T>(T*, const T*, const T*, std::size_t);                            \
-  template void swiglu_backward<T>(T*, T*, const T*, const T*, const T*, std::size_t);
+  template void swiglu_backward<T>(T*, T*, const T*, const T*, const T*, std::size_t);                            \
+  template void gelu_tanh_forward<T>(T*, T*, const T*, std::size_t);                                              \
+  template void gelu_tanh_backward<T>(T*, const T*, const T*, const T*, std::size_t);
 TAPEGRAD_INSTANTIATE(float)
 TAPEGRAD_INSTANTIATE(double)
 #undef TAPEGRAD_INSTANTIATE

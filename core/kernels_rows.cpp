@@ -1,4 +1,4 @@
-// Row-wise kernels: embedding, RMSNorm, RoPE and cross-entropy. Plain loops over
+// Row-wise kernels: embedding, RMSNorm, LayerNorm, RoPE and cross-entropy. Plain loops over
 // contiguous rows, rows spread over threads; cross-row sums (dw, dtable) run serially in row
 // order so results are identical for every thread count.
 #include <cmath>
@@ -71,6 +71,92 @@ void rms_norm_backward(T* dx, T* dw, const T* dy, const T* x, const T* w, const 
         const T* gr = dy + r * dim;
         T s = rstd[r];
         for (std::size_t j = j0; j < j1; ++j) dw[j] += gr[j] * xr[j] * s;
+      }
+    });
+  }
+}
+
+// ---- LayerNorm ----
+
+// The sum over j of f(j, W lanes at j) for the vector body, and of f on the scalar tail: two
+// accumulators, then one horizontal sum.
+template <class T, class Vector, class Scalar>
+static T row_sum(std::size_t dim, Vector vector_term, Scalar scalar_term) {
+  using B = Batch<T>;
+  constexpr std::size_t W = B::size;
+  B acc0(T(0)), acc1(T(0));
+  std::size_t j = 0;
+  for (; j + 2 * W <= dim; j += 2 * W) {
+    acc0 += vector_term(j);
+    acc1 += vector_term(j + W);
+  }
+  for (; j + W <= dim; j += W) acc0 += vector_term(j);
+  T total = hadd(acc0 + acc1);
+  for (; j < dim; ++j) total += scalar_term(j);
+  return total;
+}
+
+template <class T>
+void layer_norm_forward(T* y, T* mean, T* rstd, const T* x, const T* w, const T* b, std::size_t rows, std::size_t dim,
+                        T eps) {
+  using B = Batch<T>;
+  constexpr std::size_t W = B::size;
+  detail::parallel_for(rows, dim * 6, [&](std::size_t r) {
+    const T* xr = x + r * dim;
+    T* yr = y + r * dim;
+    const T m = row_sum<T>(dim, [&](std::size_t j) { return B::load_unaligned(xr + j); },
+                           [&](std::size_t j) { return xr[j]; }) / T(dim);
+    const T var = row_sum<T>(dim, [&](std::size_t j) { B d = B::load_unaligned(xr + j) - B(m); return d * d; },
+                             [&](std::size_t j) { return (xr[j] - m) * (xr[j] - m); }) / T(dim);
+    const T s = T(1) / std::sqrt(var + eps);
+    if (mean) mean[r] = m;
+    if (rstd) rstd[r] = s;
+    std::size_t j = 0;
+    for (; j + W <= dim; j += W) {
+      B xhat = (B::load_unaligned(xr + j) - B(m)) * B(s);
+      fma(xhat, B::load_unaligned(w + j), B::load_unaligned(b + j)).store_unaligned(yr + j);
+    }
+    for (; j < dim; ++j) yr[j] = (xr[j] - m) * s * w[j] + b[j];
+  });
+}
+
+// xhat = (x - mean) rstd, g = dy w: dx = rstd (g - mean(g) - xhat mean(g xhat)); dw = sum over rows
+// of dy xhat; db = sum over rows of dy.
+template <class T>
+void layer_norm_backward(T* dx, T* dw, T* db, const T* dy, const T* x, const T* w, const T* mean, const T* rstd,
+                         std::size_t rows, std::size_t dim) {
+  using B = Batch<T>;
+  constexpr std::size_t W = B::size;
+  if (dx) {
+    detail::parallel_for(rows, dim * 10, [&](std::size_t r) {
+      const T *xr = x + r * dim, *gr = dy + r * dim;
+      T* dxr = dx + r * dim;
+      const T m = mean[r], s = rstd[r];
+      auto g = [&](std::size_t j) { return B::load_unaligned(gr + j) * B::load_unaligned(w + j); };
+      auto xhat = [&](std::size_t j) { return (B::load_unaligned(xr + j) - B(m)) * B(s); };
+      const T mean_g = row_sum<T>(dim, g, [&](std::size_t j) { return gr[j] * w[j]; }) / T(dim);
+      const T mean_gx = row_sum<T>(dim, [&](std::size_t j) { return g(j) * xhat(j); },
+                                   [&](std::size_t j) { return gr[j] * w[j] * ((xr[j] - m) * s); }) / T(dim);
+      std::size_t j = 0;
+      for (; j + W <= dim; j += W) {
+        B d = B(s) * (g(j) - B(mean_g) - xhat(j) * B(mean_gx));
+        (B::load_unaligned(dxr + j) + d).store_unaligned(dxr + j);
+      }
+      for (; j < dim; ++j) dxr[j] += s * (gr[j] * w[j] - mean_g - (xr[j] - m) * s * mean_gx);
+    });
+  }
+  if (dw || db) {
+    // Threads own column slices and walk the rows in order: the same sums for every thread count.
+    constexpr std::size_t slice = 64;
+    detail::parallel_for((dim + slice - 1) / slice, rows * slice * 4, [&](std::size_t part) {
+      std::size_t j0 = part * slice, j1 = std::min(dim, j0 + slice);
+      for (std::size_t r = 0; r < rows; ++r) {
+        const T *xr = x + r * dim, *gr = dy + r * dim;
+        const T m = mean[r], s = rstd[r];
+        for (std::size_t j = j0; j < j1; ++j) {
+          if (dw) dw[j] += gr[j] * ((xr[j] - m) * s);
+          if (db) db[j] += gr[j];
+        }
       }
     });
   }
@@ -154,6 +240,9 @@ void cross_entropy_backward(T* dlogits, T dloss, const T* logits, const T* lse, 
   template void embedding_forward<T>(T*, const T*, const std::int32_t*, std::size_t, std::size_t);              \
   template void embedding_backward<T>(T*, const T*, const std::int32_t*, std::size_t, std::size_t);             \
   template void rms_norm_forward<T>(T*, T*, const T*, const T*, std::size_t, std::size_t, T);                   \
+  template void layer_norm_forward<T>(T*, T*, T*, const T*, const T*, const T*, std::size_t, std::size_t, T);    \
+  template void layer_norm_backward<T>(T*, T*, T*, const T*, const T*, const T*, const T*, const T*, std::size_t, \
+                                       std::size_t);                   \
   template void rms_norm_backward<T>(T*, T*, const T*, const T*, const T*, const T*, std::size_t, std::size_t); \
   template void rope_forward<T>(T*, const T*, const RopeTable<T>&, std::size_t, std::size_t, std::size_t,        \
                                 std::size_t, std::size_t);                                                       \

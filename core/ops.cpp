@@ -110,7 +110,10 @@ Var add_matmul(const Var& r, const Var& x, const Var& w, const Tensor* known_y) 
   const std::size_t K = sw[0], N = sw[1], M = x.value().size() / std::max<std::size_t>(K, 1);
   Shape out_shape = sx;
   out_shape.back() = N;
-  expect_shape("add_matmul", "r", r.shape(), out_shape);
+  const bool bias = r.shape() == Shape{N} && out_shape != Shape{N};
+  if (!bias && r.shape() != out_shape)
+    throw std::invalid_argument(fmt::format("add_matmul: r must have the shape of x w, {}, or be a bias ({}); got {}",
+                                            to_string(out_shape), N, to_string(r.shape())));
   Op op("add_matmul", {r, x, w});
   Tensor y;
   if (known_y) {
@@ -118,11 +121,17 @@ Var add_matmul(const Var& r, const Var& x, const Var& w, const Tensor* known_y) 
     y = *known_y;
   } else {
     y = Tensor::uninitialized(out_shape);
-    kernels::add_matmul_forward(y.data(), r.value().data(), x.value().data(), w.value().data(), M, K, N);
+    if (bias) kernels::linear_forward(y.data(), x.value().data(), w.value().data(), r.value().data(), M, K, N);
+    else kernels::add_matmul_forward(y.data(), r.value().data(), x.value().data(), w.value().data(), M, K, N);
   }
-  return op.finish(std::move(y), [r, x, w, M, K, N](const Tensor& dy, const Tensor&) {
-    kernels::add_matmul_backward(grad_ptr(r), grad_ptr(x), grad_ptr(w), dy.data(), x.value().data(),
-                                 w.value().data(), M, K, N);
+  // dr += dy (summed over rows for a bias); dx += dy w^T; dw += x^T dy
+  return op.finish(std::move(y), [r, x, w, M, K, N, bias](const Tensor& dy, const Tensor&) {
+    if (bias)
+      kernels::linear_backward(grad_ptr(x), grad_ptr(w), grad_ptr(r), dy.data(), x.value().data(), w.value().data(), M,
+                               K, N);
+    else
+      kernels::add_matmul_backward(grad_ptr(r), grad_ptr(x), grad_ptr(w), dy.data(), x.value().data(),
+                                   w.value().data(), M, K, N);
   });
 }
 

@@ -28,8 +28,9 @@ class Rng;
 /// a (B, M, K), b (B, K, N) with the flags on the last two axes; or, as torch.matmul, any
 /// a (.., M, K), b (.., K, N) whose leading axes broadcast. Saves a and b (no copies).
 Var matmul(const Var& a, const Var& b, bool transpose_a = false, bool transpose_b = false);
-/// y = r + x w (torch.addmm): x (.., K), w (K, N), r of the shape of x w. One gemm with beta = 1,
-/// the form every residual projection of the decoder takes. Saves x and w. known_y, if given, is
+/// y = r + x w (torch.addmm): x (.., K), w (K, N), r of the shape of x w (a residual) or a bias
+/// (N) added to every row. One gemm with beta = 1, the form of every residual projection and of
+/// a linear layer with a bias. Saves x and w. known_y, if given, is
 /// this very call's output, computed before (rematerialisation, Note [Remat]): it is copied
 /// rather than recomputed, since backward reads x and w but never y.
 Var add_matmul(const Var& r, const Var& x, const Var& w, const Tensor* known_y = nullptr);

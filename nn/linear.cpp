@@ -12,8 +12,7 @@ Linear::Linear(std::size_t in, std::size_t out, bool has_bias, float init_std, R
 }
 
 Var Linear::forward(const Var& x) const {
-  Var y = matmul(x, weight);
-  return bias.defined() ? add_bias(y, bias) : y;
+  return bias.defined() ? add_matmul(bias, x, weight) : matmul(x, weight);
 }
 
 void Linear::collect_params(const std::string& prefix, ParameterList& out) const {

@@ -38,7 +38,8 @@ Var TapePass::residual(const Var& x, const Var& h, const Linear& out, const Drop
                        const Tensor* known_output) {
   if (drop.active()) return x + drop.forward(out.forward(h), rng_);
   if (!out.bias.defined()) return add_matmul(x, h, out.weight, known_output);
-  return x + out.forward(h);
+  auto biased = add_bias(x, out.bias);  // x + b first: then the projection is one add_matmul
+  return add_matmul(biased, h, out.weight, known_output);
 }
 
 Var TapePass::residual(const Var& x, const Var& h, const Linear& out, const Dropout& drop) {

@@ -153,11 +153,37 @@ TEST_CASE("add_matmul passes gradcheck; a known output is taken as is and change
   CHECK(max_abs_diff(dr0, dr1) == 0.0f);
 }
 
+TEST_CASE("add_matmul with a bias is x w + b on every row, and its kernels match central differences in double") {
+  const std::size_t M = 7, K = 5, N = 3;
+  Tensor b = test::random_tensor({N}, 1), x = test::random_tensor({M, K}, 2), w = test::random_tensor({K, N}, 3);
+  Var y = add_matmul(Var(b), Var(x), Var(w));
+  CHECK(y.shape() == Shape{M, N});
+  auto xw = naive_matmul(x.data(), w.data(), M, K, N, false, false);
+  for (std::size_t i = 0; i < xw.size(); ++i) CHECK(y.value()[i] == doctest::Approx(b[i % N] + xw[i]).epsilon(1e-5));
+  test::check_float_op("add_matmul (bias)", [](const std::vector<Var>& v) { return add_matmul(v[0], v[1], v[2]); },
+                       {b, x, w});
+
+  auto bd = test::random_vector<double>(N, 4), xd = test::random_vector<double>(M * K, 5);
+  auto wd = test::random_vector<double>(K * N, 6), R = test::random_vector<double>(M * N, 7);
+  std::vector<double> db(N), dx(M * K), dw(K * N);
+  kernels::linear_backward<double>(dx.data(), dw.data(), db.data(), R.data(), xd.data(), wd.data(), M, K, N);
+  auto forward = [&] {
+    std::vector<double> out(M * N);
+    kernels::linear_forward<double>(out.data(), xd.data(), wd.data(), bd.data(), M, K, N);
+    return out;
+  };
+  test::check_double("linear db", bd, forward, R, db);
+  test::check_double("linear dx", xd, forward, R, dx);
+  test::check_double("linear dw", wd, forward, R, dw);
+}
+
 TEST_CASE("add_matmul names the shapes that do not fit") {
   CHECK(error_of([] { add_matmul(Var(Tensor({4, 2})), Var(Tensor({4, 3})), Var(Tensor({5, 2}))); }) ==
         "add_matmul: expected x (.., K) and w (K, N); x is [4, 3], w is [5, 2]");
   CHECK(error_of([] { add_matmul(Var(Tensor({4, 3})), Var(Tensor({4, 3})), Var(Tensor({3, 2}))); }) ==
-        "add_matmul: expected r to be [4, 2], got [4, 3]");
+        "add_matmul: r must have the shape of x w, [4, 2], or be a bias (2); got [4, 3]");
+  CHECK(error_of([] { add_matmul(Var(Tensor({3})), Var(Tensor({4, 3})), Var(Tensor({3, 2}))); }) ==
+        "add_matmul: r must have the shape of x w, [4, 2], or be a bias (2); got [3]");
   Tensor wrong({3, 2});
   CHECK(error_of([&] { add_matmul(Var(Tensor({4, 2})), Var(Tensor({4, 3})), Var(Tensor({3, 2})), &wrong); }) ==
         "add_matmul: expected known_y to be [4, 2], got [3, 2]");

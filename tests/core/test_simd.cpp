@@ -182,6 +182,23 @@ TEST_CASE("every kernel gives the same results at every level and at 16 emulated
     y.insert(y.end(), dw.begin(), dw.end());
     return widen(y);
   });
+  check_levels_agree("LayerNorm forward and backward", rtol, [&](const Table& k) {
+    std::vector<float> y(rows * dim), mean(rows), rstd(rows), dx(rows * dim), dw(dim), db(dim);
+    k.layer_norm_forward(y.data(), mean.data(), rstd.data(), x.data(), w.data(), b.data(), rows, dim, 1e-5f);
+    k.layer_norm_backward(dx.data(), dw.data(), db.data(), dy.data(), x.data(), w.data(), mean.data(), rstd.data(),
+                          rows, dim);
+    for (auto* part : {&mean, &rstd, &dx, &dw, &db}) y.insert(y.end(), part->begin(), part->end());
+    return widen(y);
+  });
+  check_levels_agree("GELU (tanh) forward and backward", rtol, [&](const Table& k) {
+    const std::size_t n = rows * dim;
+    std::vector<float> y(n), s(n), dx(n, 0.5f);
+    k.gelu_tanh_forward(y.data(), s.data(), x.data(), n);
+    k.gelu_tanh_backward(dx.data(), dy.data(), x.data(), s.data(), n);
+    y.insert(y.end(), s.begin(), s.end());
+    y.insert(y.end(), dx.begin(), dx.end());
+    return widen(y);
+  });
   check_levels_agree("cross-entropy forward and backward", rtol, [&](const Table& k) {
     auto logits = test::random_vector<float>(rows * vocab, 5, 3.0);
     auto targets = test::random_ids(rows, vocab, 6);
