@@ -6,10 +6,17 @@
 // ---- matmul (BLAS) --------------------------------------------------------------------------
 
 /// C (M, N) = alpha * op(A) op(B) + beta * C, row-major with leading dimensions; op(X) is X or
-/// X^T by the flags. Splits the larger output dimension across threads when worth it.
+/// X^T by the flags. Splits the larger output dimension across threads when worth it; runs BLAS or
+/// packed_gemm, whichever measured faster for this CPU and shape.
 template <class T>
 void gemm(bool trans_a, bool trans_b, std::size_t M, std::size_t N, std::size_t K, T alpha, const T* A,
           std::size_t lda, const T* B, std::size_t ldb, T beta, T* C, std::size_t ldc);
+
+/// gemm's own kernel, without BLAS: packed panels of op(B), a 6-row by 2- or 4-vector register
+/// tile. gemm calls it where it measured faster than the BLAS; tests call it directly.
+template <class T>
+void packed_gemm(bool trans_a, bool trans_b, std::size_t M, std::size_t N, std::size_t K, T alpha, const T* A,
+                 std::size_t lda, const T* B, std::size_t ldb, T beta, T* C, std::size_t ldc);
 
 /// y = x w; x (M, K), w (K, N) -> y (M, N).
 template <class T>

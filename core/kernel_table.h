@@ -12,6 +12,7 @@ namespace tapegrad::kernels {
 
 template <class T> struct KernelTable {
   decltype(&gemm<T>) gemm;
+  decltype(&packed_gemm<T>) packed_gemm;
   decltype(&row_stable_matmul<T>) row_stable_matmul;
   decltype(&add_forward<T>) add_forward;
   decltype(&accumulate<T>) accumulate;

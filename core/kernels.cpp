@@ -14,6 +14,12 @@ void gemm(bool trans_a, bool trans_b, std::size_t M, std::size_t N, std::size_t 
 }
 
 template <class T>
+void packed_gemm(bool trans_a, bool trans_b, std::size_t M, std::size_t N, std::size_t K, T alpha, const T* A,
+                 std::size_t lda, const T* B, std::size_t ldb, T beta, T* C, std::size_t ldc) {
+  active_table<T>().packed_gemm(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+}
+
+template <class T>
 void matmul_forward(T* y, const T* x, const T* w, std::size_t M, std::size_t K, std::size_t N) {
   gemm<T>(false, false, M, N, K, T(1), x, K, w, N, T(0), y, N);
 }
@@ -175,6 +181,8 @@ template <class T> void gelu_tanh_backward(T* dx, const T* dy, const T* x, const
 #define TAPEGRAD_INSTANTIATE(T)                                                                                  \
   template void gemm<T>(bool, bool, std::size_t, std::size_t, std::size_t, T, const T*, std::size_t, const T*,  \
                         std::size_t, T, T*, std::size_t);                                                        \
+  template void packed_gemm<T>(bool, bool, std::size_t, std::size_t, std::size_t, T, const T*, std::size_t,         \
+                               const T*, std::size_t, T, T*, std::size_t);                                       \
   template void matmul_forward<T>(T*, const T*, const T*, std::size_t, std::size_t, std::size_t);               \
   template void matmul_backward<T>(T*, T*, const T*, const T*, const T*, std::size_t, std::size_t, std::size_t); \
   template void add_matmul_forward<T>(T*, const T*, const T*, const T*, std::size_t, std::size_t, std::size_t);  \

@@ -1,13 +1,19 @@
-// gemm: cblas (row-major, transpose flags, beta = 1 to accumulate gradients) for real products,
-// register-blocked row loops for one or two rows. BLAS runs single-threaded; large products are
-// split across OpenMP threads by output rows or columns, so each output element is one unsplit
-// BLAS reduction and results do not depend on the thread count.
+// gemm: cblas (row-major, transpose flags, beta = 1 to accumulate gradients) or this level's own
+// packed, register-blocked kernel (packed_gemm), whichever measured faster for the CPU and shape;
+// register-blocked row loops for one or two rows. Large products are split across
+// OpenMP threads by output rows or columns; each output element is computed by one thread in a
+// fixed order, so results do not depend on the thread count.
 #include <cblas.h>
 #include <omp.h>
 
 #include <algorithm>
+#include <cctype>
+#include <string>
+#include <vector>
 
 #include "core/kernel_level.h"
+
+extern "C" char* openblas_get_corename(void);
 
 namespace tapegrad::kernels::TAPEGRAD_SIMD_LEVEL {
 
@@ -46,37 +52,163 @@ static void small_gemm(bool trans_a, bool trans_b, std::size_t M, std::size_t N,
   }
 }
 
+// The BLIS loop order. For each KC-deep slice of K, op(B)'s slice is packed into panels of NR
+// columns (KC x NR, contiguous, zero-padded past N: this absorbs B's transpose and N's tail); then,
+// per block of MC rows, the MR x NR microkernel (tile_block) multiplies 6 rows of op(A) by one
+// panel with its accumulators in registers: a B panel stays in L1 while the rows of the block come
+// from L2. Rows of A are read in place; A^T and the partial last 6 rows are packed first. Every element of C gets one FMA chain per slice, in k
+// order, then alpha, then the add: the same arithmetic in every tile, edges included.
+template <class T>
+static void packed_product(bool trans_a, bool trans_b, std::size_t M, std::size_t N, std::size_t K, T alpha,
+                           const T* A, std::size_t lda, const T* B, std::size_t ldb, T beta, T* C, std::size_t ldc) {
+  using V = Batch<T>;
+  constexpr std::size_t W = V::size, vectors = sizeof(V) >= 64 ? 4 : 2;  // as tile_product: 32 or 16 registers
+  constexpr std::size_t MR = 6, NR = vectors * W, KC = 256, MC = 16 * MR;
+  if ((beta != T(0) && beta != T(1)) || (beta == T(0) && K == 0))
+    for (std::size_t i = 0; i < M; ++i)
+      for (std::size_t j = 0; j < N; ++j) C[i * ldc + j] = beta == T(0) ? T(0) : beta * C[i * ldc + j];
+  const std::size_t panels = (N + NR - 1) / NR;
+  thread_local std::vector<T> b_pack, a_pack;
+  b_pack.resize(panels * KC * NR);
+  a_pack.resize((MC + MR) * KC);
+  alignas(64) T edge[MR * NR];
+  for (std::size_t p0 = 0; p0 < K; p0 += KC) {
+    const std::size_t kc = std::min(KC, K - p0);
+    const bool accumulate = p0 > 0 || beta != T(0);
+    for (std::size_t jp = 0; jp < panels; ++jp) {
+      T* panel = b_pack.data() + jp * kc * NR;
+      const std::size_t j0 = jp * NR, cols = std::min(NR, N - j0);
+      if (cols < NR)
+        for (std::size_t k = 0; k < kc; ++k) std::fill(panel + k * NR + cols, panel + (k + 1) * NR, T(0));
+      if (trans_b) {  // op(B)(k, j) = B[j * ldb + k]: read B's rows, write the panel's columns
+        for (std::size_t j = 0; j < cols; ++j) {
+          const T* row = B + (j0 + j) * ldb + p0;
+          for (std::size_t k = 0; k < kc; ++k) panel[k * NR + j] = row[k];
+        }
+      } else if (cols == NR) {  // a fixed trip count: vector copies, not a memmove per row
+        for (std::size_t k = 0; k < kc; ++k)
+          for (std::size_t j = 0; j < NR; ++j) panel[k * NR + j] = B[(p0 + k) * ldb + j0 + j];
+      } else {
+        for (std::size_t k = 0; k < kc; ++k) std::copy_n(B + (p0 + k) * ldb + j0, cols, panel + k * NR);
+      }
+    }
+    for (std::size_t i0 = 0; i0 < M; i0 += MC) {
+      const std::size_t i1 = std::min(M, i0 + MC), whole_end = i0 + (i1 - i0) / MR * MR;
+      // Panels of 6 rows (kc x 6): all of them when op(A) = A^T, whose rows are columns in memory;
+      // only the partial last one otherwise.
+      for (std::size_t r0 = trans_a ? i0 : whole_end; r0 < i1; r0 += MR) {
+        T* panel = a_pack.data() + (r0 - i0) * kc;
+        const std::size_t rows = std::min(MR, i1 - r0);
+        if (rows == MR && trans_a) {  // a fixed trip count, as above
+          for (std::size_t k = 0; k < kc; ++k)
+            for (std::size_t r = 0; r < MR; ++r) panel[k * MR + r] = A[(p0 + k) * lda + r0 + r];
+          continue;
+        }
+        for (std::size_t k = 0; k < kc; ++k)
+          for (std::size_t r = 0; r < MR; ++r)
+            panel[k * MR + r] = r >= rows ? T(0) : trans_a ? A[(p0 + k) * lda + r0 + r] : A[(r0 + r) * lda + p0 + k];
+      }
+      for (std::size_t jp = 0; jp < panels; ++jp) {
+        const T* b_panel = b_pack.data() + jp * kc * NR;
+        const std::size_t j0 = jp * NR, cols = std::min(NR, N - j0);
+        auto tile = [&](std::size_t r0, std::size_t rows, const T* a, std::size_t row_step, std::size_t col_step) {
+          T* c = C + r0 * ldc + j0;
+          if (rows == MR && cols == NR)
+            return detail::tile_block<V, MR, vectors>(c, ldc, a, row_step, col_step, b_panel, NR, kc, alpha, accumulate);
+          detail::tile_block<V, MR, vectors>(edge, NR, a, row_step, col_step, b_panel, NR, kc, alpha, false);
+          for (std::size_t r = 0; r < rows; ++r)
+            for (std::size_t j = 0; j < cols; ++j)
+              c[r * ldc + j] = accumulate ? edge[r * NR + j] + c[r * ldc + j] : edge[r * NR + j];
+        };
+        for (std::size_t r0 = i0; r0 < whole_end; r0 += MR) {
+          if (trans_a) tile(r0, MR, a_pack.data() + (r0 - i0) * kc, 1, MR);
+          else tile(r0, MR, A + r0 * lda + p0, lda, 1);
+        }
+        if (whole_end < i1) tile(whole_end, i1 - whole_end, a_pack.data() + (whole_end - i0) * kc, 1, MR);
+      }
+    }
+  }
+}
+
+// Runs product(m0, m, n0, n) on the (m0.., n0..) block of C: whole, or split over the kernel
+// threads along the longer output side, in chunks of whole tiles (48 rows = 8 tiles of 6 and 3 of
+// 16; 64 columns = whole panels at every width).
+template <class Product>
+static void split_product(std::size_t M, std::size_t N, std::size_t K, Product product) {
+  int threads = num_threads();
+  constexpr std::size_t min_parallel_flops = 1 << 21;
+  if (threads <= 1 || M * N * K < min_parallel_flops || omp_in_parallel()) {
+    product(0, M, 0, N);
+    return;
+  }
+  bool split_rows = M >= N;
+  std::size_t extent = split_rows ? M : N, unit = split_rows ? 48 : 64;
+  std::size_t chunk = ((extent + threads - 1) / threads + unit - 1) / unit * unit;
+  std::size_t parts = (extent + chunk - 1) / chunk;
+#pragma omp parallel for num_threads(threads) schedule(static)
+  for (std::ptrdiff_t p = 0; p < static_cast<std::ptrdiff_t>(parts); ++p) {
+    std::size_t begin = p * chunk, count = std::min(chunk, extent - begin);
+    if (split_rows) product(begin, count, 0, N);
+    else product(0, M, begin, count);
+  }
+}
+
+// Where row `first` of op(A) starts (column `first` of A when transposed), and column `first` of
+// op(B).
+template <class T>
+static const T* row_block(const T* A, bool trans, std::size_t first, std::size_t ld) {
+  return A + (trans ? first : first * ld);
+}
+template <class T>
+static const T* column_block(const T* B, bool trans, std::size_t first, std::size_t ld) {
+  return B + (trans ? first * ld : first);
+}
+
+// OpenBLAS's kernels for this CPU use 512-bit vectors only on the cores it names after AVX-512
+// server chips; on others (a CPU it does not know runs its Haswell kernels) they are half as wide
+// as this level's.
+static bool blas_has_full_width() {
+  static const bool full = [] {
+    std::string core = openblas_get_corename();
+    std::transform(core.begin(), core.end(), core.begin(), [](unsigned char c) { return char(std::tolower(c)); });
+    return core == "skylakex" || core == "cooperlake" || core == "sapphirerapids";
+  }();
+  return full;
+}
+
+// Which kernel gemm runs: the packed kernel where it measured faster than OpenBLAS (every shape when
+// OpenBLAS runs narrower vectors than this level; on AVX2, the products with an inner size of at
+// most 256 and no transposed A), OpenBLAS elsewhere. A function of the CPU and the shape only, so
+// a run's results never depend on timing.
+template <class T>
+static bool packed_is_faster(bool trans_a, std::size_t N, std::size_t K) {
+  if (sizeof(Batch<T>) >= 64 && !blas_has_full_width()) return true;
+  return !trans_a && K <= 256 && N <= 512;
+}
+
+template <class T>
+void packed_gemm(bool trans_a, bool trans_b, std::size_t M, std::size_t N, std::size_t K, T alpha, const T* A,
+                 std::size_t lda, const T* B, std::size_t ldb, T beta, T* C, std::size_t ldc) {
+  if (M == 0 || N == 0) return;
+  split_product(M, N, K, [&](std::size_t m0, std::size_t m, std::size_t n0, std::size_t n) {
+    packed_product(trans_a, trans_b, m, n, K, alpha, row_block(A, trans_a, m0, lda), lda,
+                   column_block(B, trans_b, n0, ldb), ldb, beta, C + m0 * ldc + n0, ldc);
+  });
+}
+
 template <class T>
 void gemm(bool trans_a, bool trans_b, std::size_t M, std::size_t N, std::size_t K, T alpha, const T* A,
           std::size_t lda, const T* B, std::size_t ldb, T beta, T* C, std::size_t ldc) {
   if (M == 0 || N == 0) return;
   constexpr std::size_t small_rows = 2;
   if (M <= small_rows) return small_gemm(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+  if (packed_is_faster<T>(trans_a, N, K)) return packed_gemm(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
   auto ta = trans_a ? CblasTrans : CblasNoTrans;
   auto tb = trans_b ? CblasTrans : CblasNoTrans;
-  auto call = [&](std::size_t m0, std::size_t m, std::size_t n0, std::size_t n) {
-    // Row m0 of op(A) starts at A + m0 * lda (or column m0 when transposed); likewise for B.
-    const T* a = A + (trans_a ? m0 : m0 * lda);
-    const T* b = B + (trans_b ? n0 * ldb : n0);
-    blas_gemm(ta, tb, int(m), int(n), int(K), alpha, a, int(lda), b, int(ldb), beta, C + m0 * ldc + n0, int(ldc));
-  };
-  int threads = num_threads();
-  constexpr std::size_t min_parallel_flops = 1 << 21;
-  if (threads <= 1 || M * N * K < min_parallel_flops || omp_in_parallel()) {
-    call(0, M, 0, N);
-    return;
-  }
-  // Split the longer output side into chunks that are multiples of 16 (whole SIMD tiles).
-  bool split_rows = M >= N;
-  std::size_t extent = split_rows ? M : N;
-  std::size_t chunk = ((extent + threads - 1) / threads + 15) / 16 * 16;
-  std::size_t parts = (extent + chunk - 1) / chunk;
-#pragma omp parallel for num_threads(threads) schedule(static)
-  for (std::ptrdiff_t p = 0; p < static_cast<std::ptrdiff_t>(parts); ++p) {
-    std::size_t begin = p * chunk, count = std::min(chunk, extent - begin);
-    if (split_rows) call(begin, count, 0, N);
-    else call(0, M, begin, count);
-  }
+  split_product(M, N, K, [&](std::size_t m0, std::size_t m, std::size_t n0, std::size_t n) {
+    blas_gemm(ta, tb, int(m), int(n), int(K), alpha, row_block(A, trans_a, m0, lda), int(lda),
+              column_block(B, trans_b, n0, ldb), int(ldb), beta, C + m0 * ldc + n0, int(ldc));
+  });
 }
 
 template <class T>
@@ -87,6 +219,10 @@ void row_stable_matmul(T* y, const T* x, const T* w, std::size_t M, std::size_t 
 template void row_stable_matmul<float>(float*, const float*, const float*, std::size_t, std::size_t, std::size_t, bool);
 template void row_stable_matmul<double>(double*, const double*, const double*, std::size_t, std::size_t, std::size_t,
                                         bool);
+template void packed_gemm<float>(bool, bool, std::size_t, std::size_t, std::size_t, float, const float*, std::size_t,
+                                 const float*, std::size_t, float, float*, std::size_t);
+template void packed_gemm<double>(bool, bool, std::size_t, std::size_t, std::size_t, double, const double*,
+                                  std::size_t, const double*, std::size_t, double, double*, std::size_t);
 template void gemm<float>(bool, bool, std::size_t, std::size_t, std::size_t, float, const float*, std::size_t,
                           const float*, std::size_t, float, float*, std::size_t);
 template void gemm<double>(bool, bool, std::size_t, std::size_t, std::size_t, double, const double*, std::size_t,

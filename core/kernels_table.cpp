@@ -7,6 +7,7 @@ namespace tapegrad::kernels::TAPEGRAD_SIMD_LEVEL {
 template <class T> const KernelTable<T>& table() {
   static const KernelTable<T> kernels{
       .gemm = &gemm<T>,
+      .packed_gemm = &packed_gemm<T>,
       .row_stable_matmul = &row_stable_matmul<T>,
       .add_forward = &add_forward<T>,
       .accumulate = &accumulate<T>,

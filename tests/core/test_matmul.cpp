@@ -1,5 +1,7 @@
 #include <doctest/doctest.h>
 
+#include <cmath>
+
 #include "core/ops.h"
 #include "support/checks.h"
 
@@ -67,8 +69,51 @@ TEST_CASE("a split matmul is reproducible for a fixed thread count and close acr
   CHECK(max_abs_diff(one, two) < 1e-4f);
 }
 
+TEST_CASE("packed_gemm matches a naive loop for every transpose, alpha and beta, across its tile and block edges") {
+  // 101 rows: 16 whole 6-row tiles, a block edge at 96 and a partial tile; 37 columns: whole and
+  // partial panels at every width; K 300: two slices of the 256-deep packing.
+  const std::size_t M = 101, N = 37, K = 300;
+  for (bool ta : {false, true})
+    for (bool tb : {false, true})
+      for (auto [alpha, beta] : {std::pair{1.0f, 0.0f}, {1.0f, 1.0f}, {0.5f, -2.0f}}) {
+        CAPTURE(ta);
+        CAPTURE(tb);
+        CAPTURE(beta);
+        auto a = test::random_vector<float>(M * K, 1), b = test::random_vector<float>(K * N, 2);
+        auto c = test::random_vector<float>(M * N, 3);
+        auto ref = naive_matmul(a.data(), b.data(), M, K, N, ta, tb);
+        std::vector<float> got = c;
+        kernels::packed_gemm<float>(ta, tb, M, N, K, alpha, a.data(), ta ? M : K, b.data(), tb ? K : N, beta,
+                                    got.data(), N);
+        double worst = 0;
+        for (std::size_t i = 0; i < ref.size(); ++i)
+          worst = std::max(worst, double(std::fabs(got[i] - (alpha * ref[i] + beta * c[i])) / (1 + std::fabs(ref[i]))));
+        // Float sums of 300 products of unit normals: about sqrt(300) * 6e-8 * 17 = 2e-5 (two
+        // roundings per term without FMA), so 1e-4 of (1 + |value|).
+        CHECK(worst < 1e-4);
+      }
+}
+
+TEST_CASE("packed_gemm gives the same bits on 1 and 2 threads, and equals gemm wherever gemm chooses it") {
+  const std::size_t M = 512, K = 128, N = 256;
+  auto a = test::random_vector<float>(M * K, 1), b = test::random_vector<float>(K * N, 2);
+  std::vector<float> one(M * N), two(M * N), by_gemm(M * N);
+  set_num_threads(1);
+  kernels::packed_gemm<float>(false, false, M, N, K, 1.0f, a.data(), K, b.data(), N, 0.0f, one.data(), N);
+  set_num_threads(2);
+  kernels::packed_gemm<float>(false, false, M, N, K, 1.0f, a.data(), K, b.data(), N, 0.0f, two.data(), N);
+  kernels::gemm<float>(false, false, M, N, K, 1.0f, a.data(), K, b.data(), N, 0.0f, by_gemm.data(), N);
+  set_num_threads(0);
+  CHECK(one == two);
+  auto ref = naive_matmul(a.data(), b.data(), M, K, N, false, false);
+  double worst = 0;
+  for (std::size_t i = 0; i < ref.size(); ++i) worst = std::max(worst, double(std::fabs(by_gemm[i] - ref[i])));
+  CHECK(worst < 1e-4);
+}
+
 TEST_CASE("matmul kernels match central differences in double") {
-  for (auto [M, K, N] : {std::tuple{1, 1, 1}, {3, 4, 5}, {6, 2, 3}}) {
+  // {13, 300, 37} runs packed_gemm's partial tiles and its two K slices in double.
+  for (auto [M, K, N] : {std::tuple{1, 1, 1}, {3, 4, 5}, {6, 2, 3}, {13, 300, 37}}) {
     auto x = test::random_vector<double>(M * K, 1), w = test::random_vector<double>(K * N, 2);
     auto R = test::random_vector<double>(M * N, 3);
     std::vector<double> dx(M * K), dw(K * N);

@@ -152,6 +152,13 @@ TEST_CASE("every kernel gives the same results at every level and at 16 emulated
     c.insert(c.end(), c2.begin(), c2.end());
     return widen(c);
   });
+  check_levels_agree("packed gemm, every transpose", rtol, [&](const Table& k) {
+    std::vector<float> c(4 * rows * rows, 0.5f);
+    for (int form = 0; form < 4; ++form)
+      k.packed_gemm(form & 1, form & 2, rows, rows, dim, 1.0f, x.data(), form & 1 ? rows : dim, dy.data(),
+                    form & 2 ? dim : rows, 1.0f, c.data() + form * rows * rows, rows);
+    return widen(c);
+  });
   check_levels_agree("row-stable matmul (decoding), many rows and one", rtol, [&](const Table& k) {
     std::vector<float> c(rows * rows, 0.5f), c1(rows, 0.5f);
     k.row_stable_matmul(c.data(), x.data(), dy.data(), rows, dim, rows, true);
