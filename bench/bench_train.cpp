@@ -15,8 +15,6 @@
 #include <optional>
 #include <sstream>
 
-#include <sys/resource.h>
-
 #include "bench/bench_common.h"
 #include "bench/fma_peak.h"
 #include "bench/train_common.h"
@@ -103,9 +101,8 @@ double peak_memory_here(const bench::TrainConfig& config, bool remat) {
   bench::Trainer trainer(config, remat);
   trainer.step();
   trainer.step();
-  rusage usage{};
-  getrusage(RUSAGE_SELF, &usage);
-  return double(usage.ru_maxrss) / 1024.0;  // KiB on Linux
+  // VmHWM rather than ru_maxrss, which a process started by fork and exec may inherit from its parent.
+  return double(bench::proc_status_kib("VmHWM")) / 1024.0;
 }
 
 /// Runs `bench_train --peak-memory NAME [--remat]` (this program, fresh) and reads its MiB.
@@ -303,7 +300,7 @@ int main(int argc, char** argv) try {
   j["loadavg_after"] = bench::command_output("cat /proc/loadavg");
   j["steps"] = steps;
   j["flops_formula"] = bench::kFlopsFormula;
-  j["peak_memory_is"] = "ru_maxrss of a fresh `bench_train --peak-memory CONFIG [--remat]` process after two steps at 1 "
+  j["peak_memory_is"] = "VmHWM of a fresh `bench_train --peak-memory CONFIG [--remat]` process after two steps at 1 "
                         "thread: the whole process (model, AdamW state, tape, buffers, libraries)";
   j["sgemm"] = {{"m", sgemm_size}, {"n", sgemm_size}, {"k", sgemm_size}, {"repeats", sgemm_repeats},
                 {"peak_is", "best of the repeats, measured before and after the training runs"},

@@ -13,7 +13,6 @@ import json
 import math
 import os
 import platform
-import resource
 import subprocess
 import statistics
 import traceback
@@ -393,7 +392,9 @@ def check_agreement(directory, names, mode="eager"):
         inputs = torch.tensor(ref["inputs"], dtype=torch.long).view(B, T)
         targets = torch.tensor(ref["targets"], dtype=torch.long).view(B, T)
         optimizer = make_optimizer(model)
+        start = time.perf_counter()
         loss, norm = train_step(model, optimizer, inputs, targets, loss_function(model, mode, 1))
+        first_step_s = time.perf_counter() - start  # under torch.compile: mostly the compilation
         with torch.no_grad():
             loss_after = model.loss(inputs, targets).item()
         diff = abs(loss - ref["loss"])
@@ -407,7 +408,7 @@ def check_agreement(directory, names, mode="eager"):
               f"{loss_after:.7f} (|diff| {after_diff:.1e})")
         results[name] = dict(loss_tapegrad=ref["loss"], loss_torch=loss, abs_diff=diff, grad_norm_tapegrad=ref["grad_norm"],
                              grad_norm_torch=norm, loss_after_step_tapegrad=ref["loss_after_step"],
-                             loss_after_step_torch=loss_after, passed=passed)
+                             loss_after_step_torch=loss_after, passed=passed, first_step_s=first_step_s)
     if mode != "eager":
         return ok, results
 
@@ -509,17 +510,19 @@ def vm_hwm_mib():
 def peak_memory_here(name, directory, mode="eager"):
     """(steps, whole) MiB of this process training `name` in `mode` at 1 thread: steps is the peak resident
     set of one step after the warm-up (and the compilation), whole the peak over the process's life (the
-    compiler's peak included); equal to whole where the peak cannot be reset."""
+    compiler's peak included); equal to whole where the peak cannot be reset. Both are VmHWM, not
+    ru_maxrss: after fork and exec, ru_maxrss starts from the parent's peak (a torch process itself)."""
     set_threads(1)
     model, inputs, targets = training_setup(name, directory)
     optimizer = make_optimizer(model)
     loss_fn = loss_function(model, mode, 1)
     for _ in range(WARMUP_STEPS[mode]):
         train_step(model, optimizer, inputs, targets, loss_fn)
+    before = vm_hwm_mib()
     was_reset = reset_peak_rss()
     train_step(model, optimizer, inputs, targets, loss_fn)
-    whole = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0  # KiB on Linux
-    return (vm_hwm_mib() if was_reset else whole), whole
+    steps = vm_hwm_mib()
+    return (steps if was_reset else max(before, steps)), max(before, steps)
 
 
 def measure_peak_memory(name, directory, mode="eager"):
@@ -681,7 +684,7 @@ def main():
            "peak_memory_is": "fresh `torch_reference.py --peak-memory CONFIG --modes MODE` process at 1 thread: "
                              "peak_memory_mib = peak resident set of one step after the warm-up steps (the kernel's "
                              "peak reset first, so the compiler's own peak is left out); peak_memory_mib_whole_process "
-                             "= ru_maxrss over its life; both the whole process (interpreter, torch, model, AdamW "
+                             "= the peak over its life (VmHWM both); both the whole process (interpreter, torch, model, AdamW "
                              "state, autograd graph)",
            "runs": {}, "agreement": {}, "configs": {}}
 
