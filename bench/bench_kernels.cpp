@@ -2,7 +2,6 @@
 // and attention (GFLOP/s, % of the peak) and elementwise/row kernels (GB/s, % of the same-size
 // memcpy), at 1 and 2 threads. Every kernel is checked against a naive reference before it is timed.
 #include <fmt/core.h>
-#include <immintrin.h>
 
 #include <charconv>
 #include <cmath>
@@ -14,6 +13,7 @@
 #include <stdexcept>
 
 #include "bench/bench_common.h"
+#include "bench/fma_peak.h"
 #include "core/kernels.h"
 #include "core/random.h"
 
@@ -138,71 +138,15 @@ Case peak_case(std::size_t n, int max_threads) {
           true};
 }
 
-// ---- the FMA peak: the physical limit ----
-// Register-only multiply-adds, one loop per instruction set, compiled for it by a target
-// attribute (this file is built for the baseline) and run only where the CPU has it: `chains`
-// independent accumulators (more than FMA latency x FMA ports, 4 x 2 on current x86 cores), so
-// the loop is bound by FMA throughput alone. SSE2 has no FMA: a multiply and an add, 2 flops.
-constexpr int fma_chains = 12;
-constexpr long fma_iterations = 1 << 18;
+// ---- the FMA peak: the physical limit (the register-only loops of bench/fma_peak.h) ----
 
-__attribute__((target("avx512f"))) float fma_loop_avx512(float seed) {
-  __m512 acc[fma_chains], x = _mm512_set1_ps(0.999999f), y = _mm512_set1_ps(seed);
-  for (int c = 0; c < fma_chains; ++c) acc[c] = _mm512_set1_ps(float(c));
-  for (long n = 0; n < fma_iterations; ++n)
-    for (int c = 0; c < fma_chains; ++c) acc[c] = _mm512_fmadd_ps(acc[c], x, y);
-  alignas(64) float lanes[16];
-  float sum = 0;
-  for (int c = 0; c < fma_chains; ++c) {
-    _mm512_store_ps(lanes, acc[c]);
-    for (float l : lanes) sum += l;
-  }
-  return sum;
-}
-__attribute__((target("avx2,fma"))) float fma_loop_avx2(float seed) {
-  __m256 acc[fma_chains], x = _mm256_set1_ps(0.999999f), y = _mm256_set1_ps(seed);
-  for (int c = 0; c < fma_chains; ++c) acc[c] = _mm256_set1_ps(float(c));
-  for (long n = 0; n < fma_iterations; ++n)
-    for (int c = 0; c < fma_chains; ++c) acc[c] = _mm256_fmadd_ps(acc[c], x, y);
-  alignas(32) float lanes[8];
-  float sum = 0;
-  for (int c = 0; c < fma_chains; ++c) {
-    _mm256_store_ps(lanes, acc[c]);
-    for (float l : lanes) sum += l;
-  }
-  return sum;
-}
-float fma_loop_sse2(float seed) {
-  __m128 acc[fma_chains], x = _mm_set1_ps(0.999999f), y = _mm_set1_ps(seed);
-  for (int c = 0; c < fma_chains; ++c) acc[c] = _mm_set1_ps(float(c));
-  for (long n = 0; n < fma_iterations; ++n)
-    for (int c = 0; c < fma_chains; ++c) acc[c] = _mm_add_ps(_mm_mul_ps(acc[c], x), y);
-  alignas(16) float lanes[4];
-  float sum = 0;
-  for (int c = 0; c < fma_chains; ++c) {
-    _mm_store_ps(lanes, acc[c]);
-    for (float l : lanes) sum += l;
-  }
-  return sum;
-}
-
-/// The FMA peak of one SIMD level in float: fma_loop on every kernel thread, flops counted per thread.
+/// The FMA peak of one SIMD level in float: the level's loop on every kernel thread, flops counted per thread.
 Case fma_peak_case(tapegrad::SimdLevel level) {
-  std::size_t lanes = level == tapegrad::SimdLevel::avx512 ? 16 : level == tapegrad::SimdLevel::avx2 ? 8 : 4;
-  float (*loop)(float) = level == tapegrad::SimdLevel::avx512 ? fma_loop_avx512
-                         : level == tapegrad::SimdLevel::avx2 ? fma_loop_avx2
-                                                              : fma_loop_sse2;
-  auto sink = std::make_shared<std::vector<float>>(64);
-  auto run = [loop, sink] {
-#pragma omp parallel num_threads(tapegrad::num_threads())
-    (*sink)[omp_get_thread_num()] = loop(1e-7f);
-  };
-  auto verify = [run, sink] {  // the accumulators converge to seed / (1 - x), so a sum of them is finite
-    run();
-    if (!std::isfinite((*sink)[0])) throw std::runtime_error("fma peak loop: not finite");
-  };
+  FmaLoop fma = fma_loop(level);
+  auto sink = std::make_shared<std::vector<float>>();
+  auto run = [fma, sink] { run_fma_loop(fma, tapegrad::num_threads(), *sink); };  // throws on a non-finite sum
   return {"reference", fmt::format("fma peak {}", tapegrad::simd_level_name(level)), "registers only", Unit::flops,
-          2.0 * double(lanes) * fma_chains * double(fma_iterations), verify, run, true};
+          fma.flops, run, run, true};
 }
 
 /// memcpy of n floats split over the kernel threads: the memory-bandwidth reference (bytes = 2 n 4).

@@ -135,10 +135,7 @@ int main(int argc, char** argv) try {
              threads, rounds, steps);
   check_remat_matches();
 
-  nlohmann::json j;
-  j["machine"] = bench::machine();
-  j["commit"] = bench::commit();
-  j["date"] = bench::today();
+  nlohmann::json j = bench::run_header();
   j["model"] = {{"vocab", 65}, {"d_model", 256}, {"n_heads", 8}, {"n_blocks", 4}, {"batch", 8}, {"d_ff", 1024}};
   j["threads"] = threads;
   j["steps"] = steps;

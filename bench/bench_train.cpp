@@ -1,7 +1,8 @@
 // bench_train: ms/step and tokens/s of one full training step (forward, backward, clip 1.0, AdamW,
-// zero_grad) for configs (a)-(d) (bench/train_common.h) at 1 and 2 threads, model FLOP/s as a fraction
-// of the sgemm peak measured here, and each config's peak memory (resident set of a fresh process
-// running two steps, with and without remat). Writes bench/results/train_cpu.json.
+// zero_grad) for configs (a)-(d) and a-gpt2 (bench/train_common.h) at 1 and 2 threads, model FLOP/s as
+// a fraction of the sgemm peak and of the FMA peak, both measured here, and each config's peak memory
+// (resident set of a fresh process running two steps, with and without remat). Writes
+// bench/results/train_cpu.json.
 #include <cblas.h>
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -14,9 +15,8 @@
 #include <optional>
 #include <sstream>
 
-#include <sys/resource.h>
-
 #include "bench/bench_common.h"
+#include "bench/fma_peak.h"
 #include "bench/train_common.h"
 #include "core/kernels.h"
 #include "nn/checkpoint.h"
@@ -101,9 +101,8 @@ double peak_memory_here(const bench::TrainConfig& config, bool remat) {
   bench::Trainer trainer(config, remat);
   trainer.step();
   trainer.step();
-  rusage usage{};
-  getrusage(RUSAGE_SELF, &usage);
-  return double(usage.ru_maxrss) / 1024.0;  // KiB on Linux
+  // VmHWM rather than ru_maxrss, which a process started by fork and exec may inherit from its parent.
+  return double(bench::proc_status_kib("VmHWM")) / 1024.0;
 }
 
 /// Runs `bench_train --peak-memory NAME [--remat]` (this program, fresh) and reads its MiB.
@@ -228,10 +227,12 @@ int main(int argc, char** argv) try {
     return 0;
   }
 
-  fmt::print("bench_train on {}, commit {}, {}\n", bench::machine(), bench::commit(), bench::today());
+  fmt::print("bench_train on {}, OpenBLAS core {}, commit {}, {}\n", bench::machine(), openblas_get_corename(),
+             bench::commit(), bench::today());
   fmt::print("  step = forward + backward + clip_grad_norm(1.0) + AdamW(lr 1e-3, betas 0.9/0.95, wd 0.1) + zero_grad;\n"
              "  1 warm-up step, then {} timed steps; fixed random ids (seeded)\n", steps);
   fmt::print("  model FLOPs/step = {}\n", bench::kFlopsFormula);
+  const nlohmann::json header = bench::run_header();  // before the runs: the load average it records is the starting one
 
   // The peak is measured before and after the training runs and the best is kept: on a shared
   // machine a single measurement can catch a busy moment, which would flatter the fractions.
@@ -247,7 +248,21 @@ int main(int argc, char** argv) try {
       std::fflush(stdout);
     }
   };
+  // The FMA peak of the widest instruction set the CPU has, whatever level tapegrad's own kernels
+  // run at: most model FLOPs are OpenBLAS's, which uses the widest. Also the best of before and after.
+  const SimdLevel fma_level = supported_simd_levels().back();
+  std::map<int, std::vector<bench::FmaPeak>> fma;
+  auto measure_all_fma = [&](const char* when) {
+    for (int t : thread_counts) {
+      bench::FmaPeak p = bench::measure_fma_peak(fma_level, t);
+      fma[t].push_back(p);
+      fmt::print("  FMA peak {} (registers only) {}, {} thread(s): best {:.1f} GFLOP/s, median {:.1f}\n",
+                 simd_level_name(fma_level), when, t, p.best_gflops, p.median_gflops);
+      std::fflush(stdout);
+    }
+  };
   measure_all_sgemm("before");
+  measure_all_fma("before");
 
   std::map<std::pair<std::string, int>, RunResult> runs;
   for (const std::string& name : config_names) {
@@ -273,6 +288,7 @@ int main(int argc, char** argv) try {
     }
   }
   measure_all_sgemm("after");
+  measure_all_fma("after");
   std::map<std::string, std::pair<double, double>> peak_memory;  // MiB without and with remat
   for (const std::string& name : config_names) {
     peak_memory[name] = {measure_peak_memory(name, false), measure_peak_memory(name, true)};
@@ -280,13 +296,11 @@ int main(int argc, char** argv) try {
                peak_memory[name].first, peak_memory[name].second);
   }
 
-  nlohmann::json j;
-  j["machine"] = bench::machine();
-  j["commit"] = bench::commit();
-  j["date"] = bench::today();
+  nlohmann::json j = header;
+  j["loadavg_after"] = bench::command_output("cat /proc/loadavg");
   j["steps"] = steps;
   j["flops_formula"] = bench::kFlopsFormula;
-  j["peak_memory_is"] = "ru_maxrss of a fresh `bench_train --peak-memory CONFIG [--remat]` process after two steps at 1 "
+  j["peak_memory_is"] = "VmHWM of a fresh `bench_train --peak-memory CONFIG [--remat]` process after two steps at 1 "
                         "thread: the whole process (model, AdamW state, tape, buffers, libraries)";
   j["sgemm"] = {{"m", sgemm_size}, {"n", sgemm_size}, {"k", sgemm_size}, {"repeats", sgemm_repeats},
                 {"peak_is", "best of the repeats, measured before and after the training runs"},
@@ -300,14 +314,27 @@ int main(int argc, char** argv) try {
     }
     j["sgemm_peak_gflops"][key] = peak[t];
   }
+  j["fma"] = {{"level", simd_level_name(fma_level)}, {"chains", bench::fma_chains}, {"iterations", bench::fma_iterations},
+              {"how", "register-only multiply-add loop of the widest instruction set, on every thread at once, flops "
+                      "of every thread counted (bench/fma_peak.h, as bench_kernels)"},
+              {"peak_is", "best sample, measured before and after the training runs"}};
+  std::map<int, double> fma_peak;
+  for (int t : thread_counts) {
+    std::string key = std::to_string(t);
+    for (const bench::FmaPeak& p : fma[t]) {
+      fma_peak[t] = std::max(fma_peak[t], p.best_gflops);
+      j["fma_runs"][key].push_back({{"best_gflops", p.best_gflops}, {"median_gflops", p.median_gflops}});
+    }
+    j["fma_peak_gflops"][key] = fma_peak[t];
+  }
 
-  fmt::print("\n| config | shape | threads | ms/step median (min-max) | tokens/s | model GFLOP/s | of sgemm peak |\n");
-  fmt::print("|---|---|---|---|---|---|---|\n");
+  fmt::print("\n| config | shape | threads | ms/step median (min-max) | tokens/s | model GFLOP/s | of sgemm peak | of FMA peak |\n");
+  fmt::print("|---|---|---|---|---|---|---|---|\n");
   for (const std::string& name : config_names) {
     bench::TrainConfig c = bench::train_config(name);
     std::string shape = fmt::format("d{} h{} L{} seq{} batch{}", c.d_model, c.n_heads, c.n_blocks, c.seq_len, c.batch);
     nlohmann::json& jc = j["configs"][name];
-    jc["shape"] = {{"vocab", c.vocab}, {"d_model", c.d_model}, {"n_heads", c.n_heads}, {"n_blocks", c.n_blocks},
+    jc["shape"] = {{"arch", c.arch}, {"vocab", c.vocab}, {"d_model", c.d_model}, {"n_heads", c.n_heads}, {"n_blocks", c.n_blocks},
                    {"seq_len", c.seq_len}, {"max_len", c.seq_len}, {"batch", c.batch}, {"d_ff", c.d_ff()}};
     jc["matmul_params"] = bench::matmul_params(c);
     jc["flops_per_step"] = bench::step_flops(c);
@@ -319,19 +346,22 @@ int main(int argc, char** argv) try {
       double seconds = r.ms.median * 1e-3;
       double tokens_per_s = double(c.tokens()) / seconds;
       double gflops = bench::step_flops(c) / seconds * 1e-9;
-      double fraction = gflops / peak[t];
+      double fraction = gflops / peak[t], fma_fraction = gflops / fma_peak[t];
       nlohmann::json& jt = jc["threads"][std::to_string(t)];
       jt = {{"ms_per_step_median", r.ms.median}, {"ms_per_step_min", r.ms.min},
             {"ms_per_step_max", r.ms.max},       {"tokens_per_s_median", tokens_per_s},
             {"model_gflops", gflops},            {"fraction_of_peak", fraction},
+            {"fraction_of_fma_peak", fma_fraction},
             {"loss_first", r.first_loss},        {"loss_last", r.last_loss}};
       for (std::size_t p = 0; p < r.phase_ms.size(); ++p) jt["phase_ms_median"][bench::kPhaseNames[p]] = r.phase_ms[p];
-      fmt::print("| {} | {} | {} | {:.1f} ({:.1f}-{:.1f}) | {:.0f} | {:.1f} | {:.0f}% |\n", name, shape, t, r.ms.median,
-                 r.ms.min, r.ms.max, tokens_per_s, gflops, 100 * fraction);
+      fmt::print("| {} | {} | {} | {:.1f} ({:.1f}-{:.1f}) | {:.0f} | {:.1f} | {:.0f}% | {:.0f}% |\n", name, shape, t,
+                 r.ms.median, r.ms.min, r.ms.max, tokens_per_s, gflops, 100 * fraction, 100 * fma_fraction);
     }
   }
   fmt::print("  sgemm peak (GFLOP/s, best of before/after):");
   for (int t : thread_counts) fmt::print(" {} thread(s) {:.1f};", t, peak[t]);
+  fmt::print("\n  FMA peak {} (GFLOP/s, best of before/after):", simd_level_name(fma_level));
+  for (int t : thread_counts) fmt::print(" {} thread(s) {:.1f};", t, fma_peak[t]);
   fmt::print("\n");
   bench::write_results(out_path, j);
   return 0;

@@ -1,8 +1,10 @@
 #!/usr/bin/python3
-"""torch_reference: the same model (the rotary decoder), training step and cached decoding as bench_train and
-bench_kv_cache, in eager PyTorch, so bench/compare.sh can print tapegrad / PyTorch ratios. It first checks
-that both implementations agree on checkpoints written by `bench_train --write-agreement DIR`.
-Writes bench/results/torch_cpu.json. Run with /usr/bin/python3 (python3-torch)."""
+"""torch_reference: the same models (the rotary decoder, gpt2), training step and cached decoding as bench_train
+and bench_kv_cache, in PyTorch, eager and under torch.compile, so bench/compare.sh can print tapegrad / PyTorch
+ratios. It first checks that both implementations agree on checkpoints written by
+`bench_train --write-agreement DIR`, in every mode it times. Writes bench/results/torch_cpu.json, where every
+figure names the torch version and mode it was measured with. Runs with any torch: Debian's python3-torch
+(/usr/bin/python3; 1.13 has no torch.compile, which is then reported, not fatal) or a pip torch in a venv."""
 
 import argparse
 import ctypes
@@ -11,9 +13,9 @@ import json
 import math
 import os
 import platform
-import resource
 import subprocess
 import statistics
+import traceback
 import struct
 import sys
 import time
@@ -37,6 +39,10 @@ VOCAB = 65
 ADAMW = dict(lr=1e-3, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1)  # as bench/train_common.h
 CLIP = 1.0
 LOSS_TOLERANCE = 1e-4
+MODES = ("eager", "compile")
+# Untimed steps before the timed ones: under torch.compile the first compiles (its time is reported apart)
+# and the second shows that nothing recompiles.
+WARMUP_STEPS = {"eager": 1, "compile": 2}
 
 
 def read_safetensors(path):
@@ -304,7 +310,7 @@ class Gpt2(torch.nn.Module):
             b = f"blocks.{i}."
             lin = lambda t, w: t @ P[b + w + ".weight"] + P[b + w + ".bias"]
             h = F.layer_norm(x, (D,), P[b + "ln1.weight"], P[b + "ln1.bias"], 1e-5)
-            q, k, v = (lin(h, "attn." + w).view(B, T, H, Dh).transpose(1, 2) for w in ("wq", "wk", "wv"))
+            q, k, v = [lin(h, "attn." + w).view(B, T, H, Dh).transpose(1, 2) for w in ("wq", "wk", "wv")]
             scores = (q @ k.transpose(-1, -2)) / math.sqrt(Dh)
             scores = scores.masked_fill(self.mask[:T, :T], float("-inf"))
             att = (torch.softmax(scores, dim=-1) @ v).transpose(1, 2).reshape(B, T, D)
@@ -330,9 +336,31 @@ def make_optimizer(model):
                              **options)
 
 
-def train_step(model, optimizer, inputs, targets):
-    """forward, backward, clip_grad_norm(1.0), AdamW step, zero_grad; returns (loss, grad norm)."""
-    loss = model.loss(inputs, targets)
+def compile_unavailable():
+    """Why torch.compile cannot run with this torch, or None when it can be tried."""
+    if not hasattr(torch, "compile"):
+        return f"torch {torch.__version__} has no torch.compile (it came with torch 2.0)"
+    return None
+
+
+def loss_function(model, mode, threads):
+    """model.loss, or under mode "compile" a fresh torch.compile of it (forward and loss in one graph; the
+    backward graph is compiled from it by AOTAutograd). Clip and AdamW stay eager in both modes."""
+    if mode == "eager":
+        return model.loss
+    # A fresh start: graphs of earlier models neither count against the recompile limit (past which
+    # torch silently falls back to eager) nor are reused at another thread count.
+    torch._dynamo.reset()
+    inductor = getattr(torch, "_inductor", None)
+    if inductor is not None and hasattr(inductor.config, "cpp") and hasattr(inductor.config.cpp, "threads"):
+        inductor.config.cpp.threads = threads  # generated kernels take their thread count from here
+    return torch.compile(model.loss, fullgraph=True)
+
+
+def train_step(model, optimizer, inputs, targets, loss_fn=None):
+    """forward, backward, clip_grad_norm(1.0), AdamW step, zero_grad; returns (loss, grad norm). loss_fn
+    (default model.loss) computes the loss, compiled or not."""
+    loss = (loss_fn or model.loss)(inputs, targets)
     loss.backward()
     norm = torch.nn.utils.clip_grad_norm_(model.parameters(), CLIP)
     optimizer.step()
@@ -345,8 +373,9 @@ def model_for(config, max_len=None):
     return cls(VOCAB, config["d_model"], config["n_heads"], config["n_blocks"], max_len or config["seq_len"])
 
 
-def check_agreement(directory, names):
-    """Loads tapegrad's checkpoints and batches; the losses must agree within LOSS_TOLERANCE."""
+def check_agreement(directory, names, mode="eager"):
+    """Loads tapegrad's checkpoints and batches; the losses (of the model run in `mode`) must agree within
+    LOSS_TOLERANCE. The loss after the step is computed eagerly: it checks the gradients (through AdamW)."""
     set_threads(1)
     results = {}
     ok = True
@@ -363,7 +392,9 @@ def check_agreement(directory, names):
         inputs = torch.tensor(ref["inputs"], dtype=torch.long).view(B, T)
         targets = torch.tensor(ref["targets"], dtype=torch.long).view(B, T)
         optimizer = make_optimizer(model)
-        loss, norm = train_step(model, optimizer, inputs, targets)
+        start = time.perf_counter()
+        loss, norm = train_step(model, optimizer, inputs, targets, loss_function(model, mode, 1))
+        first_step_s = time.perf_counter() - start  # under torch.compile: mostly the compilation
         with torch.no_grad():
             loss_after = model.loss(inputs, targets).item()
         diff = abs(loss - ref["loss"])
@@ -371,13 +402,15 @@ def check_agreement(directory, names):
         after_diff = abs(loss_after - ref["loss_after_step"])
         passed = diff <= LOSS_TOLERANCE
         ok &= passed
-        print(f"  agreement {name}: loss tapegrad {ref['loss']:.7f} torch {loss:.7f} |diff| {diff:.2e} "
+        print(f"  agreement {name} ({mode}): loss tapegrad {ref['loss']:.7f} torch {loss:.7f} |diff| {diff:.2e} "
               f"({'ok' if passed else 'FAIL'}, tolerance {LOSS_TOLERANCE:g}); grad norm {ref['grad_norm']:.6f} vs "
               f"{norm:.6f} (rel {norm_rel:.1e}); loss after one AdamW step {ref['loss_after_step']:.7f} vs "
               f"{loss_after:.7f} (|diff| {after_diff:.1e})")
         results[name] = dict(loss_tapegrad=ref["loss"], loss_torch=loss, abs_diff=diff, grad_norm_tapegrad=ref["grad_norm"],
                              grad_norm_torch=norm, loss_after_step_tapegrad=ref["loss_after_step"],
-                             loss_after_step_torch=loss_after, passed=passed)
+                             loss_after_step_torch=loss_after, passed=passed, first_step_s=first_step_s)
+    if mode != "eager":
+        return ok, results
 
     # Decoding: the prefill logits agree, and teacher-forcing tapegrad's 100 greedy tokens through the
     # torch cache, torch picks the same token at every step (or its top two are within 1e-4: a tie).
@@ -427,39 +460,81 @@ def training_setup(name, directory):
     return model, inputs, targets
 
 
-def bench_training(name, threads, steps, directory):
+def bench_training(name, threads, steps, directory, mode="eager"):
+    """A fresh model: WARMUP_STEPS[mode] untimed steps (the first one compiles under torch.compile), then
+    `steps` timed ones."""
     set_threads(threads)
     model, inputs, targets = training_setup(name, directory)
     optimizer = make_optimizer(model)
-    first, _ = train_step(model, optimizer, inputs, targets)  # warm-up
+    loss_fn = loss_function(model, mode, threads)
+    start = time.perf_counter()
+    first, _ = train_step(model, optimizer, inputs, targets, loss_fn)
+    first_step_s = time.perf_counter() - start
+    for _ in range(WARMUP_STEPS[mode] - 1):
+        train_step(model, optimizer, inputs, targets, loss_fn)
     times = []
     for _ in range(steps):
         start = time.perf_counter()
-        last, _ = train_step(model, optimizer, inputs, targets)
+        last, _ = train_step(model, optimizer, inputs, targets, loss_fn)
         times.append(time.perf_counter() - start)
     assert last < first, f"config {name}: the loss did not fall ({first} -> {last})"
     ms = [t * 1e3 for t in times]
     median = statistics.median(ms)
     B, T = inputs.shape
-    return dict(ms_per_step_median=median, ms_per_step_min=min(ms), ms_per_step_max=max(ms),
-                tokens_per_s_median=B * T / (median * 1e-3), loss_first=first, loss_last=last)
+    result = dict(ms_per_step_median=median, ms_per_step_min=min(ms), ms_per_step_max=max(ms),
+                  tokens_per_s_median=B * T / (median * 1e-3), loss_first=first, loss_last=last,
+                  first_step_s=first_step_s)
+    if mode == "compile":
+        result["compile_s"] = max(0.0, first_step_s - median * 1e-3)  # the first step less an ordinary one
+    return result
 
 
-def peak_memory_here(name, directory):
-    """Peak resident set (MiB) of this process after a warm-up and one more training step of `name`."""
+def reset_peak_rss():
+    """Makes the kernel's peak resident set (VmHWM) start again from the current one; False where it may not."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        return True
+    except OSError:
+        return False
+
+
+def vm_hwm_mib():
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024.0
+    raise RuntimeError("/proc/self/status has no VmHWM")
+
+
+def peak_memory_here(name, directory, mode="eager"):
+    """(steps, whole) MiB of this process training `name` in `mode` at 1 thread: steps is the peak resident
+    set of one step after the warm-up (and the compilation), whole the peak over the process's life (the
+    compiler's peak included); equal to whole where the peak cannot be reset. Both are VmHWM, not
+    ru_maxrss: after fork and exec, ru_maxrss starts from the parent's peak (a torch process itself)."""
     set_threads(1)
     model, inputs, targets = training_setup(name, directory)
     optimizer = make_optimizer(model)
-    for _ in range(2):
-        train_step(model, optimizer, inputs, targets)
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0  # KiB on Linux
+    loss_fn = loss_function(model, mode, 1)
+    for _ in range(WARMUP_STEPS[mode]):
+        train_step(model, optimizer, inputs, targets, loss_fn)
+    before = vm_hwm_mib()
+    was_reset = reset_peak_rss()
+    train_step(model, optimizer, inputs, targets, loss_fn)
+    steps = vm_hwm_mib()
+    return (steps if was_reset else max(before, steps)), max(before, steps)
 
 
-def measure_peak_memory(name, directory):
+def measure_peak_memory(name, directory, mode="eager"):
     """peak_memory_here in a fresh interpreter, so that no other config's buffers count (as bench_train)."""
-    command = [sys.executable, os.path.abspath(__file__), "--peak-memory", name]
+    command = [sys.executable, os.path.abspath(__file__), "--peak-memory", name, "--modes", mode]
     command += ["--agreement", directory] if directory else ["--skip-agreement"]
-    return float(subprocess.run(command, check=True, capture_output=True, text=True).stdout.split()[-1])
+    run = subprocess.run(command, capture_output=True, text=True)
+    if run.returncode != 0:
+        raise RuntimeError(f"peak memory of config {name} ({mode}): {' '.join(command)} failed: "
+                           f"{run.stderr.strip().splitlines()[-1] if run.stderr.strip() else run.returncode}")
+    steps, whole = run.stdout.split()[-2:]
+    return float(steps), float(whole)
 
 
 def bench_decoding(threads, repeats, directory):
@@ -508,84 +583,194 @@ def bench_batched_decoding(threads, repeats, sizes=(1, 8, 64)):
     return out
 
 
-def machine():
-    model = "unknown CPU"
+def cpuinfo(field):
+    """The first value of a /proc/cpuinfo field, as bench_common.h reads it."""
     with open("/proc/cpuinfo") as f:
         for line in f:
-            if line.startswith("model name"):
-                model = line.split(":", 1)[1].strip()
-                break
-    return f"{model} ({os.cpu_count()} cores)"
+            key, _, value = line.partition(":")
+            if key.strip() == field:
+                return value.strip()
+    return "unknown"
+
+
+def cpu_capability():
+    """The instruction set torch's own kernels dispatch to ("AVX2"), from torch or its build summary."""
+    try:
+        return torch.backends.cpu.get_cpu_capability()
+    except AttributeError:
+        for line in torch.__config__.show().splitlines():
+            if "CPU capability usage" in line:
+                return line.split(":", 1)[1].strip()
+    return "unknown"
+
+
+def blas_info():
+    """(library, core): the OpenBLAS torch loaded and the kernel it picked ("Zen"), or torch's own BLAS
+    from its build summary (pip wheels link MKL statically)."""
+    blas = loaded_openblas()
+    if blas:
+        corename = blas[1].openblas_get_corename
+        corename.restype = ctypes.c_char_p
+        return blas[0], corename().decode()
+    config = torch.__config__.show()
+    library = next((part.split("=", 1)[1].rstrip(",") for part in config.split() if part.startswith("BLAS_INFO=")),
+                   "unknown")
+    return library, f"chosen by {library} inside torch at run time"
+
+
+def machine():
+    """The CPU (model, family, model number), cores, instruction set and BLAS core, as bench_common.h's run_header."""
+    library, core = blas_info()
+    return {"cpu": cpuinfo("model name"), "cpu_family": cpuinfo("cpu family"), "cpu_model_number": cpuinfo("model"),
+            "nproc": os.cpu_count(), "simd_level": cpu_capability(), "blas": library, "blas_core": core}
+
+
+def run_label(mode):
+    """The name of every figure of this interpreter in `mode`: "1.13.0a0 eager", "2.5.1 compile"."""
+    return f"{torch.__version__} {mode}"
+
+
+def short_error(error):
+    """The last line of an exception's message, for a one-line report."""
+    lines = [line for line in str(error).strip().splitlines() if line.strip()]
+    return f"{type(error).__name__}: {lines[-1] if lines else ''}"[:300]
 
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--agreement", metavar="DIR", help="checkpoints from `bench_train --write-agreement DIR`")
     parser.add_argument("--skip-agreement", action="store_true", help="time without checking (not recommended)")
-    parser.add_argument("--configs", default="a,b,c,d", help="training configs to time (may be empty)")
-    parser.add_argument("--no-decode", action="store_true", help="skip the decoding benchmark")
+    parser.add_argument("--configs", default="a,b,c,d", help="training configs to time: a,b,c,d,a-gpt2 (may be empty)")
+    parser.add_argument("--modes", default="eager",
+                        help="training modes: eager, compile (torch.compile of forward + loss), or both: eager,compile")
+    parser.add_argument("--no-decode", action="store_true", help="skip the decoding benchmark (always eager)")
     parser.add_argument("--threads", default="1,2")
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--repeats", type=int, default=5, help="decoding repeats")
     parser.add_argument("--out", default=os.path.join(ROOT, "bench", "results", "torch_cpu.json"))
     parser.add_argument("--peak-memory", metavar="CONFIG", help=argparse.SUPPRESS)  # the child of measure_peak_memory
     args = parser.parse_args()
+    modes = [m for m in args.modes.split(",") if m]
+    if not modes or any(m not in MODES for m in modes):
+        parser.error(f"--modes takes eager, compile or eager,compile, not {args.modes!r}")
     if args.peak_memory:
-        print(f"{peak_memory_here(args.peak_memory, args.agreement):.1f}")
+        print("%.1f %.1f" % peak_memory_here(args.peak_memory, args.agreement, modes[0]))
         return 0
     names = [n for n in args.configs.split(",") if n]
     threads = [int(t) for t in args.threads.split(",") if t]
     if any(n not in CONFIGS for n in names) or not threads or min(threads) < 1 or args.steps < 1 or args.repeats < 1:
-        parser.error("configs are a, b, c, d; threads and steps are positive")
+        parser.error(f"configs are {', '.join(CONFIGS)}; threads and steps are positive")
     if not args.agreement and not args.skip_agreement:
         parser.error("--agreement DIR is required (or --skip-agreement)")
 
-    print(f"torch_reference on {machine()}, torch {torch.__version__}, "
-          f"{datetime.datetime.utcnow().strftime('%Y-%m-%d')}")
+    now = datetime.datetime.now(datetime.timezone.utc)
     torch.ones(2, 2) @ torch.ones(2, 2)  # loads the BLAS
-    blas = loaded_openblas()
-    print(f"  BLAS: {blas[0] if blas else 'not OpenBLAS (threads set through torch only)'}")
-    out = {"machine": machine(), "date": datetime.datetime.utcnow().strftime("%Y-%m-%d"), "torch": torch.__version__,
-           "python": platform.python_version(), "blas": blas[0] if blas else "unknown",
-           "threads_note": "t threads = torch.set_num_threads(t) and openblas_set_num_threads(t)", "steps": args.steps,
-           "peak_memory_is": "ru_maxrss of a fresh `torch_reference.py --peak-memory CONFIG` process after two steps "
-                             "at 1 thread: the whole process (interpreter, torch, model, AdamW state, autograd graph)"}
-    if args.agreement:
-        ok, agreement = check_agreement(args.agreement, names)
-        out["agreement"] = agreement
-        if not ok:
-            print("torch_reference: tapegrad and PyTorch disagree; not timing", file=sys.stderr)
-            return 1
+    info = machine()
+    print(f"torch_reference on {info['cpu']} ({info['nproc']} cores, family {info['cpu_family']} model "
+          f"{info['cpu_model_number']}, torch's kernels {info['simd_level']}), torch {torch.__version__} "
+          f"(Python {platform.python_version()}, {sys.executable}), {now.strftime('%Y-%m-%d')}")
+    print(f"  BLAS: {info['blas']}, core {info['blas_core']}")
+    out = {"machine": info, "date": now.strftime("%Y-%m-%dT%H:%M:%SZ"), "torch": torch.__version__,
+           "python": f"{platform.python_version()} ({sys.executable})",
+           "loadavg_before": open("/proc/loadavg").read().strip(),
+           "threads_note": "t threads = torch.set_num_threads(t) and openblas_set_num_threads(t); under torch.compile "
+                           "also the generated kernels' thread count",
+           "steps": args.steps, "warmup_steps": {m: WARMUP_STEPS[m] for m in modes},
+           "modes_are": {"eager": "the step as written",
+                         "compile": "torch.compile(model.loss, fullgraph=True): forward and loss, and the backward "
+                                    "AOTAutograd derives from them, compiled by inductor; clip_grad_norm and AdamW "
+                                    "eager; compile_s = the first step's time less the median step (short when inductor's on-disk "
+                                    "cache already holds the same graph)"},
+           "peak_memory_is": "fresh `torch_reference.py --peak-memory CONFIG --modes MODE` process at 1 thread: "
+                             "peak_memory_mib = peak resident set of one step after the warm-up steps (the kernel's "
+                             "peak reset first, so the compiler's own peak is left out); peak_memory_mib_whole_process "
+                             "= the peak over its life (VmHWM both); both the whole process (interpreter, torch, model, AdamW "
+                             "state, autograd graph)",
+           "runs": {}, "agreement": {}, "configs": {}}
 
-    out["configs"] = {}
-    if names:
-        print("\n| config | threads | ms/step median (min-max) | tokens/s |\n|---|---|---|---|")
+    usable = []
+    for mode in modes:
+        label = run_label(mode)
+        why_not = compile_unavailable() if mode == "compile" else None
+        out["runs"][label] = {"torch": torch.__version__, "mode": mode, "python": out["python"],
+                              "available": why_not is None}
+        if why_not:
+            out["runs"][label]["error"] = why_not
+            print(f"  {mode}: not available here: {why_not}; {mode} figures are left out")
+        else:
+            usable.append(mode)
+
+    # Agreement first, in every mode: a mode that disagrees is not timed, and the run fails.
+    agreed = []
+    for mode in usable:
+        label = run_label(mode)
+        if not args.agreement:
+            agreed.append(mode)
+            continue
+        try:
+            ok, agreement = check_agreement(args.agreement, names, mode)
+        except Exception as error:  # torch.compile can fail on a machine (no compiler, an unsupported op)
+            if mode == "eager":
+                raise
+            message = short_error(error)
+            print(f"  {mode}: failed while checking agreement: {message}; {mode} figures are left out", flush=True)
+            traceback.print_exc(limit=3)
+            out["runs"][label].update(available=False, error=message)
+            continue
+        out["agreement"][label] = agreement
+        if not ok:
+            print(f"torch_reference: tapegrad and PyTorch ({label}) disagree; not timing", file=sys.stderr)
+            return 1
+        agreed.append(mode)
+
+    if names and agreed:
+        print("\n| config | torch | mode | threads | ms/step median (min-max) | tokens/s | first step s |\n"
+              "|---|---|---|---|---|---|---|")
     for name in names:
-        entry = {"threads": {}}
-        for t in threads:
-            r = bench_training(name, t, args.steps, args.agreement)
-            entry["threads"][str(t)] = r
-            print(f"| {name} | {t} | {r['ms_per_step_median']:.1f} ({r['ms_per_step_min']:.1f}-{r['ms_per_step_max']:.1f})"
-                  f" | {r['tokens_per_s_median']:.0f} |", flush=True)
-        best = max(entry["threads"], key=lambda k: entry["threads"][k]["tokens_per_s_median"])
-        entry["best_threads"] = int(best)
-        entry["best_tokens_per_s"] = entry["threads"][best]["tokens_per_s_median"]
-        entry["peak_memory_mib"] = measure_peak_memory(name, args.agreement)
-        print(f"  config {name} peak memory (fresh process, 2 steps): {entry['peak_memory_mib']:.1f} MiB", flush=True)
+        entry = {"runs": {}}
+        for mode in agreed:
+            label = run_label(mode)
+            run = {"torch": torch.__version__, "mode": mode, "threads": {}}
+            try:
+                for t in threads:
+                    r = bench_training(name, t, args.steps, args.agreement, mode)
+                    run["threads"][str(t)] = r
+                    print(f"| {name} | {torch.__version__} | {mode} | {t} | {r['ms_per_step_median']:.1f} "
+                          f"({r['ms_per_step_min']:.1f}-{r['ms_per_step_max']:.1f}) | {r['tokens_per_s_median']:.0f} | "
+                          f"{r['first_step_s']:.1f} |", flush=True)
+                best = max(run["threads"], key=lambda k: run["threads"][k]["tokens_per_s_median"])
+                run["best_threads"] = int(best)
+                run["best_tokens_per_s"] = run["threads"][best]["tokens_per_s_median"]
+                run["peak_memory_mib"], run["peak_memory_mib_whole_process"] = measure_peak_memory(
+                    name, args.agreement, mode)
+                print(f"  config {name} ({label}) peak memory (fresh process, 1 thread): "
+                      f"{run['peak_memory_mib']:.1f} MiB in a step after warm-up, "
+                      f"{run['peak_memory_mib_whole_process']:.1f} MiB over the process", flush=True)
+            except Exception as error:
+                if mode == "eager":
+                    raise
+                run = {"torch": torch.__version__, "mode": mode, "error": short_error(error)}
+                print(f"  config {name} ({label}): failed: {run['error']}; left out", flush=True)
+            entry["runs"][label] = run
+        timed = {k: r for k, r in entry["runs"].items() if "best_tokens_per_s" in r}
+        if timed:
+            best = max(timed, key=lambda k: timed[k]["best_tokens_per_s"])
+            entry["best"] = {"run": best, "torch": timed[best]["torch"], "mode": timed[best]["mode"],
+                             "threads": timed[best]["best_threads"], "tokens_per_s": timed[best]["best_tokens_per_s"]}
         out["configs"][name] = entry
 
     if not args.no_decode:
-        out["decode"] = {"model": [65, 64, 4, 2, 256], "prompt_len": 8, "new_tokens": 100, "repeats": args.repeats,
-                         "threads": {}}
+        decode = {"torch": torch.__version__, "mode": "eager", "model": [65, 64, 4, 2, 256], "prompt_len": 8,
+                  "new_tokens": 100, "repeats": args.repeats, "threads": {}}
         for t in threads:
             d = bench_decoding(t, args.repeats, args.agreement)
-            out["decode"]["threads"][str(t)] = d
-            print(f"  decode, {t} thread(s): cache median {d['cache']['median_s'] * 1e3:.2f} ms "
+            decode["threads"][str(t)] = d
+            print(f"  decode ({torch.__version__} eager), {t} thread(s): cache median {d['cache']['median_s'] * 1e3:.2f} ms "
                   f"(min {d['cache']['min_s'] * 1e3:.2f}, max {d['cache']['max_s'] * 1e3:.2f}); no cache median "
                   f"{d['no_cache']['median_s'] * 1e3:.1f} ms; cached tokens = uncached: {d['tokens_agree_with_no_cache']}")
-        best = min(out["decode"]["threads"], key=lambda k: out["decode"]["threads"][k]["cache"]["median_s"])
-        out["decode"]["best_threads"] = int(best)
-        out["decode"]["best_cache_median_s"] = out["decode"]["threads"][best]["cache"]["median_s"]
+        best = min(decode["threads"], key=lambda k: decode["threads"][k]["cache"]["median_s"])
+        decode["best_threads"] = int(best)
+        decode["best_cache_median_s"] = decode["threads"][best]["cache"]["median_s"]
         batched = {}
         for t in threads:
             for size, r in bench_batched_decoding(t, args.repeats).items():
@@ -594,8 +779,10 @@ def main():
                       f"(median {r['median_s'] * 1e3:.1f} ms)", flush=True)
         for entry in batched.values():
             entry["best_tokens_per_s"] = max(r["tokens_per_s"] for r in entry["threads"].values())
-        out["decode"]["batched"] = batched
+        decode["batched"] = batched
+        out["decode"] = {"runs": {run_label("eager"): decode}}
 
+    out["loadavg_after"] = open("/proc/loadavg").read().strip()
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     with open(args.out, "w") as f:
         json.dump(out, f, indent=2)
