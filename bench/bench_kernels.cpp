@@ -205,6 +205,19 @@ Case matmul_backward_case(std::size_t M, std::size_t K, std::size_t N) {
           verify, run};
 }
 
+/// C += op(A) op(B) through single-threaded cblas_sgemm calls, split over the kernel threads by
+/// output rows as kernels::gemm splits its products: OpenBLAS as gemm would run it.
+void cblas_sgemm_split(bool ta, bool tb, std::size_t M, std::size_t N, std::size_t K, const float* A, std::size_t lda,
+                       const float* B, std::size_t ldb, float* C, std::size_t ldc) {
+  int threads = tapegrad::num_threads();
+#pragma omp parallel for num_threads(threads) schedule(static)
+  for (int p = 0; p < threads; ++p) {
+    std::size_t begin = M * p / threads, end = M * (p + 1) / threads;
+    cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, int(end - begin), int(N),
+                int(K), 1.0f, A + (ta ? begin : begin * lda), int(lda), B, int(ldb), 1.0f, C + begin * ldc, int(ldc));
+  }
+}
+
 std::vector<Case> matmul_cases() {
   auto forward = [](std::size_t M, std::size_t K, std::size_t N) {
     return product_case("matmul_forward", false, false, M, N, K, 0.0f,
@@ -220,6 +233,29 @@ std::vector<Case> matmul_cases() {
       gemm("gemm TN b=1 (dW = X^T dY)", true, false, 128, 512, 2048, 1.0f),
       gemm("gemm NT b=1 (dX = dY W^T)", false, true, 2048, 128, 512, 1.0f), matmul_backward_case(2048, 128, 512),
       matmul_backward_case(2048, 512, 128)};
+  // The two candidates for gemm, side by side at the training configs' shapes (rows B*T = 2048 or
+  // 768, inner and outer sizes d and 4d), each form: forward NN, dX = dY W^T (NT), dW = X^T dY (TN).
+  // gemm picks packed_gemm or OpenBLAS per CPU and shape from figures like these.
+  auto candidates = [&](bool ta, bool tb, std::size_t M, std::size_t N, std::size_t K) {
+    const char* form = ta ? "TN" : tb ? "NT" : "NN";
+    cases.push_back(product_case(fmt::format("packed_gemm {}", form), ta, tb, M, N, K, 1.0f,
+                                 [=](const float* a, const float* b, float* c) {
+                                   kernels::packed_gemm(ta, tb, M, N, K, 1.0f, a, ta ? M : K, b, tb ? K : N, 1.0f, c, N);
+                                 }));
+    cases.push_back(product_case(fmt::format("cblas_sgemm {}", form), ta, tb, M, N, K, 1.0f,
+                                 [=](const float* a, const float* b, float* c) {
+                                   cblas_sgemm_split(ta, tb, M, N, K, a, ta ? M : K, b, tb ? K : N, c, N);
+                                 }));
+  };
+  for (auto [rows, d] : {std::pair<std::size_t, std::size_t>{2048, 64}, {768, 128}, {2048, 256}}) {
+    const std::size_t R = rows, D = d;  // named: lambdas cannot capture bindings in clang 14
+    for (auto [in, out] : {std::pair{D, D}, {D, 4 * D}, {4 * D, D}}) {
+      const std::size_t K = in, N = out;
+      candidates(false, false, R, N, K);  // y = x w
+      candidates(false, true, R, K, N);   // dx = dy w^T
+      candidates(true, false, K, N, R);   // dw = x^T dy
+    }
+  }
   // Decoding's products (the seed model, d 64, d_ff 256, one row per sequence): the row-stable
   // kernel the cache pass uses against matmul_forward (BLAS above two rows) at the same shapes.
   for (std::size_t M : {std::size_t(1), std::size_t(8), std::size_t(64)})

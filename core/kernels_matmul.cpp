@@ -176,14 +176,15 @@ static bool blas_has_full_width() {
   return full;
 }
 
-// Which kernel gemm runs: the packed kernel where it measured faster than OpenBLAS (every shape when
-// OpenBLAS runs narrower vectors than this level; on AVX2, the products with an inner size of at
-// most 256 and no transposed A), OpenBLAS elsewhere. A function of the CPU and the shape only, so
-// a run's results never depend on timing.
+// Which kernel gemm runs: the packed kernel for every shape when OpenBLAS runs narrower vectors
+// than this level; otherwise where it measured faster than OpenBLAS on an AVX2 core (bench_kernels'
+// packed_gemm and cblas_sgemm rows: by 4-21% for outputs of at most 128 columns and A not
+// transposed; slower for wider outputs and for X^T dY). A function of the CPU and the shape
+// only, so a run's results never depend on timing.
 template <class T>
-static bool packed_is_faster(bool trans_a, std::size_t N, std::size_t K) {
+static bool packed_is_faster(bool trans_a, std::size_t N) {
   if (sizeof(Batch<T>) >= 64 && !blas_has_full_width()) return true;
-  return !trans_a && K <= 256 && N <= 512;
+  return !trans_a && N <= 128;
 }
 
 template <class T>
@@ -202,7 +203,7 @@ void gemm(bool trans_a, bool trans_b, std::size_t M, std::size_t N, std::size_t 
   if (M == 0 || N == 0) return;
   constexpr std::size_t small_rows = 2;
   if (M <= small_rows) return small_gemm(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
-  if (packed_is_faster<T>(trans_a, N, K)) return packed_gemm(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+  if (packed_is_faster<T>(trans_a, N)) return packed_gemm(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
   auto ta = trans_a ? CblasTrans : CblasNoTrans;
   auto tb = trans_b ? CblasTrans : CblasNoTrans;
   split_product(M, N, K, [&](std::size_t m0, std::size_t m, std::size_t n0, std::size_t n) {
