@@ -56,8 +56,9 @@ static void small_gemm(bool trans_a, bool trans_b, std::size_t M, std::size_t N,
 // columns (KC x NR, contiguous, zero-padded past N: this absorbs B's transpose and N's tail); then,
 // per block of MC rows, the MR x NR microkernel (tile_block) multiplies 6 rows of op(A) by one
 // panel with its accumulators in registers: a B panel stays in L1 while the rows of the block come
-// from L2. Rows of A are read in place; A^T and the partial last 6 rows are packed first. Every element of C gets one FMA chain per slice, in k
-// order, then alpha, then the add: the same arithmetic in every tile, edges included.
+// from L2. Rows of A are read in place; A^T and the partial last 6 rows are packed first. Every
+// element of C gets one FMA chain per slice, in k order, then alpha, then the add: the same
+// arithmetic in every tile, edges included.
 template <class T>
 static void packed_product(bool trans_a, bool trans_b, std::size_t M, std::size_t N, std::size_t K, T alpha,
                            const T* A, std::size_t lda, const T* B, std::size_t ldb, T beta, T* C, std::size_t ldc) {
