@@ -33,6 +33,7 @@ template <class T> struct KernelTable {
   decltype(&swiglu_backward<T>) swiglu_backward;
   decltype(&attention_forward<T>) attention_forward;
   decltype(&attention_backward<T>) attention_backward;
+  decltype(&cached_attention_forward<T>) cached_attention_forward;
   decltype(&cross_entropy_forward<T>) cross_entropy_forward;
   decltype(&cross_entropy_backward<T>) cross_entropy_backward;
 };

@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstddef>
+#include <type_traits>
 
 namespace tapegrad::detail {
 
@@ -178,6 +179,70 @@ std::size_t dots_with_rows(typename B::value_type* c, const typename B::value_ty
     sums.store_unaligned(c + n);
   }
   return n;
+}
+
+/// Scores of G heads against one block of P cached keys stored transposed (row c of the block is
+/// coordinate c of its P keys): s[g * lds + 0:P] = alpha * sum_d q[g * Dh + d] * block[(g * Dh + d) * P
+/// + 0:P] for g < G. Each score is one FMA chain over d in order, whatever G is: broadcast-FMAs over
+/// consecutive keys, with no horizontal sums; G heads side by side keep G * P / W chains in flight.
+/// P must be a multiple of B::size.
+template <class B, std::size_t G, std::size_t P>
+inline void head_block_scores(typename B::value_type* s, std::size_t lds, const typename B::value_type* q,
+                              const typename B::value_type* block, std::size_t Dh, typename B::value_type alpha) {
+  using T = typename B::value_type;
+  constexpr std::size_t W = B::size, V = P / W;
+  static_assert(P % W == 0, "a key block holds whole vectors");
+  B acc[G][V];
+  for (auto& head : acc)
+    for (auto& a : head) a = B(T(0));
+  for (std::size_t d = 0; d < Dh; ++d)
+    for (std::size_t g = 0; g < G; ++g) {
+      B x(q[g * Dh + d]);
+      const T* row = block + (g * Dh + d) * P;
+      for (std::size_t v = 0; v < V; ++v) acc[g][v] = fma(x, B::load_unaligned(row + v * W), acc[g][v]);
+    }
+  for (std::size_t g = 0; g < G; ++g)
+    for (std::size_t v = 0; v < V; ++v) (acc[g][v] * B(alpha)).store_unaligned(s + g * lds + v * W);
+}
+
+template <class B, std::size_t V>
+inline void head_weighted_block(typename B::value_type* c, const typename B::value_type* p, std::size_t ldp,
+                                const typename B::value_type* scale, const typename B::value_type* v, std::size_t ldv,
+                                std::size_t n, std::size_t Dh) {
+  using T = typename B::value_type;
+  constexpr std::size_t W = B::size;
+  const T* weights[V];
+  B acc[V];
+  for (std::size_t u = 0; u < V; ++u) weights[u] = p + (u * W / Dh) * ldp, acc[u] = B(T(0));
+  for (std::size_t j = 0; j < n; ++j)
+    for (std::size_t u = 0; u < V; ++u) acc[u] = fma(B(weights[u][j]), B::load_unaligned(v + j * ldv + u * W), acc[u]);
+  for (std::size_t u = 0; u < V; ++u) (acc[u] * B(scale[u * W / Dh])).store_unaligned(c + u * W);
+}
+
+/// Value rows weighted per head (attention's probabilities times values, every head at once):
+/// c[x] = scale[x / Dh] * sum_{j < n} p[(x / Dh) * ldp + j] * v[j * ldv + x] for x < D, each one FMA
+/// chain over j in order. A row of v is read once for all heads, up to 8 vectors side by side.
+/// Dh must be a multiple of B::size (every vector lies in one head) and D of Dh.
+template <class B>
+void head_weighted_rows(typename B::value_type* c, const typename B::value_type* p, std::size_t ldp,
+                        const typename B::value_type* scale, const typename B::value_type* v, std::size_t ldv,
+                        std::size_t n, std::size_t D, std::size_t Dh) {
+  constexpr std::size_t W = B::size;
+  // A block that starts on a head boundary counts its heads from there; one that starts inside a
+  // head (when Dh does not divide the block's columns) goes one vector at a time.
+  auto block = [&](auto vectors, std::size_t x0) {
+    constexpr std::size_t V = decltype(vectors)::value;
+    const std::size_t h0 = x0 / Dh;
+    if (x0 == h0 * Dh) return head_weighted_block<B, V>(c + x0, p + h0 * ldp, ldp, scale + h0, v + x0, ldv, n, Dh);
+    for (std::size_t u = 0; u < V; ++u)
+      head_weighted_block<B, 1>(c + x0 + u * W, p + ((x0 + u * W) / Dh) * ldp, ldp, scale + (x0 + u * W) / Dh,
+                                v + x0 + u * W, ldv, n, Dh);
+  };
+  std::size_t x = 0;
+  for (; x + 8 * W <= D; x += 8 * W) block(std::integral_constant<std::size_t, 8>{}, x);
+  if (x + 4 * W <= D) block(std::integral_constant<std::size_t, 4>{}, x), x += 4 * W;
+  if (x + 2 * W <= D) block(std::integral_constant<std::size_t, 2>{}, x), x += 2 * W;
+  if (x + W <= D) block(std::integral_constant<std::size_t, 1>{}, x), x += W;
 }
 
 // C[i, 0:V*W] (+)= alpha * sum_k A(i, k) b[k * ldb + 0:V*W] for R rows i at once, A(i, k) =
