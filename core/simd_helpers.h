@@ -310,7 +310,8 @@ void tile_product(typename B::value_type* c, std::size_t ldc, const typename B::
 /// (by M) and the SIMD width only decide which elements run side by side, never the order of an
 /// element's sum, so a row's result does not depend on M or on the rows that come with it: one
 /// sequence decoded alone gets the same bits as in a batch. Columns past the last whole vector go
-/// through the same batch arithmetic on a zero-padded copy of B's tail.
+/// through the same batch arithmetic on a zero-padded copy of B's tail (a vocabulary of 65 leaves
+/// one): a (K, W) panel made once and then 6-row tiles, for K up to 256; row by row past that.
 template <class B>
 void row_stable_product(typename B::value_type* c, std::size_t ldc, const typename B::value_type* a, std::size_t lda,
                         const typename B::value_type* b, std::size_t ldb, std::size_t M, std::size_t N, std::size_t K,
@@ -334,6 +335,29 @@ void row_stable_product(typename B::value_type* c, std::size_t ldc, const typena
   for (; j + W <= N; j += W) tile_rows<B, 1>(c + j, ldc, a, lda, 1, b + j, ldb, M, K, T(1), accumulate);
   if (j == N) return;
   const std::size_t rest = N - j;
+  constexpr std::size_t panel_k = 256, R = 6;
+  if (K <= panel_k) {  // the tail columns zero-padded once into a (K, W) panel, then 6-row tiles on it
+    alignas(64) T panel[panel_k * W], out[R * W];
+    for (std::size_t k = 0; k < K; ++k)
+      for (std::size_t t = 0; t < W; ++t) panel[k * W + t] = t < rest ? b[k * ldb + j + t] : T(0);
+    auto finish = [&](std::size_t i0, std::size_t rows) {  // out's rows i0.. go to c's tail columns
+      for (std::size_t r = 0; r < rows; ++r)
+        for (std::size_t t = 0; t < rest; ++t) {
+          T& y = c[(i0 + r) * ldc + j + t];
+          y = accumulate ? out[r * W + t] + y : out[r * W + t];
+        }
+    };
+    std::size_t i = 0;
+    for (; i + R <= M; i += R) {
+      tile_block<B, R, 1>(out, W, a + i * lda, lda, 1, panel, W, K, T(1), false);
+      finish(i, R);
+    }
+    for (; i < M; ++i) {
+      tile_block<B, 1, 1>(out, W, a + i * lda, lda, 1, panel, W, K, T(1), false);
+      finish(i, 1);
+    }
+    return;
+  }
   for (std::size_t i = 0; i < M; ++i) {
     B sum(T(0));
     for (std::size_t k = 0; k < K; ++k) {

@@ -253,10 +253,11 @@ template <class B> void check_helpers(Failures& f, std::string_view name) {
   // row_stable_product: C (M, N) (+)= A B. With small integers the result is exact; with fractions
   // (rounding in every FMA) each row must equal, bit for bit, the same row computed alone (M = 1):
   // M covers the few-row path (< 6) and the 6-row tiles with their remainders, N the wide column
-  // blocks, single vectors and the zero-padded tail.
+  // blocks, single vectors and the zero-padded tail (a panel of up to 256 rows of B, and past that
+  // row by row).
   for (std::size_t M : {std::size_t(1), std::size_t(2), std::size_t(5), std::size_t(6), std::size_t(7), std::size_t(13)})
     for (std::size_t N : {std::size_t(1), W - 1, W + 1, 2 * W + 3, 9 * W + 1})
-      for (std::size_t K : {std::size_t(1), std::size_t(4), std::size_t(17)})
+      for (std::size_t K : {std::size_t(1), std::size_t(4), std::size_t(17), std::size_t(257)})
         for (bool accumulate : {false, true}) {
           const std::size_t lda = K + 1, ldb = N + 2, ldc = N + 3;
           std::vector<T> a = small_ints<T>(M * lda, M + K), b = small_ints<T>(K * ldb, N + K);
