@@ -32,12 +32,14 @@ void cached_attention_forward(T* out, const T* q, const T* keys, const T* values
         detail::head_block_scores<B, 1, key_block>(p + h * ld + b * key_block, ld, qi + h * Dh, block + h * Dh * key_block,
                                                    Dh, scale);
     }
+    // The softmax over whole vectors: keys n..n_pad-1 of the last block are not this query's (stale
+    // or not yet written), and exp(-inf) = 0 leaves them out of the sum.
+    const std::size_t n_pad = (n + W - 1) / W * W;
     for (std::size_t h = 0; h < H; ++h) {
-      // Keys n..ld-1 of the last block are not this query's (stale or not yet written): exp(-inf) = 0.
       T* ph = p + h * ld;
-      std::fill(ph + n, ph + ld, -std::numeric_limits<T>::infinity());
-      T m = detail::max_of<B>(ph, ld);
-      inv[h] = T(1) / detail::exp_shifted_sum<B>(ph, ld, m);
+      std::fill(ph + n, ph + n_pad, -std::numeric_limits<T>::infinity());
+      T m = detail::max_of<B>(ph, n_pad);
+      inv[h] = T(1) / detail::exp_shifted_sum<B>(ph, n_pad, m);
     }
     T* oi = out + i * D;
     if (Dh % W == 0) {

@@ -205,18 +205,26 @@ inline void head_block_scores(typename B::value_type* s, std::size_t lds, const 
     for (std::size_t v = 0; v < V; ++v) (acc[g][v] * B(alpha)).store_unaligned(s + g * lds + v * W);
 }
 
-template <class B, std::size_t V>
+// c[0:V*W] for V vectors that start on a head boundary, VH vectors per head (V / VH heads, weights
+// p + h * ldp and scale[h] for the h-th of them): each head's weight is broadcast once per row j.
+template <class B, std::size_t V, std::size_t VH>
 inline void head_weighted_block(typename B::value_type* c, const typename B::value_type* p, std::size_t ldp,
                                 const typename B::value_type* scale, const typename B::value_type* v, std::size_t ldv,
-                                std::size_t n, std::size_t Dh) {
+                                std::size_t n) {
   using T = typename B::value_type;
-  constexpr std::size_t W = B::size;
-  const T* weights[V];
+  constexpr std::size_t W = B::size, heads = V / VH;
+  static_assert(V % VH == 0, "whole heads in a block");
   B acc[V];
-  for (std::size_t u = 0; u < V; ++u) weights[u] = p + (u * W / Dh) * ldp, acc[u] = B(T(0));
-  for (std::size_t j = 0; j < n; ++j)
-    for (std::size_t u = 0; u < V; ++u) acc[u] = fma(B(weights[u][j]), B::load_unaligned(v + j * ldv + u * W), acc[u]);
-  for (std::size_t u = 0; u < V; ++u) (acc[u] * B(scale[u * W / Dh])).store_unaligned(c + u * W);
+  for (auto& a : acc) a = B(T(0));
+  for (std::size_t j = 0; j < n; ++j) {
+    const T* row = v + j * ldv;
+    for (std::size_t h = 0; h < heads; ++h) {
+      B x(p[h * ldp + j]);
+      for (std::size_t u = 0; u < VH; ++u) acc[h * VH + u] = fma(x, B::load_unaligned(row + (h * VH + u) * W), acc[h * VH + u]);
+    }
+  }
+  for (std::size_t h = 0; h < heads; ++h)
+    for (std::size_t u = 0; u < VH; ++u) (acc[h * VH + u] * B(scale[h])).store_unaligned(c + (h * VH + u) * W);
 }
 
 /// Value rows weighted per head (attention's probabilities times values, every head at once):
@@ -227,16 +235,27 @@ template <class B>
 void head_weighted_rows(typename B::value_type* c, const typename B::value_type* p, std::size_t ldp,
                         const typename B::value_type* scale, const typename B::value_type* v, std::size_t ldv,
                         std::size_t n, std::size_t D, std::size_t Dh) {
+  using T = typename B::value_type;
   constexpr std::size_t W = B::size;
-  // A block that starts on a head boundary counts its heads from there; one that starts inside a
-  // head (when Dh does not divide the block's columns) goes one vector at a time.
+  const std::size_t per_head = Dh / W;
+  // A block that starts on a head boundary takes its heads whole (1, 2 or 4 vectors each), or lies
+  // in one head; any other block goes one vector at a time, each with its own head's weights.
   auto block = [&](auto vectors, std::size_t x0) {
     constexpr std::size_t V = decltype(vectors)::value;
     const std::size_t h0 = x0 / Dh;
-    if (x0 == h0 * Dh) return head_weighted_block<B, V>(c + x0, p + h0 * ldp, ldp, scale + h0, v + x0, ldv, n, Dh);
-    for (std::size_t u = 0; u < V; ++u)
-      head_weighted_block<B, 1>(c + x0 + u * W, p + ((x0 + u * W) / Dh) * ldp, ldp, scale + (x0 + u * W) / Dh,
-                                v + x0 + u * W, ldv, n, Dh);
+    const T* ph = p + h0 * ldp;
+    if (x0 == h0 * Dh) {
+      if (per_head >= V) return head_weighted_block<B, V, V>(c + x0, ph, ldp, scale + h0, v + x0, ldv, n);
+      if (per_head == 1) return head_weighted_block<B, V, 1>(c + x0, ph, ldp, scale + h0, v + x0, ldv, n);
+      if constexpr (V % 2 == 0)
+        if (per_head == 2) return head_weighted_block<B, V, 2>(c + x0, ph, ldp, scale + h0, v + x0, ldv, n);
+      if constexpr (V % 4 == 0)
+        if (per_head == 4) return head_weighted_block<B, V, 4>(c + x0, ph, ldp, scale + h0, v + x0, ldv, n);
+    }
+    for (std::size_t u = 0; u < V; ++u) {
+      const std::size_t x = x0 + u * W, h = x / Dh;
+      head_weighted_block<B, 1, 1>(c + x, p + h * ldp, ldp, scale + h, v + x, ldv, n);
+    }
   };
   std::size_t x = 0;
   for (; x + 8 * W <= D; x += 8 * W) block(std::integral_constant<std::size_t, 8>{}, x);

@@ -202,9 +202,10 @@ template <class B> void check_helpers(Failures& f, std::string_view name) {
   }
 
   // head_weighted_rows: c[x] = scale[x / Dh] * sum_j p[(x / Dh) * ldp + j] * v[j * ldv + x], every
-  // head at once. D = H * Dh up to 15W covers the 8-, 4-, 2- and 1-vector blocks, and Dh = 3W blocks
-  // that start inside a head; c[D] is past the end and must be untouched.
-  for (std::size_t Dh : {W, 2 * W, 3 * W})
+  // head at once. D = H * Dh up to 20W covers the 8-, 4-, 2- and 1-vector blocks with heads of 1, 2
+  // and 4 vectors, and Dh = 3W blocks that start inside a head; c[D] is past the end and must be
+  // untouched.
+  for (std::size_t Dh : {W, 2 * W, 3 * W, 4 * W})
     for (std::size_t H : {std::size_t(1), std::size_t(3), std::size_t(5)})
       for (std::size_t n : {std::size_t(0), std::size_t(1), std::size_t(6)}) {
         const std::size_t D = H * Dh, ldp = n + 2, ldv = D + 3;
