@@ -77,8 +77,9 @@ class KVCache {
 
   /// A bump allocator over buffers that keep their size from pass to pass: the n-th take() of a
   /// pass returns the n-th buffer, grown if needed, so a pass repeating the same ops allocates
-  /// only the first time.
-  class Scratch {
+  /// only the first time. One per thread, each on a cache line of its own: the threads' takes
+  /// would otherwise keep stealing one line from each other.
+  class alignas(64) Scratch {
    public:
     void rewind() { next_ = 0; }  ///< Starts a pass: the next take() returns the first buffer.
     /// The next buffer, grown to at least `floats` floats (its contents are left over).
