@@ -136,6 +136,15 @@ template <class T>
 void attention_backward(T* dq, T* dk, T* dv, const T* dout, const T* out, const T* lse, const T* q, const T* k,
                         const T* v, const AttentionShape& s);
 
+/// The KV-cache form, for the few query rows of one sequence: query i of q (q_len, H*Dh), at
+/// position q_offset + i, attends to that sequence's keys and values 0..q_offset+i (kv_len, the
+/// rows held, is at least q_offset + q_len). keys are in blocks of key_block positions, block b
+/// (H*Dh, key_block) at keys + b * H*Dh * key_block; values are rows (kv_len, H*Dh). scratch holds
+/// n_heads * (round_up(q_offset + q_len, key_block) + 1) elements. A query's result depends only on
+/// its row and the cache, never on the other rows of q.
+template <class T>
+void cached_attention_forward(T* out, const T* q, const T* keys, const T* values, const AttentionShape& s, T* scratch);
+
 // ---- cross-entropy --------------------------------------------------------------
 
 /// Mean over rows of logsumexp(logits[i]) - logits[i, targets[i]]; logits (N, V); writes lse (N).

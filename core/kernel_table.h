@@ -38,6 +38,7 @@ template <class T> struct KernelTable {
   decltype(&gelu_tanh_backward<T>) gelu_tanh_backward;
   decltype(&attention_forward<T>) attention_forward;
   decltype(&attention_backward<T>) attention_backward;
+  decltype(&cached_attention_forward<T>) cached_attention_forward;
   decltype(&cross_entropy_forward<T>) cross_entropy_forward;
   decltype(&cross_entropy_backward<T>) cross_entropy_backward;
 };

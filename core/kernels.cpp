@@ -1,7 +1,10 @@
 // The public kernels: each calls the copy compiled for the SIMD level in use (core/kernel_table.h).
 // The matmul compositions and the RoPE table have no SIMD code of their own and live here.
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <cmath>
+#include <stdexcept>
 
 #include "core/kernel_table.h"
 
@@ -149,6 +152,14 @@ void attention_backward(T* dq, T* dk, T* dv, const T* dout, const T* out, const 
   if (s.q_offset + s.q_len > s.kv_len) throw std::invalid_argument("attention: q_offset + q_len exceeds kv_len");
   active_table<T>().attention_backward(dq, dk, dv, dout, out, lse, q, k, v, s);
 }
+template <class T>
+void cached_attention_forward(T* out, const T* q, const T* keys, const T* values, const AttentionShape& s, T* scratch) {
+  if (s.batch != 1 || s.q_offset + s.q_len > s.kv_len)
+    throw std::invalid_argument(fmt::format("cached_attention: one sequence with q_offset + q_len <= kv_len; got batch "
+                                            "{}, q_offset {}, q_len {}, kv_len {}",
+                                            s.batch, s.q_offset, s.q_len, s.kv_len));
+  active_table<T>().cached_attention_forward(out, q, keys, values, s, scratch);
+}
 
 template <class T>
 T cross_entropy_forward(T* lse, const T* logits, const std::int32_t* targets, std::size_t n, std::size_t vocab) {
@@ -221,6 +232,7 @@ template <class T> void gelu_tanh_backward(T* dx, const T* dy, const T* x, const
   template void attention_forward<T>(T*, T*, const T*, const T*, const T*, const AttentionShape&);              \
   template void attention_backward<T>(T*, T*, T*, const T*, const T*, const T*, const T*, const T*, const T*,   \
                                       const AttentionShape&);                                                    \
+  template void cached_attention_forward<T>(T*, const T*, const T*, const T*, const AttentionShape&, T*);        \
   template T cross_entropy_forward<T>(T*, const T*, const std::int32_t*, std::size_t, std::size_t);             \
   template void cross_entropy_backward<T>(T*, T, const T*, const T*, const std::int32_t*, std::size_t, std::size_t);
 TAPEGRAD_INSTANTIATE(float)

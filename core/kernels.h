@@ -43,6 +43,11 @@ struct AttentionShape {
   std::size_t model_dim() const { return n_heads * head_dim; }  ///< n_heads * head_dim
 };
 
+/// Positions per block of a KV cache's keys (cached_attention_forward): block b holds keys
+/// b*key_block..(b+1)*key_block-1 transposed, (H*Dh, key_block). A multiple of every SIMD width
+/// (4, 8 and 16 floats), so that the layout does not depend on the level in use.
+inline constexpr std::size_t key_block = 16;
+
 #include "core/kernel_functions.h"
 
 }  // namespace kernels

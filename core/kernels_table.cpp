@@ -33,6 +33,7 @@ template <class T> const KernelTable<T>& table() {
       .gelu_tanh_backward = &gelu_tanh_backward<T>,
       .attention_forward = &attention_forward<T>,
       .attention_backward = &attention_backward<T>,
+      .cached_attention_forward = &cached_attention_forward<T>,
       .cross_entropy_forward = &cross_entropy_forward<T>,
       .cross_entropy_backward = &cross_entropy_backward<T>,
   };

@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstddef>
+#include <type_traits>
 
 namespace tapegrad::detail {
 
@@ -180,6 +181,89 @@ std::size_t dots_with_rows(typename B::value_type* c, const typename B::value_ty
   return n;
 }
 
+/// Scores of G heads against one block of P cached keys stored transposed (row c of the block is
+/// coordinate c of its P keys): s[g * lds + 0:P] = alpha * sum_d q[g * Dh + d] * block[(g * Dh + d) * P
+/// + 0:P] for g < G. Each score is one FMA chain over d in order, whatever G is: broadcast-FMAs over
+/// consecutive keys, with no horizontal sums; G heads side by side keep G * P / W chains in flight.
+/// P must be a multiple of B::size.
+template <class B, std::size_t G, std::size_t P>
+inline void head_block_scores(typename B::value_type* s, std::size_t lds, const typename B::value_type* q,
+                              const typename B::value_type* block, std::size_t Dh, typename B::value_type alpha) {
+  using T = typename B::value_type;
+  constexpr std::size_t W = B::size, V = P / W;
+  static_assert(P % W == 0, "a key block holds whole vectors");
+  B acc[G][V];
+  for (auto& head : acc)
+    for (auto& a : head) a = B(T(0));
+  for (std::size_t d = 0; d < Dh; ++d)
+    for (std::size_t g = 0; g < G; ++g) {
+      B x(q[g * Dh + d]);
+      const T* row = block + (g * Dh + d) * P;
+      for (std::size_t v = 0; v < V; ++v) acc[g][v] = fma(x, B::load_unaligned(row + v * W), acc[g][v]);
+    }
+  for (std::size_t g = 0; g < G; ++g)
+    for (std::size_t v = 0; v < V; ++v) (acc[g][v] * B(alpha)).store_unaligned(s + g * lds + v * W);
+}
+
+// c[0:V*W] for V vectors that start on a head boundary, VH vectors per head (V / VH heads, weights
+// p + h * ldp and scale[h] for the h-th of them): each head's weight is broadcast once per row j.
+template <class B, std::size_t V, std::size_t VH>
+inline void head_weighted_block(typename B::value_type* c, const typename B::value_type* p, std::size_t ldp,
+                                const typename B::value_type* scale, const typename B::value_type* v, std::size_t ldv,
+                                std::size_t n) {
+  using T = typename B::value_type;
+  constexpr std::size_t W = B::size, heads = V / VH;
+  static_assert(V % VH == 0, "whole heads in a block");
+  B acc[V];
+  for (auto& a : acc) a = B(T(0));
+  for (std::size_t j = 0; j < n; ++j) {
+    const T* row = v + j * ldv;
+    for (std::size_t h = 0; h < heads; ++h) {
+      B x(p[h * ldp + j]);
+      for (std::size_t u = 0; u < VH; ++u) acc[h * VH + u] = fma(x, B::load_unaligned(row + (h * VH + u) * W), acc[h * VH + u]);
+    }
+  }
+  for (std::size_t h = 0; h < heads; ++h)
+    for (std::size_t u = 0; u < VH; ++u) (acc[h * VH + u] * B(scale[h])).store_unaligned(c + (h * VH + u) * W);
+}
+
+/// Value rows weighted per head (attention's probabilities times values, every head at once):
+/// c[x] = scale[x / Dh] * sum_{j < n} p[(x / Dh) * ldp + j] * v[j * ldv + x] for x < D, each one FMA
+/// chain over j in order. A row of v is read once for all heads, up to 8 vectors side by side.
+/// Dh must be a multiple of B::size (every vector lies in one head) and D of Dh.
+template <class B>
+void head_weighted_rows(typename B::value_type* c, const typename B::value_type* p, std::size_t ldp,
+                        const typename B::value_type* scale, const typename B::value_type* v, std::size_t ldv,
+                        std::size_t n, std::size_t D, std::size_t Dh) {
+  using T = typename B::value_type;
+  constexpr std::size_t W = B::size;
+  const std::size_t per_head = Dh / W;
+  // A block that starts on a head boundary takes its heads whole (1, 2 or 4 vectors each), or lies
+  // in one head; any other block goes one vector at a time, each with its own head's weights.
+  auto block = [&](auto vectors, std::size_t x0) {
+    constexpr std::size_t V = decltype(vectors)::value;
+    const std::size_t h0 = x0 / Dh;
+    const T* ph = p + h0 * ldp;
+    if (x0 == h0 * Dh) {
+      if (per_head >= V) return head_weighted_block<B, V, V>(c + x0, ph, ldp, scale + h0, v + x0, ldv, n);
+      if (per_head == 1) return head_weighted_block<B, V, 1>(c + x0, ph, ldp, scale + h0, v + x0, ldv, n);
+      if constexpr (V % 2 == 0)
+        if (per_head == 2) return head_weighted_block<B, V, 2>(c + x0, ph, ldp, scale + h0, v + x0, ldv, n);
+      if constexpr (V % 4 == 0)
+        if (per_head == 4) return head_weighted_block<B, V, 4>(c + x0, ph, ldp, scale + h0, v + x0, ldv, n);
+    }
+    for (std::size_t u = 0; u < V; ++u) {
+      const std::size_t x = x0 + u * W, h = x / Dh;
+      head_weighted_block<B, 1, 1>(c + x, p + h * ldp, ldp, scale + h, v + x, ldv, n);
+    }
+  };
+  std::size_t x = 0;
+  for (; x + 8 * W <= D; x += 8 * W) block(std::integral_constant<std::size_t, 8>{}, x);
+  if (x + 4 * W <= D) block(std::integral_constant<std::size_t, 4>{}, x), x += 4 * W;
+  if (x + 2 * W <= D) block(std::integral_constant<std::size_t, 2>{}, x), x += 2 * W;
+  if (x + W <= D) block(std::integral_constant<std::size_t, 1>{}, x), x += W;
+}
+
 // C[i, 0:V*W] (+)= alpha * sum_k A(i, k) b[k * ldb + 0:V*W] for R rows i at once, A(i, k) =
 // a[i * a_row + k * a_col]: R x V accumulators stay in registers across all of k (R = 6, V = 2 is
 // the 6x16 block of AVX2 sgemm kernels: 12 accumulators, 2 loads and 6 broadcasts per 12 FMAs).
@@ -245,7 +329,8 @@ void tile_product(typename B::value_type* c, std::size_t ldc, const typename B::
 /// (by M) and the SIMD width only decide which elements run side by side, never the order of an
 /// element's sum, so a row's result does not depend on M or on the rows that come with it: one
 /// sequence decoded alone gets the same bits as in a batch. Columns past the last whole vector go
-/// through the same batch arithmetic on a zero-padded copy of B's tail.
+/// through the same batch arithmetic on a zero-padded copy of B's tail (a vocabulary of 65 leaves
+/// one): a (K, W) panel made once and then 6-row tiles, for K up to 256; row by row past that.
 template <class B>
 void row_stable_product(typename B::value_type* c, std::size_t ldc, const typename B::value_type* a, std::size_t lda,
                         const typename B::value_type* b, std::size_t ldb, std::size_t M, std::size_t N, std::size_t K,
@@ -269,6 +354,29 @@ void row_stable_product(typename B::value_type* c, std::size_t ldc, const typena
   for (; j + W <= N; j += W) tile_rows<B, 1>(c + j, ldc, a, lda, 1, b + j, ldb, M, K, T(1), accumulate);
   if (j == N) return;
   const std::size_t rest = N - j;
+  constexpr std::size_t panel_k = 256, R = 6;
+  if (K <= panel_k) {  // the tail columns zero-padded once into a (K, W) panel, then 6-row tiles on it
+    alignas(64) T panel[panel_k * W], out[R * W];
+    for (std::size_t k = 0; k < K; ++k)
+      for (std::size_t t = 0; t < W; ++t) panel[k * W + t] = t < rest ? b[k * ldb + j + t] : T(0);
+    auto finish = [&](std::size_t i0, std::size_t rows) {  // out's rows i0.. go to c's tail columns
+      for (std::size_t r = 0; r < rows; ++r)
+        for (std::size_t t = 0; t < rest; ++t) {
+          T& y = c[(i0 + r) * ldc + j + t];
+          y = accumulate ? out[r * W + t] + y : out[r * W + t];
+        }
+    };
+    std::size_t i = 0;
+    for (; i + R <= M; i += R) {
+      tile_block<B, R, 1>(out, W, a + i * lda, lda, 1, panel, W, K, T(1), false);
+      finish(i, R);
+    }
+    for (; i < M; ++i) {
+      tile_block<B, 1, 1>(out, W, a + i * lda, lda, 1, panel, W, K, T(1), false);
+      finish(i, 1);
+    }
+    return;
+  }
   for (std::size_t i = 0; i < M; ++i) {
     B sum(T(0));
     for (std::size_t k = 0; k < K; ++k) {

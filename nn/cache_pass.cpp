@@ -115,13 +115,15 @@ Rows CachePass::attention(const Rows& q, const Rows& k, const Rows& v, std::size
   check_cols("attention", k, width);
   check_cols("attention", v, width);
   Rows y = take(width);
+  // Scores and sums of one query: n_heads x (max_len in whole key blocks, + 1).
+  const std::size_t blocks = (cache_.max_len() + kernels::key_block - 1) / kernels::key_block;
+  float* scratch = scratch_.take(n_heads * (blocks * kernels::key_block + 1));
   std::size_t r = 0;
   for (const Run& run : runs_) {
-    float *keys = cache_.keys(layer, run.sequence), *values = cache_.values(layer, run.sequence);
-    std::copy_n(k.row(r), run.count * width, keys + run.position * width);
-    std::copy_n(v.row(r), run.count * width, values + run.position * width);
-    kernels::attention_forward<float>(y.row(r), nullptr, q.row(r), keys, values,
-                                      {1, run.count, run.position + run.count, n_heads, width / n_heads, run.position});
+    cache_.write(layer, run.sequence, run.position, run.count, k.row(r), v.row(r));
+    kernels::cached_attention_forward<float>(
+        y.row(r), q.row(r), cache_.keys(layer, run.sequence), cache_.values(layer, run.sequence),
+        {1, run.count, run.position + run.count, n_heads, width / n_heads, run.position}, scratch);
     r += run.count;
   }
   return y;

@@ -3,15 +3,17 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <stdexcept>
 
 namespace tapegrad::nn {
 
 namespace {
 
-// Floats per K (and per V) buffer: layers x sequences x max_len x width, refused past 2^30 floats
-// (4 GiB each) before anything is allocated, so that a request for too many sequences is one clear
-// error rather than an allocation failure or the out-of-memory killer.
+// Floats per K (and per V) buffer: layers x sequences x max_len x width (max_len in whole key
+// blocks for the keys), refused past 2^30 floats (4 GiB each) before anything is allocated, so that
+// a request for too many sequences is one clear error rather than an allocation failure or the
+// out-of-memory killer.
 std::size_t checked_buffer_floats(std::size_t layers, std::size_t max_len, std::size_t width, std::size_t sequences) {
   constexpr std::size_t limit = std::size_t(1) << 30;
   if (sequences == 0) throw std::invalid_argument("KVCache: a cache holds at least one sequence");
@@ -32,8 +34,9 @@ KVCache::KVCache(std::size_t layers, std::size_t max_len, std::size_t width, std
     : layers_(layers),
       max_len_(max_len),
       width_(width),
-      keys_(checked_buffer_floats(layers, max_len, width, sequences)),
-      values_(keys_.size()),
+      key_positions_((max_len + kernels::key_block - 1) / kernels::key_block * kernels::key_block),
+      values_(checked_buffer_floats(layers, max_len, width, sequences)),
+      keys_(checked_buffer_floats(layers, key_positions_, width, sequences)),
       positions_(sequences, 0),
       active_(sequences, 1) {}
 
@@ -52,6 +55,18 @@ void KVCache::drop(std::size_t sequence) {
   if (sequence >= sequences())
     throw std::out_of_range(fmt::format("KVCache: sequence {} of a cache of {}", sequence, sequences()));
   active_[sequence] = 0;
+}
+
+void KVCache::write(std::size_t layer, std::size_t sequence, std::size_t position, std::size_t count, const float* k,
+                    const float* v) {
+  const std::size_t first = (layer * sequences() + sequence) * key_positions_ * width_;
+  for (std::size_t t = 0; t < count; ++t) {
+    const std::size_t pos = position + t;
+    // Position pos is column pos % key_block of block pos / key_block: one float per row of it.
+    float* column = keys_.data() + first + pos / kernels::key_block * width_ * kernels::key_block + pos % kernels::key_block;
+    for (std::size_t c = 0; c < width_; ++c) column[c * kernels::key_block] = k[t * width_ + c];
+  }
+  std::copy_n(v, count * width_, values_.data() + (layer * sequences() + sequence) * max_len_ * width_ + position * width_);
 }
 
 void KVCache::bind(const void* model, std::vector<Var> params) {

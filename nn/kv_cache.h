@@ -1,6 +1,7 @@
 // KVCache: the decoding state of S sequences, kept apart from the weights (llama2.c's RunState,
 // with sequence slots as in llama.cpp). Per attention layer and sequence, K and V buffers of
-// max_len rows; per sequence its next position and whether steps advance it; the weights version
+// max_len positions (the keys in transposed blocks, the layout of kernels::cached_attention_forward,
+// the values in rows); per sequence its next position and whether steps advance it; the weights version
 // the rows were computed under; and the buffers of the passes that fill it, which grow on first
 // use and are then reused, so that a step allocates nothing.
 #pragma once
@@ -9,6 +10,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "core/kernels.h"
 #include "core/tape.h"
 
 namespace tapegrad::nn {
@@ -49,10 +51,19 @@ class KVCache {
 
   // ---- for the decoding pass (nn/cache_pass.h) ----
 
-  /// Rows 0..max_len-1 of sequence s's keys in a layer: (max_len, width), row-major.
-  float* keys(std::size_t layer, std::size_t sequence) { return keys_.data() + offset(layer, sequence); }
-  /// The same for its values.
-  float* values(std::size_t layer, std::size_t sequence) { return values_.data() + offset(layer, sequence); }
+  /// Sequence s's keys in a layer: blocks of kernels::key_block positions, each (width,
+  /// key_block), up to max_len positions (kernels::cached_attention_forward reads them).
+  const float* keys(std::size_t layer, std::size_t sequence) const {
+    return keys_.data() + (layer * sequences() + sequence) * key_positions_ * width_;
+  }
+  /// Rows 0..max_len-1 of sequence s's values in a layer: (max_len, width), row-major.
+  const float* values(std::size_t layer, std::size_t sequence) const {
+    return values_.data() + (layer * sequences() + sequence) * max_len_ * width_;
+  }
+  /// Writes the keys and values k and v (count, width) of sequence s's positions
+  /// position..position+count-1 in a layer.
+  void write(std::size_t layer, std::size_t sequence, std::size_t position, std::size_t count, const float* k,
+             const float* v);
   /// Records that sequence s now holds n more tokens.
   void advance(std::size_t sequence, std::size_t n) { positions_[sequence] += n; }
   /// The model this cache was made for (its address) and handles to its parameters, whose
@@ -66,8 +77,9 @@ class KVCache {
 
   /// A bump allocator over buffers that keep their size from pass to pass: the n-th take() of a
   /// pass returns the n-th buffer, grown if needed, so a pass repeating the same ops allocates
-  /// only the first time.
-  class Scratch {
+  /// only the first time. One per thread, each on a cache line of its own: the threads' takes
+  /// would otherwise keep stealing one line from each other.
+  class alignas(64) Scratch {
    public:
     void rewind() { next_ = 0; }  ///< Starts a pass: the next take() returns the first buffer.
     /// The next buffer, grown to at least `floats` floats (its contents are left over).
@@ -87,11 +99,11 @@ class KVCache {
   /// @}
 
  private:
-  std::size_t offset(std::size_t layer, std::size_t sequence) const {
-    return (layer * positions_.size() + sequence) * max_len_ * width_;
-  }
   std::size_t layers_, max_len_, width_;
-  std::vector<float> keys_, values_;  // (layers, sequences, max_len, width); first: their size is checked
+  std::size_t key_positions_;  // max_len rounded up to whole key blocks
+  // values_ (layers, sequences, max_len, width); keys_ (layers, sequences, blocks, width, key_block).
+  // Declared before the other buffers: their sizes are checked before anything is allocated.
+  std::vector<float> values_, keys_;
   std::vector<std::size_t> positions_;
   std::vector<char> active_;
   const void* model_ = nullptr;

@@ -174,6 +174,55 @@ template <class B> void check_helpers(Failures& f, std::string_view name) {
         }
       }
 
+  // head_block_scores: G heads' scores over one block of 16 keys stored transposed, each an FMA
+  // chain over d (exact on integers), written to G rows of a wider scores buffer and nowhere else.
+  if constexpr (16 % W == 0) {
+    constexpr std::size_t P = 16;
+    auto check_scores = [&](auto heads, std::size_t Dh) {
+      constexpr std::size_t G = decltype(heads)::value;
+      const std::size_t lds = P + 5;
+      const std::vector<T> q = small_ints<T>(G * Dh + 1, G + Dh), block = small_ints<T>(G * Dh * P + 1, G + 2 * Dh);
+      std::vector<T> s(G * lds, T(7)), want = s;
+      const T alpha = T(0.25);
+      for (std::size_t g = 0; g < G; ++g)
+        for (std::size_t t = 0; t < P; ++t) {
+          T sum = 0;
+          for (std::size_t d = 0; d < Dh; ++d) sum += q[1 + g * Dh + d] * block[1 + (g * Dh + d) * P + t];
+          want[g * lds + t] = alpha * sum;
+        }
+      detail::head_block_scores<B, G, P>(s.data(), lds, q.data() + 1, block.data() + 1, Dh, alpha);
+      for (std::size_t i = 0; i < s.size(); ++i)
+        if (s[i] != want[i]) f.add("{}: head_block_scores G={} Dh={}: s[{}] = {}, want {}", name, G, Dh, i, s[i], want[i]);
+    };
+    for (std::size_t Dh : {std::size_t(0), std::size_t(1), std::size_t(3), std::size_t(16)}) {
+      check_scores(std::integral_constant<std::size_t, 1>{}, Dh);
+      check_scores(std::integral_constant<std::size_t, 2>{}, Dh);
+      check_scores(std::integral_constant<std::size_t, 5>{}, Dh);
+    }
+  }
+
+  // head_weighted_rows: c[x] = scale[x / Dh] * sum_j p[(x / Dh) * ldp + j] * v[j * ldv + x], every
+  // head at once. D = H * Dh up to 20W covers the 8-, 4-, 2- and 1-vector blocks with heads of 1, 2
+  // and 4 vectors, and Dh = 3W blocks that start inside a head; c[D] is past the end and must be
+  // untouched.
+  for (std::size_t Dh : {W, 2 * W, 3 * W, 4 * W})
+    for (std::size_t H : {std::size_t(1), std::size_t(3), std::size_t(5)})
+      for (std::size_t n : {std::size_t(0), std::size_t(1), std::size_t(6)}) {
+        const std::size_t D = H * Dh, ldp = n + 2, ldv = D + 3;
+        const std::vector<T> p = small_ints<T>(H * ldp, n + H), v = small_ints<T>(n * ldv + 1, D + n);
+        std::vector<T> scale(H), c = small_ints<T>(D + 1, D), want = c;
+        for (std::size_t h = 0; h < H; ++h) scale[h] = T(1) / T(1 << h);
+        for (std::size_t x = 0; x < D; ++x) {
+          T sum = 0;
+          for (std::size_t j = 0; j < n; ++j) sum += p[(x / Dh) * ldp + j] * v[j * ldv + x];
+          want[x] = scale[x / Dh] * sum;
+        }
+        detail::head_weighted_rows<B>(c.data(), p.data(), ldp, scale.data(), v.data(), ldv, n, D, Dh);
+        for (std::size_t x = 0; x <= D; ++x)
+          if (c[x] != want[x])
+            f.add("{}: head_weighted_rows Dh={} H={} n={}: c[{}] = {}, want {}", name, Dh, H, n, x, c[x], want[x]);
+      }
+
   // tile_product: C (M, N) (+)= alpha * A B, A row-major (a_row = lda, a_col = 1) or transposed
   // (a_row = 1, a_col = lda); M up to 13 covers two 6-row blocks and every remainder, N up to 9W
   // the 2- and 4-vector column blocks and their 1-vector remainder.
@@ -205,10 +254,11 @@ template <class B> void check_helpers(Failures& f, std::string_view name) {
   // row_stable_product: C (M, N) (+)= A B. With small integers the result is exact; with fractions
   // (rounding in every FMA) each row must equal, bit for bit, the same row computed alone (M = 1):
   // M covers the few-row path (< 6) and the 6-row tiles with their remainders, N the wide column
-  // blocks, single vectors and the zero-padded tail.
+  // blocks, single vectors and the zero-padded tail (a panel of up to 256 rows of B, and past that
+  // row by row).
   for (std::size_t M : {std::size_t(1), std::size_t(2), std::size_t(5), std::size_t(6), std::size_t(7), std::size_t(13)})
     for (std::size_t N : {std::size_t(1), W - 1, W + 1, 2 * W + 3, 9 * W + 1})
-      for (std::size_t K : {std::size_t(1), std::size_t(4), std::size_t(17)})
+      for (std::size_t K : {std::size_t(1), std::size_t(4), std::size_t(17), std::size_t(257)})
         for (bool accumulate : {false, true}) {
           const std::size_t lda = K + 1, ldb = N + 2, ldc = N + 3;
           std::vector<T> a = small_ints<T>(M * lda, M + K), b = small_ints<T>(K * ldb, N + K);

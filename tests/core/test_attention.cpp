@@ -1,5 +1,6 @@
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 
@@ -187,6 +188,53 @@ TEST_CASE("attention with a query offset equals the matching rows of the full pa
       for (std::size_t i = 0; i < T - start; ++i)
         REQUIRE(tail_lse[h * (T - start) + i] == doctest::Approx(lse[h * T + start + i]).epsilon(1e-5));
   }
+}
+
+namespace {
+// Keys (T, D) in a KV cache's layout: blocks of key_block positions, each (D, key_block); the
+// block's columns past T are NaN, as stale or unwritten positions may hold anything.
+std::vector<float> key_blocks(const std::vector<float>& k, std::size_t T, std::size_t D) {
+  const std::size_t blocks = (T + kernels::key_block - 1) / kernels::key_block;
+  std::vector<float> out(blocks * D * kernels::key_block, std::numeric_limits<float>::quiet_NaN());
+  for (std::size_t t = 0; t < T; ++t)
+    for (std::size_t c = 0; c < D; ++c)
+      out[t / kernels::key_block * D * kernels::key_block + c * kernels::key_block + t % kernels::key_block] = k[t * D + c];
+  return out;
+}
+}  // namespace
+
+TEST_CASE("cached attention over transposed key blocks matches the triple loop, each query row as if alone") {
+  // Head sizes of whole vectors and not (8 and 6 split a 16-lane vector, 2 is all padding), single
+  // queries on and around the block boundaries, and prefills that start at 0 or continue a sequence.
+  struct Case {
+    std::size_t n_heads, head_dim, q_len, q_offset;
+  };
+  for (Case c : {Case{2, 16, 1, 0}, Case{2, 16, 1, 15}, Case{2, 16, 1, 16}, Case{4, 16, 5, 40}, Case{3, 8, 33, 0},
+                 Case{3, 8, 1, 70}, Case{4, 6, 7, 9}, Case{1, 2, 3, 17}, Case{5, 32, 2, 30}}) {
+    const std::size_t H = c.n_heads, Dh = c.head_dim, D = H * Dh, T = c.q_offset + c.q_len;
+    CAPTURE(H);
+    CAPTURE(Dh);
+    CAPTURE(c.q_len);
+    CAPTURE(c.q_offset);
+    kernels::AttentionShape shape{1, c.q_len, T, H, Dh, c.q_offset};
+    auto q = test::random_vector<float>(c.q_len * D, 1), k = test::random_vector<float>(T * D, 2);
+    auto v = test::random_vector<float>(T * D, 3);
+    std::vector<float> blocks = key_blocks(k, T, D), out(c.q_len * D);
+    std::vector<float> scratch(H * ((T + kernels::key_block - 1) / kernels::key_block * kernels::key_block + 1));
+    kernels::cached_attention_forward(out.data(), q.data(), blocks.data(), v.data(), shape, scratch.data());
+    Reference want = naive_attention(q, k, v, shape);
+    for (std::size_t i = 0; i < out.size(); ++i) REQUIRE(out[i] == doctest::Approx(want.out[i]).epsilon(1e-5).scale(1));
+    for (std::size_t i = 0; i < c.q_len; ++i) {  // row i alone: the same bits
+      std::vector<float> alone(D);
+      kernels::cached_attention_forward(alone.data(), q.data() + i * D, blocks.data(), v.data(),
+                                        {1, 1, T, H, Dh, c.q_offset + i}, scratch.data());
+      CHECK(std::equal(alone.begin(), alone.end(), out.begin() + i * D));
+    }
+  }
+  std::vector<float> none(16);
+  CHECK(test::error_of([&] {
+    kernels::cached_attention_forward(none.data(), none.data(), none.data(), none.data(), {1, 2, 5, 1, 8, 4}, none.data());
+  }) == "cached_attention: one sequence with q_offset + q_len <= kv_len; got batch 1, q_offset 4, q_len 2, kv_len 5");
 }
 
 TEST_CASE("flash attention gives bit-identical results on 1 and 2 threads") {

@@ -1,0 +1,59 @@
+// Attention of a few query rows of one sequence over its KV cache (decoding and prefill). The
+// cache keeps keys in blocks of key_block positions stored transposed, so a head's scores over a
+// block are broadcast-FMAs over consecutive keys with no horizontal sums; a softmax per head; then
+// each value row is read once and added into every head's output at once.
+#include <cmath>
+#include <limits>
+
+#include "core/kernel_level.h"
+
+namespace tapegrad::kernels::TAPEGRAD_SIMD_LEVEL {
+
+template <class T>
+void cached_attention_forward(T* out, const T* q, const T* keys, const T* values, const AttentionShape& s, T* scratch) {
+  using B = Batch<T>;
+  constexpr std::size_t W = B::size, G = W / 2 > 0 ? W / 2 : 1;  // G heads at once: 8 chains of FMAs
+  static_assert(key_block % W == 0, "a key block holds whole vectors at every SIMD width");
+  const std::size_t D = s.model_dim(), Dh = s.head_dim, H = s.n_heads;
+  const T scale = T(1) / std::sqrt(T(Dh));
+  for (std::size_t i = 0; i < s.q_len; ++i) {
+    const std::size_t n = s.q_offset + i + 1;  // query i sees keys 0..n-1
+    const std::size_t blocks = (n + key_block - 1) / key_block, ld = blocks * key_block;
+    T* p = scratch;           // (H, ld): scores, then probabilities
+    T* inv = scratch + H * ld;  // (H): 1 / each head's sum of exponentials
+    const T* qi = q + i * D;
+    for (std::size_t b = 0; b < blocks; ++b) {
+      const T* block = keys + b * D * key_block;  // (D, key_block)
+      std::size_t h = 0;
+      for (; h + G <= H; h += G)
+        detail::head_block_scores<B, G, key_block>(p + h * ld + b * key_block, ld, qi + h * Dh, block + h * Dh * key_block,
+                                                   Dh, scale);
+      for (; h < H; ++h)
+        detail::head_block_scores<B, 1, key_block>(p + h * ld + b * key_block, ld, qi + h * Dh, block + h * Dh * key_block,
+                                                   Dh, scale);
+    }
+    // The softmax over whole vectors: keys n..n_pad-1 of the last block are not this query's (stale
+    // or not yet written), and exp(-inf) = 0 leaves them out of the sum.
+    const std::size_t n_pad = (n + W - 1) / W * W;
+    for (std::size_t h = 0; h < H; ++h) {
+      T* ph = p + h * ld;
+      std::fill(ph + n, ph + n_pad, -std::numeric_limits<T>::infinity());
+      T m = detail::max_of<B>(ph, n_pad);
+      inv[h] = T(1) / detail::exp_shifted_sum<B>(ph, n_pad, m);
+    }
+    T* oi = out + i * D;
+    if (Dh % W == 0) {
+      detail::head_weighted_rows<B>(oi, p, ld, inv, values, D, n, D, Dh);
+    } else {  // a vector would span heads: one head at a time
+      for (std::size_t h = 0; h < H; ++h)
+        detail::row_times_matrix<B>(oi + h * Dh, p + h * ld, 1, values + h * Dh, D, n, Dh, inv[h], false);
+    }
+  }
+}
+
+template void cached_attention_forward<float>(float*, const float*, const float*, const float*, const AttentionShape&,
+                                              float*);
+template void cached_attention_forward<double>(double*, const double*, const double*, const double*,
+                                               const AttentionShape&, double*);
+
+}  // namespace tapegrad::kernels::TAPEGRAD_SIMD_LEVEL
