@@ -179,9 +179,9 @@ static bool blas_has_full_width() {
 
 // Which kernel gemm runs: the packed kernel for every shape when OpenBLAS runs narrower vectors
 // than this level; otherwise where it measured faster than OpenBLAS on an AVX2 core (bench_kernels'
-// packed_gemm and cblas_sgemm rows: by 4-21% for outputs of at most 128 columns and A not
-// transposed; slower for wider outputs and for X^T dY). A function of the CPU and the shape
-// only, so a run's results never depend on timing.
+// packed_gemm and cblas_sgemm rows: up to 21% faster for outputs of at most 128 columns and A not
+// transposed, never more than 3% slower there; 10-30% slower for wider outputs and for X^T dY).
+// A function of the CPU and the shape only, so a run's results never depend on timing.
 template <class T>
 static bool packed_is_faster(bool trans_a, std::size_t N) {
   if (sizeof(Batch<T>) >= 64 && !blas_has_full_width()) return true;
