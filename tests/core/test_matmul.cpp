@@ -112,8 +112,8 @@ TEST_CASE("packed_gemm gives the same bits on 1 and 2 threads; gemm, whichever k
 }
 
 TEST_CASE("matmul kernels match central differences in double") {
-  // {13, 300, 37} runs packed_gemm's partial tiles and its two K slices in double.
-  for (auto [M, K, N] : {std::tuple{1, 1, 1}, {3, 4, 5}, {6, 2, 3}, {13, 300, 37}}) {
+  // {7, 260, 9} runs packed_gemm's partial tiles and panels and its two K slices in double.
+  for (auto [M, K, N] : {std::tuple{1, 1, 1}, {3, 4, 5}, {6, 2, 3}, {7, 260, 9}}) {
     auto x = test::random_vector<double>(M * K, 1), w = test::random_vector<double>(K * N, 2);
     auto R = test::random_vector<double>(M * N, 3);
     std::vector<double> dx(M * K), dw(K * N);
