@@ -618,6 +618,13 @@ def blas_info():
     return library, f"chosen by {library} inside torch at run time"
 
 
+def interpreter_name():
+    """The interpreter as results files name it: relative to the repository inside it (bench/.venv), so
+    that no file names this machine's folders; a system one by its own path (/usr/bin/python3)."""
+    path = os.path.abspath(sys.executable)
+    return os.path.relpath(path, ROOT) if path.startswith(ROOT + os.sep) else path
+
+
 def machine():
     """The CPU (model, family, model number), cores, instruction set and BLAS core, as bench_common.h's run_header."""
     library, core = blas_info()
@@ -668,10 +675,10 @@ def main():
     info = machine()
     print(f"torch_reference on {info['cpu']} ({info['nproc']} cores, family {info['cpu_family']} model "
           f"{info['cpu_model_number']}, torch's kernels {info['simd_level']}), torch {torch.__version__} "
-          f"(Python {platform.python_version()}, {sys.executable}), {now.strftime('%Y-%m-%d')}")
+          f"(Python {platform.python_version()}, {interpreter_name()}), {now.strftime('%Y-%m-%d')}")
     print(f"  BLAS: {info['blas']}, core {info['blas_core']}")
     out = {"machine": info, "date": now.strftime("%Y-%m-%dT%H:%M:%SZ"), "torch": torch.__version__,
-           "python": f"{platform.python_version()} ({sys.executable})",
+           "python": f"{platform.python_version()} ({interpreter_name()})",
            "loadavg_before": open("/proc/loadavg").read().strip(),
            "threads_note": "t threads = torch.set_num_threads(t) and openblas_set_num_threads(t); under torch.compile "
                            "also the generated kernels' thread count",
