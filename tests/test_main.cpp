@@ -1,32 +1,83 @@
 // The one doctest main of the suite (kept apart: it is the slowest translation unit to compile).
 // With TAPEGRAD_SIMD unset, it runs the whole suite once per SIMD level this CPU supports, each
-// in a child process with TAPEGRAD_SIMD set (the example programs the tests start inherit it);
-// with TAPEGRAD_SIMD set, it runs the suite once at that level.
+// in a child process with TAPEGRAD_SIMD set (the example programs the tests start inherit it), as
+// many at once as there are cores; with TAPEGRAD_SIMD set, it runs the suite once at that level.
 #define DOCTEST_CONFIG_IMPLEMENT
 #include <doctest/doctest.h>
 #include <fmt/format.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <string>
+#include <vector>
 
 #include "core/simd.h"
 
 using namespace tapegrad;
 
-static int run_at_level(SimdLevel level, char** argv) {
+namespace {
+
+// One level's run: its child process, and the file that holds what the child printed until the
+// parent prints it whole (levels running side by side would otherwise interleave their lines).
+struct LevelRun {
+  SimdLevel level;
+  std::FILE* output = nullptr;
+  pid_t pid = -1;
+  int status = -1;  // the child's exit status once it has ended
+  int signal = 0;   // the signal that ended it, if one did
+};
+
+void start(LevelRun& run, char** argv, bool side_by_side) {
+  run.output = std::tmpfile();
   std::fflush(stdout);
-  pid_t child = fork();
-  if (child == 0) {
-    setenv("TAPEGRAD_SIMD", std::string(simd_level_name(level)).c_str(), 1);
+  std::fflush(stderr);
+  run.pid = run.output ? fork() : -1;
+  if (run.pid == 0) {
+    int fd = fileno(run.output);
+    dup2(fd, STDOUT_FILENO);
+    dup2(fd, STDERR_FILENO);
+    setenv("TAPEGRAD_SIMD", std::string(simd_level_name(run.level)).c_str(), 1);
+    // Threads that sleep at a barrier instead of spinning: the other levels want the cores.
+    if (side_by_side) setenv("OMP_WAIT_POLICY", "passive", /*overwrite=*/0);
     execv("/proc/self/exe", argv);
     std::_Exit(127);
   }
-  int status = 0;
-  if (child < 0 || waitpid(child, &status, 0) < 0) return 1;
-  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  if (run.pid < 0) run.status = 1;
 }
+
+void print_output(LevelRun& run) {
+  fmt::print("[tapegrad] == the suite at SIMD level {}\n", simd_level_name(run.level));
+  if (run.output == nullptr) {
+    fmt::print("[tapegrad] could not start it: no temporary file or no process\n");
+    return;
+  }
+  std::rewind(run.output);
+  char buffer[4096];
+  for (std::size_t n; (n = std::fread(buffer, 1, sizeof buffer, run.output)) > 0;) std::fwrite(buffer, 1, n, stdout);
+  std::fclose(run.output);
+  if (run.signal != 0) fmt::print("[tapegrad] the suite at SIMD level {} was killed by signal {} ({})\n",
+                                  simd_level_name(run.level), run.signal, strsignal(run.signal));
+  std::fflush(stdout);
+}
+
+// Waits for any running child and records its status; false when none is left.
+bool wait_for_one(std::vector<LevelRun>& runs) {
+  int status = 0;
+  pid_t pid = wait(&status);
+  if (pid < 0) return false;
+  for (LevelRun& run : runs)
+    if (run.pid == pid) {
+      run.signal = WIFSIGNALED(status) ? WTERMSIG(status) : 0;
+      run.status = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + run.signal;
+    }
+  return true;
+}
+
+}  // namespace
 
 int main(int argc, char** argv) {
   doctest::Context context(argc, argv);
@@ -35,11 +86,22 @@ int main(int argc, char** argv) {
     if (!context.shouldExit()) fmt::print("[tapegrad] SIMD level {}\n", simd_level_name(simd_level()));
     return context.run();
   }
-  int passed = 0, failed = 0;
-  for (SimdLevel level : supported_simd_levels()) {
-    fmt::print("[tapegrad] == the suite at SIMD level {}\n", simd_level_name(level));
-    (run_at_level(level, argv) == 0 ? passed : failed) += 1;
+  std::vector<LevelRun> runs;
+  for (SimdLevel level : supported_simd_levels()) runs.push_back({level});
+  const std::size_t cores = std::max<long>(1, sysconf(_SC_NPROCESSORS_ONLN));
+  const std::size_t at_once = std::min(cores, runs.size());
+  std::size_t started = 0, printed = 0;
+  auto running = [&] {
+    return std::count_if(runs.begin(), runs.end(), [](const LevelRun& r) { return r.pid > 0 && r.status < 0; });
+  };
+  while (printed < runs.size()) {
+    while (started < runs.size() && std::size_t(running()) < at_once) start(runs[started++], argv, at_once > 1);
+    // Each level's output in level order, as soon as it and the levels before it have ended.
+    while (printed < started && runs[printed].status >= 0) print_output(runs[printed++]);
+    if (printed < runs.size() && !wait_for_one(runs)) break;
   }
-  fmt::print("SIMD levels: {} passed, {} failed\n", passed, failed);
+  int failed = 0;
+  for (const LevelRun& run : runs) failed += run.status != 0;
+  fmt::print("SIMD levels: {} passed, {} failed\n", int(runs.size()) - failed, failed);
   return failed == 0 ? 0 : 1;
 }
