@@ -132,8 +132,9 @@ static void packed_product(bool trans_a, bool trans_b, std::size_t M, std::size_
 }
 
 // Runs product(m0, m, n0, n) on the (m0.., n0..) block of C: whole, or split over the kernel
-// threads along the longer output side, in chunks of whole tiles (48 rows = 8 tiles of 6 and 3 of
-// 16; 64 columns = whole panels at every width).
+// threads along the longer output side into near-equal chunks of 16 rows (a whole tile at 16
+// lanes; 6-row tiles lose at most one partial tile per chunk) or 64 columns (whole panels at every
+// width). 64 rows split 32 + 32, where chunks of 48 rows split them 48 + 16.
 template <class Product>
 static void split_product(std::size_t M, std::size_t N, std::size_t K, Product product) {
   int threads = num_threads();
@@ -143,7 +144,7 @@ static void split_product(std::size_t M, std::size_t N, std::size_t K, Product p
     return;
   }
   bool split_rows = M >= N;
-  std::size_t extent = split_rows ? M : N, unit = split_rows ? 48 : 64;
+  std::size_t extent = split_rows ? M : N, unit = split_rows ? 16 : 64;
   std::size_t chunk = ((extent + threads - 1) / threads + unit - 1) / unit * unit;
   std::size_t parts = (extent + chunk - 1) / chunk;
 #pragma omp parallel for num_threads(threads) schedule(static)

@@ -63,7 +63,7 @@ void rms_norm_backward(T* dx, T* dw, const T* dy, const T* x, const T* w, const 
   }
   if (dw) {
     // Threads own column slices and walk the rows in order: the same sums for every thread count.
-    constexpr std::size_t slice = 64;
+    constexpr std::size_t slice = 16;  // a cache line of floats: 4 slices at d_model 64
     detail::parallel_for((dim + slice - 1) / slice, rows * slice * 3, [&](std::size_t part) {
       std::size_t j0 = part * slice, j1 = std::min(dim, j0 + slice);
       for (std::size_t r = 0; r < rows; ++r) {
@@ -147,7 +147,7 @@ void layer_norm_backward(T* dx, T* dw, T* db, const T* dy, const T* x, const T* 
   }
   if (dw || db) {
     // Threads own column slices and walk the rows in order: the same sums for every thread count.
-    constexpr std::size_t slice = 64;
+    constexpr std::size_t slice = 16;  // a cache line of floats: 4 slices at d_model 64
     detail::parallel_for((dim + slice - 1) / slice, rows * slice * 4, [&](std::size_t part) {
       std::size_t j0 = part * slice, j1 = std::min(dim, j0 + slice);
       for (std::size_t r = 0; r < rows; ++r) {

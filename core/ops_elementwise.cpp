@@ -120,7 +120,30 @@ Var square(const Var& x) {
   return unary("square", x, [](float v) { return v * v; }, [](float v, float) { return 2 * v; });
 }
 
+// Whether `part` broadcasts against `whole` as whole rows: its shape, leading 1s aside, ends
+// whole's (positions (T, D) against tokens (B, T, D), a bias (D) against (N, D)).
+static bool repeats_as_rows(const Shape& whole, const Shape& part) {
+  std::size_t lead = 0;
+  while (lead < part.size() && part[lead] == 1) ++lead;
+  std::size_t n = part.size() - lead;
+  return part.size() <= whole.size() && std::equal(part.begin() + lead, part.end(), whole.end() - n);
+}
+
+// a + b where b repeats over a's rows: the bias kernels (db sums the rows in row order, as
+// accumulate_grad's broadcast sum does, so the result is the same to the bit).
+static Var add_rows(const char* name, const Var& a, const Var& b) {
+  std::size_t cols = b.value().size(), rows = cols == 0 ? 0 : a.value().size() / cols;
+  Op op(name, {a, b});
+  Tensor y = Tensor::uninitialized(a.shape());
+  kernels::add_bias_forward(y.data(), a.value().data(), b.value().data(), rows, cols);
+  return op.finish(std::move(y), [a, b, rows, cols](const Tensor& dy, const Tensor&) {
+    kernels::add_bias_backward(grad_ptr(a), grad_ptr(b), dy.data(), rows, cols);
+  });
+}
+
 Var add(const Var& a, const Var& b) {
+  if (a.shape() != b.shape() && repeats_as_rows(a.shape(), b.shape())) return add_rows("add", a, b);
+  if (a.shape() != b.shape() && repeats_as_rows(b.shape(), a.shape())) return add_rows("add", b, a);
   if (a.shape() == b.shape()) {  // the common case, on the vectorised kernel
     Op op("add", {a, b});
     Tensor y = Tensor::uninitialized(a.shape());

@@ -5,6 +5,8 @@
 #include <doctest/doctest.h>
 
 #include <cmath>
+#include <cstring>
+#include <tuple>
 
 #include "core/ops.h"
 #include "core/random.h"
@@ -129,6 +131,33 @@ TEST_CASE("binary ops broadcast like numpy: values and gradients") {
         CHECK(y[i] == doctest::Approx(o.ref(broadcast_at(a, s.out, i), broadcast_at(b, s.out, i))).epsilon(1e-6));
       test::check_float_op(o.name, [&](const std::vector<Var>& v) { return o.op(v[0], v[1]); }, {a, b});
     }
+}
+
+TEST_CASE("add of a tensor repeated over rows (the bias kernels) equals the general broadcast to the bit") {
+  // a + b against a - (-b), which takes the general broadcasting path: negation and the sum are
+  // exact, so values and both gradients must agree bit for bit, with threads on the column sums.
+  for (auto [a_shape, b_shape] : {std::pair{Shape{4, 600, 24}, Shape{600, 24}}, std::pair{Shape{2048, 40}, Shape{1, 40}},
+                                  std::pair{Shape{3, 5}, Shape{}}}) {
+    CAPTURE(to_string(a_shape));
+    CAPTURE(to_string(b_shape));
+    Tensor a = test::random_tensor(a_shape, 31), b = test::random_tensor(b_shape, 32);
+    Tensor weights = test::random_tensor(a_shape, 33);
+    auto run = [&](bool fast) {
+      Var va(a, true), vb(b, true);
+      Tape tape;
+      Var y = fast ? va + vb : va - neg(vb);
+      tape.backward(sum(y * Var(weights)));
+      return std::tuple{y.value(), va.grad(), vb.grad()};
+    };
+    auto [y_fast, da_fast, db_fast] = run(true);
+    auto [y_general, da_general, db_general] = run(false);
+    auto same_bits = [](const Tensor& x, const Tensor& y) {
+      return x.shape() == y.shape() && std::memcmp(x.data(), y.data(), x.bytes()) == 0;
+    };
+    CHECK(same_bits(y_fast, y_general));
+    CHECK(same_bits(da_fast, da_general));
+    CHECK(same_bits(db_fast, db_general));
+  }
 }
 
 TEST_CASE("shapes that cannot broadcast are errors naming the op and both shapes") {
