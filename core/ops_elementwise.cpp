@@ -131,9 +131,9 @@ static bool repeats_as_rows(const Shape& whole, const Shape& part) {
 
 // a + b where b repeats over a's rows: the bias kernels (db sums the rows in row order, as
 // accumulate_grad's broadcast sum does, so the result is the same to the bit).
-static Var add_rows(const char* name, const Var& a, const Var& b) {
+static Var add_rows(const Var& a, const Var& b) {
   std::size_t cols = b.value().size(), rows = cols == 0 ? 0 : a.value().size() / cols;
-  Op op(name, {a, b});
+  Op op("add", {a, b});
   Tensor y = Tensor::uninitialized(a.shape());
   kernels::add_bias_forward(y.data(), a.value().data(), b.value().data(), rows, cols);
   return op.finish(std::move(y), [a, b, rows, cols](const Tensor& dy, const Tensor&) {
@@ -142,8 +142,10 @@ static Var add_rows(const char* name, const Var& a, const Var& b) {
 }
 
 Var add(const Var& a, const Var& b) {
-  if (a.shape() != b.shape() && repeats_as_rows(a.shape(), b.shape())) return add_rows("add", a, b);
-  if (a.shape() != b.shape() && repeats_as_rows(b.shape(), a.shape())) return add_rows("add", b, a);
+  if (a.shape() != b.shape()) {
+    if (repeats_as_rows(a.shape(), b.shape())) return add_rows(a, b);
+    if (repeats_as_rows(b.shape(), a.shape())) return add_rows(b, a);
+  }
   if (a.shape() == b.shape()) {  // the common case, on the vectorised kernel
     Op op("add", {a, b});
     Tensor y = Tensor::uninitialized(a.shape());

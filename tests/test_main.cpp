@@ -51,8 +51,9 @@ void start(LevelRun& run, char** argv, bool side_by_side) {
 
 void print_output(LevelRun& run) {
   fmt::print("[tapegrad] == the suite at SIMD level {}\n", simd_level_name(run.level));
-  if (run.output == nullptr) {
-    fmt::print("[tapegrad] could not start it: no temporary file or no process\n");
+  if (run.pid < 0) {
+    fmt::print("[tapegrad] could not start it: {}\n", run.output ? "fork failed" : "no temporary file");
+    if (run.output) std::fclose(run.output);
     return;
   }
   std::rewind(run.output);
@@ -100,8 +101,10 @@ int main(int argc, char** argv) {
     while (printed < started && runs[printed].status >= 0) print_output(runs[printed++]);
     if (printed < runs.size() && !wait_for_one(runs)) break;
   }
+  std::string failed_levels;
   int failed = 0;
-  for (const LevelRun& run : runs) failed += run.status != 0;
-  fmt::print("SIMD levels: {} passed, {} failed\n", int(runs.size()) - failed, failed);
+  for (const LevelRun& run : runs)
+    if (run.status != 0) failed_levels += fmt::format("{}{}", failed++ ? ", " : " (", simd_level_name(run.level));
+  fmt::print("SIMD levels: {} passed, {} failed{}\n", int(runs.size()) - failed, failed, failed ? failed_levels + ")" : "");
   return failed == 0 ? 0 : 1;
 }
