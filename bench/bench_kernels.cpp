@@ -302,7 +302,7 @@ struct AttentionData {
   void forward() { kernels::attention_forward(out.data(), lse.data(), q.data(), k.data(), v.data(), s); }
   void backward() {
     kernels::attention_backward(dq.data(), dk.data(), dv.data(), dout.data(), out.data(), lse.data(), q.data(),
-                                k.data(), v.data(), s);
+                                k.data(), v.data(), s, false);
   }
   /// Runs forward and backward on fresh outputs and checks out, lse, dq, dk and dv on one (b, h).
   void verify() {
@@ -501,10 +501,10 @@ int main(int argc, char** argv) try {
                           copy_case(2048 * 512, "(= one row operand)"), copy_case(std::size_t(16) << 20, "(> L3)")};
   for (tapegrad::SimdLevel level : tapegrad::supported_simd_levels()) cases.push_back(fma_peak_case(level));
   // Attention at head sizes Dh 32 and 64 and lengths T 256 and 1024 (B*H chosen for calls of a few
-  // ms) and at config (b)'s.
+  // ms) and at the shapes of configs (b) and (a) / a-gpt2.
   for (auto more : {matmul_cases(), attention_cases(4, 256, 8, 32), attention_cases(4, 256, 4, 64),
                     attention_cases(1, 1024, 8, 32), attention_cases(1, 1024, 4, 64), attention_cases(12, 64, 4, 32),
-                    row_cases(2048, 512)})
+                    attention_cases(16, 128, 4, 16), row_cases(2048, 512)})
     for (Case& c : more)
       if (options.only.empty() || c.group == options.only) cases.push_back(std::move(c));
 

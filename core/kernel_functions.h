@@ -21,10 +21,11 @@ void packed_gemm(bool trans_a, bool trans_b, std::size_t M, std::size_t N, std::
 /// y = x w; x (M, K), w (K, N) -> y (M, N).
 template <class T>
 void matmul_forward(T* y, const T* x, const T* w, std::size_t M, std::size_t K, std::size_t N);
-/// dx += dy w^T (M, K); dw += x^T dy (K, N).
+/// dx += dy w^T (M, K); dw += x^T dy (K, N). With dx_fresh, dx = dy w^T instead: dx's buffer
+/// holds no values yet (an input's first gradient), so it needs no zero-fill first.
 template <class T>
 void matmul_backward(T* dx, T* dw, const T* dy, const T* x, const T* w, std::size_t M, std::size_t K,
-                     std::size_t N);
+                     std::size_t N, bool dx_fresh = false);
 /// y = r + x w, the residual add folded into the matmul (one gemm with beta = 1); r and y (M, N)
 /// may be the same buffer.
 template <class T>
@@ -33,18 +34,19 @@ void add_matmul_forward(T* y, const T* r, const T* x, const T* w, std::size_t M,
 template <class T>
 void linear_forward(T* y, const T* x, const T* w, const T* b, std::size_t M, std::size_t K, std::size_t N);
 /// dx += dy w^T; dw += x^T dy; db += sum over rows of dy (in row order). Any pointer may be null.
+/// dx_fresh as in matmul_backward.
 template <class T>
 void linear_backward(T* dx, T* dw, T* db, const T* dy, const T* x, const T* w, std::size_t M, std::size_t K,
-                     std::size_t N);
+                     std::size_t N, bool dx_fresh = false);
 /// y (M, N) = x w (+ y when accumulating), x (M, K), w (K, N), without BLAS and row-stable: each
 /// element is one FMA chain over k in order, so a row of y has the same bits whatever M is and
 /// whichever rows share the call (batched decoding gives each sequence what it gets alone).
 template <class T>
 void row_stable_matmul(T* y, const T* x, const T* w, std::size_t M, std::size_t K, std::size_t N, bool accumulate);
-/// dr += dy; then as matmul_backward.
+/// dr += dy (dr = dy when dr_fresh); then as matmul_backward.
 template <class T>
 void add_matmul_backward(T* dr, T* dx, T* dw, const T* dy, const T* x, const T* w, std::size_t M, std::size_t K,
-                         std::size_t N);
+                         std::size_t N, bool dr_fresh = false, bool dx_fresh = false);
 
 // ---- elementwise ----------------------------------------------------------------------------
 
@@ -119,8 +121,9 @@ void layer_norm_backward(T* dx, T* dw, T* db, const T* dy, const T* x, const T* 
 /// y = x s with s = sigmoid(2 c (x + 0.044715 x^3)) = (1 + tanh(c (x + 0.044715 x^3))) / 2,
 /// c = sqrt(2 / pi); writes s if non-null (all that backward needs besides x).
 template <class T> void gelu_tanh_forward(T* y, T* s, const T* x, std::size_t n);
-/// dx += dy (s + 2 x s (1 - s) c (1 + 3 * 0.044715 x^2)).
-template <class T> void gelu_tanh_backward(T* dx, const T* dy, const T* x, const T* s, std::size_t n);
+/// dx += dy (s + 2 x s (1 - s) c (1 + 3 * 0.044715 x^2)); with overwrite, dx = that product
+/// (dx's buffer holds no values yet).
+template <class T> void gelu_tanh_backward(T* dx, const T* dy, const T* x, const T* s, std::size_t n, bool overwrite);
 
 // ---- causal multi-head attention (flash-style: Dao et al. 2022) ------------------------------
 
@@ -131,10 +134,11 @@ template <class T> void gelu_tanh_backward(T* dx, const T* dy, const T* x, const
 template <class T>
 void attention_forward(T* out, T* lse, const T* q, const T* k, const T* v, const AttentionShape& s);
 /// P = exp(scores - lse) recomputed per tile; dv += P^T dout; dS = P * (dP - rowsum(dout * out))
-/// with dP = dout v^T; dq += dS k / sqrt(Dh); dk += dS^T q / sqrt(Dh).
+/// with dP = dout v^T; dq += dS k / sqrt(Dh); dk += dS^T q / sqrt(Dh). With overwrite, dq, dk
+/// and dv (three distinct buffers holding no values yet) are written rather than added to.
 template <class T>
 void attention_backward(T* dq, T* dk, T* dv, const T* dout, const T* out, const T* lse, const T* q, const T* k,
-                        const T* v, const AttentionShape& s);
+                        const T* v, const AttentionShape& s, bool overwrite);
 
 /// The KV-cache form, for the few query rows of one sequence: query i of q (q_len, H*Dh), at
 /// position q_offset + i, attends to that sequence's keys and values 0..q_offset+i (kv_len, the

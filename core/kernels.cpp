@@ -7,6 +7,7 @@
 #include <stdexcept>
 
 #include "core/kernel_table.h"
+#include "core/parallel.h"
 
 namespace tapegrad::kernels {
 
@@ -29,8 +30,8 @@ void matmul_forward(T* y, const T* x, const T* w, std::size_t M, std::size_t K, 
 
 template <class T>
 void matmul_backward(T* dx, T* dw, const T* dy, const T* x, const T* w, std::size_t M, std::size_t K,
-                     std::size_t N) {
-  if (dx) gemm<T>(false, true, M, K, N, T(1), dy, N, w, N, T(1), dx, K);
+                     std::size_t N, bool dx_fresh) {
+  if (dx) gemm<T>(false, true, M, K, N, T(1), dy, N, w, N, dx_fresh ? T(0) : T(1), dx, K);
   if (dw) gemm<T>(true, false, K, N, M, T(1), x, K, dy, N, T(1), dw, N);
 }
 
@@ -39,30 +40,34 @@ void row_stable_matmul(T* y, const T* x, const T* w, std::size_t M, std::size_t 
   active_table<T>().row_stable_matmul(y, x, w, M, K, N, accumulate);
 }
 
+// The rows of y start as r's (or the bias) and gemm adds x w to them (beta = 1). The rows are
+// copied on the kernel threads, each its share in the order gemm splits rows, so that a thread's
+// rows are in its own cache when its part of the product reads them.
 template <class T>
 void add_matmul_forward(T* y, const T* r, const T* x, const T* w, std::size_t M, std::size_t K, std::size_t N) {
-  if (y != r) std::copy(r, r + M * N, y);
+  if (y != r) detail::parallel_for(M, N, [&](std::size_t i) { std::copy_n(r + i * N, N, y + i * N); });
   gemm<T>(false, false, M, N, K, T(1), x, K, w, N, T(1), y, N);
 }
 
 template <class T>
 void linear_forward(T* y, const T* x, const T* w, const T* b, std::size_t M, std::size_t K, std::size_t N) {
-  for (std::size_t i = 0; i < M; ++i) std::copy(b, b + N, y + i * N);
+  detail::parallel_for(M, N, [&](std::size_t i) { std::copy_n(b, N, y + i * N); });
   gemm<T>(false, false, M, N, K, T(1), x, K, w, N, T(1), y, N);
 }
 
 template <class T>
 void linear_backward(T* dx, T* dw, T* db, const T* dy, const T* x, const T* w, std::size_t M, std::size_t K,
-                     std::size_t N) {
+                     std::size_t N, bool dx_fresh) {
   if (db) add_bias_backward<T>(nullptr, db, dy, M, N);
-  matmul_backward(dx, dw, dy, x, w, M, K, N);
+  matmul_backward(dx, dw, dy, x, w, M, K, N, dx_fresh);
 }
 
 template <class T>
 void add_matmul_backward(T* dr, T* dx, T* dw, const T* dy, const T* x, const T* w, std::size_t M, std::size_t K,
-                         std::size_t N) {
-  if (dr) accumulate(dr, dy, M * N);
-  matmul_backward(dx, dw, dy, x, w, M, K, N);
+                         std::size_t N, bool dr_fresh, bool dx_fresh) {
+  if (dr && dr_fresh) detail::parallel_for(M, N, [&](std::size_t i) { std::copy_n(dy + i * N, N, dr + i * N); });
+  else if (dr) accumulate(dr, dy, M * N);
+  matmul_backward(dx, dw, dy, x, w, M, K, N, dx_fresh);
 }
 
 template <class T> void add_forward(T* y, const T* a, const T* b, std::size_t n) {
@@ -148,9 +153,9 @@ void attention_forward(T* out, T* lse, const T* q, const T* k, const T* v, const
 }
 template <class T>
 void attention_backward(T* dq, T* dk, T* dv, const T* dout, const T* out, const T* lse, const T* q, const T* k,
-                        const T* v, const AttentionShape& s) {
+                        const T* v, const AttentionShape& s, bool overwrite) {
   if (s.q_offset + s.q_len > s.kv_len) throw std::invalid_argument("attention: q_offset + q_len exceeds kv_len");
-  active_table<T>().attention_backward(dq, dk, dv, dout, out, lse, q, k, v, s);
+  active_table<T>().attention_backward(dq, dk, dv, dout, out, lse, q, k, v, s, overwrite);
 }
 template <class T>
 void cached_attention_forward(T* out, const T* q, const T* keys, const T* values, const AttentionShape& s, T* scratch) {
@@ -185,8 +190,9 @@ void layer_norm_backward(T* dx, T* dw, T* db, const T* dy, const T* x, const T* 
 template <class T> void gelu_tanh_forward(T* y, T* s, const T* x, std::size_t n) {
   active_table<T>().gelu_tanh_forward(y, s, x, n);
 }
-template <class T> void gelu_tanh_backward(T* dx, const T* dy, const T* x, const T* s, std::size_t n) {
-  active_table<T>().gelu_tanh_backward(dx, dy, x, s, n);
+template <class T>
+void gelu_tanh_backward(T* dx, const T* dy, const T* x, const T* s, std::size_t n, bool overwrite) {
+  active_table<T>().gelu_tanh_backward(dx, dy, x, s, n, overwrite);
 }
 
 #define TAPEGRAD_INSTANTIATE(T)                                                                                  \
@@ -195,14 +201,14 @@ template <class T> void gelu_tanh_backward(T* dx, const T* dy, const T* x, const
   template void packed_gemm<T>(bool, bool, std::size_t, std::size_t, std::size_t, T, const T*, std::size_t,         \
                                const T*, std::size_t, T, T*, std::size_t);                                       \
   template void matmul_forward<T>(T*, const T*, const T*, std::size_t, std::size_t, std::size_t);               \
-  template void matmul_backward<T>(T*, T*, const T*, const T*, const T*, std::size_t, std::size_t, std::size_t); \
+  template void matmul_backward<T>(T*, T*, const T*, const T*, const T*, std::size_t, std::size_t, std::size_t, bool); \
   template void add_matmul_forward<T>(T*, const T*, const T*, const T*, std::size_t, std::size_t, std::size_t);  \
   template void row_stable_matmul<T>(T*, const T*, const T*, std::size_t, std::size_t, std::size_t, bool);       \
   template void linear_forward<T>(T*, const T*, const T*, const T*, std::size_t, std::size_t, std::size_t);      \
   template void linear_backward<T>(T*, T*, T*, const T*, const T*, const T*, std::size_t, std::size_t,           \
-                                   std::size_t);                                                                 \
+                                   std::size_t, bool);                                                                 \
   template void add_matmul_backward<T>(T*, T*, T*, const T*, const T*, const T*, std::size_t, std::size_t,       \
-                                       std::size_t);                                                             \
+                                       std::size_t, bool, bool);                                                             \
   template void add_forward<T>(T*, const T*, const T*, std::size_t);                                            \
   template void accumulate<T>(T*, const T*, std::size_t);                                                       \
   template void mul_forward<T>(T*, const T*, const T*, std::size_t);                                            \
@@ -220,7 +226,7 @@ template <class T> void gelu_tanh_backward(T* dx, const T* dy, const T* x, const
   template void layer_norm_backward<T>(T*, T*, T*, const T*, const T*, const T*, const T*, const T*, std::size_t, \
                                        std::size_t);                                                             \
   template void gelu_tanh_forward<T>(T*, T*, const T*, std::size_t);                                            \
-  template void gelu_tanh_backward<T>(T*, const T*, const T*, const T*, std::size_t);                           \
+  template void gelu_tanh_backward<T>(T*, const T*, const T*, const T*, std::size_t, bool);                           \
   template void rope_forward<T>(T*, const T*, const RopeTable<T>&, std::size_t, std::size_t, std::size_t,        \
                                 std::size_t, std::size_t);                                                       \
   template void rope_backward<T>(T*, const T*, const RopeTable<T>&, std::size_t, std::size_t, std::size_t,       \
@@ -231,7 +237,7 @@ template <class T> void gelu_tanh_backward(T* dx, const T* dy, const T* x, const
   template void swiglu_backward<T>(T*, T*, const T*, const T*, const T*, std::size_t);                          \
   template void attention_forward<T>(T*, T*, const T*, const T*, const T*, const AttentionShape&);              \
   template void attention_backward<T>(T*, T*, T*, const T*, const T*, const T*, const T*, const T*, const T*,   \
-                                      const AttentionShape&);                                                    \
+                                      const AttentionShape&, bool);                                                    \
   template void cached_attention_forward<T>(T*, const T*, const T*, const T*, const AttentionShape&, T*);        \
   template T cross_entropy_forward<T>(T*, const T*, const std::int32_t*, std::size_t, std::size_t);             \
   template void cross_entropy_backward<T>(T*, T, const T*, const T*, const std::int32_t*, std::size_t, std::size_t);

@@ -58,11 +58,13 @@ void copy_transposed(T* dst, std::size_t ld, const T* src, std::size_t D, std::s
     for (std::size_t d = 0; d < Dh; ++d) dst[d * ld + r] = src[r * D + d];
 }
 
-/// dst[r * ld_dst + d] += src[r * ld_src + d] for r < rows, d < Dh.
+/// dst[r * ld_dst + d] += src[r * ld_src + d] for r < rows, d < Dh; = with overwrite.
 template <class T>
-void add_rows(T* dst, std::size_t ld_dst, const T* src, std::size_t ld_src, std::size_t rows, std::size_t Dh) {
+void add_rows(T* dst, std::size_t ld_dst, const T* src, std::size_t ld_src, std::size_t rows, std::size_t Dh,
+              bool overwrite) {
   for (std::size_t r = 0; r < rows; ++r)
-    for (std::size_t d = 0; d < Dh; ++d) dst[r * ld_dst + d] += src[r * ld_src + d];
+    for (std::size_t d = 0; d < Dh; ++d)
+      dst[r * ld_dst + d] = overwrite ? src[r * ld_src + d] : dst[r * ld_dst + d] + src[r * ld_src + d];
 }
 
 /// Scores of a tile, s (rows, cols_pad) = scale * q_tile kt[:, j0:], with -inf where query i0 + i
@@ -172,10 +174,11 @@ void attention_forward(T* out, T* lse, const T* q, const T* k, const T* v, const
 // delta_i = sum_j P_ij dP_ij = dout_i . out_i (FlashAttention-2):
 //   dS = P * (dP - delta) / sqrt(Dh);  dv += P^T dout;  dq += dS k;  dk += dS^T q.
 // Key tiles are the outer loop (their dk, dv are summed in place); dq is summed over the key tiles
-// of the pair in a per-pair buffer, so each element's sum has one fixed order.
+// of the pair in a per-pair buffer, so each element's sum has one fixed order. Each element of dq,
+// dk and dv is written once, by its pair's last step, so overwrite only changes that step.
 template <class T>
 void attention_backward(T* dq, T* dk, T* dv, const T* dout, const T* out, const T* lse, const T* q, const T* k,
-                        const T* v, const AttentionShape& s) {
+                        const T* v, const AttentionShape& s, bool overwrite) {
   const std::size_t D = s.model_dim(), Dh = s.head_dim, Tq = s.q_len;
   constexpr std::size_t W = Batch<T>::size;
   const std::size_t Dp = round_up(Dh, W), keys = s.q_offset + Tq, keys_pad = round_up(keys, W);
@@ -250,10 +253,10 @@ void attention_backward(T* dq, T* dk, T* dv, const T* dout, const T* out, const 
                                            qp.data() + (i0 + first) * Dp, Dp, n, Dp, K, T(1), true);
         }
       }
-      if (dk) add_rows(dk + (hv.kv_row0 + j0) * D + hv.col0, D, dk_tile.data(), Dp, cols, Dh);
-      if (dv) add_rows(dv + (hv.kv_row0 + j0) * D + hv.col0, D, dv_tile.data(), Dp, cols, Dh);
+      if (dk) add_rows(dk + (hv.kv_row0 + j0) * D + hv.col0, D, dk_tile.data(), Dp, cols, Dh, overwrite);
+      if (dv) add_rows(dv + (hv.kv_row0 + j0) * D + hv.col0, D, dv_tile.data(), Dp, cols, Dh, overwrite);
     }
-    if (dq) add_rows(dq + hv.q_row0 * D + hv.col0, D, dq_acc.data(), Dp, Tq, Dh);
+    if (dq) add_rows(dq + hv.q_row0 * D + hv.col0, D, dq_acc.data(), Dp, Tq, Dh, overwrite);
   });
 }
 
@@ -261,8 +264,8 @@ template void attention_forward<float>(float*, float*, const float*, const float
 template void attention_forward<double>(double*, double*, const double*, const double*, const double*,
                                         const AttentionShape&);
 template void attention_backward<float>(float*, float*, float*, const float*, const float*, const float*,
-                                        const float*, const float*, const float*, const AttentionShape&);
+                                        const float*, const float*, const float*, const AttentionShape&, bool);
 template void attention_backward<double>(double*, double*, double*, const double*, const double*, const double*,
-                                         const double*, const double*, const double*, const AttentionShape&);
+                                         const double*, const double*, const double*, const AttentionShape&, bool);
 
 }  // namespace tapegrad::kernels::TAPEGRAD_SIMD_LEVEL

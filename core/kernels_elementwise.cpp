@@ -68,17 +68,9 @@ template <class T> void scale_backward(T* dx, const T* dy, T s, std::size_t n) {
 template <class T> void add_bias_forward(T* y, const T* x, const T* bias, std::size_t rows, std::size_t cols) {
   detail::parallel_for(rows, cols, [&](std::size_t r) { add_forward(y + r * cols, x + r * cols, bias, cols); });
 }
-// dbias: threads own slices of 16 columns (a cache line) and sum the rows in row order, so the
-// result is the same for every thread count.
 template <class T> void add_bias_backward(T* dx, T* dbias, const T* dy, std::size_t rows, std::size_t cols) {
   if (dx) accumulate(dx, dy, rows * cols);
-  if (!dbias) return;
-  constexpr std::size_t slice = 16;
-  detail::parallel_for((cols + slice - 1) / slice, rows * slice, [&](std::size_t part) {
-    std::size_t c0 = part * slice, c1 = std::min(cols, c0 + slice);
-    for (std::size_t r = 0; r < rows; ++r)
-      for (std::size_t c = c0; c < c1; ++c) dbias[c] += dy[r * cols + c];
-  });
+  if (dbias) detail::column_sums(dbias, rows, cols, 1, [dy, cols](std::size_t r, std::size_t j) { return dy[r * cols + j]; });
 }
 
 // silu(a) = a * s, s = sigmoid(a) = 1 / (1 + exp(-a)).
@@ -157,19 +149,21 @@ template <class T> void gelu_tanh_forward(T* y, T* s, const T* x, std::size_t n)
       });
 }
 
-template <class T> void gelu_tanh_backward(T* dx, const T* dy, const T* x, const T* s, std::size_t n) {
+template <class T>
+void gelu_tanh_backward(T* dx, const T* dy, const T* x, const T* s, std::size_t n, bool overwrite) {
   using B = Batch<T>;
   simd_map<T>(
       n, 8,
       [&](std::size_t i) {
         B v = B::load_unaligned(x + i), sig = B::load_unaligned(s + i);
         B slope = fma(v * sig * (T(1) - sig) * B(gelu_2c<T>), fma(B(3 * gelu_k<T>) * v, v, B(T(1))), sig);
-        fma(B::load_unaligned(dy + i), slope, B::load_unaligned(dx + i)).store_unaligned(dx + i);
+        B g = B::load_unaligned(dy + i);
+        (overwrite ? g * slope : fma(g, slope, B::load_unaligned(dx + i))).store_unaligned(dx + i);
       },
       [&](std::size_t i) {
         T v = x[i], sig = s[i];
         T slope = v * sig * (T(1) - sig) * gelu_2c<T> * (3 * gelu_k<T> * v * v + T(1)) + sig;
-        dx[i] += dy[i] * slope;
+        dx[i] = overwrite ? dy[i] * slope : dx[i] + dy[i] * slope;
       });
 }
 
@@ -187,7 +181,7 @@ template <class T> void gelu_tanh_backward(T* dx, const T* dy, const T* x, const
   template void swiglu_forward<T>(T*, const T*, const T*, std::size_t);                            \
   template void swiglu_backward<T>(T*, T*, const T*, const T*, const T*, std::size_t);                            \
   template void gelu_tanh_forward<T>(T*, T*, const T*, std::size_t);                                              \
-  template void gelu_tanh_backward<T>(T*, const T*, const T*, const T*, std::size_t);
+  template void gelu_tanh_backward<T>(T*, const T*, const T*, const T*, std::size_t, bool);
 TAPEGRAD_INSTANTIATE(float)
 TAPEGRAD_INSTANTIATE(double)
 #undef TAPEGRAD_INSTANTIATE

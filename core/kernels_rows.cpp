@@ -61,19 +61,8 @@ void rms_norm_backward(T* dx, T* dw, const T* dy, const T* x, const T* w, const 
       for (std::size_t j = 0; j < dim; ++j) dxr[j] += s * gr[j] * w[j] - c * xr[j];
     });
   }
-  if (dw) {
-    // Threads own column slices and walk the rows in order: the same sums for every thread count.
-    constexpr std::size_t slice = 16;  // a cache line of floats: 4 slices at d_model 64
-    detail::parallel_for((dim + slice - 1) / slice, rows * slice * 3, [&](std::size_t part) {
-      std::size_t j0 = part * slice, j1 = std::min(dim, j0 + slice);
-      for (std::size_t r = 0; r < rows; ++r) {
-        const T* xr = x + r * dim;
-        const T* gr = dy + r * dim;
-        T s = rstd[r];
-        for (std::size_t j = j0; j < j1; ++j) dw[j] += gr[j] * xr[j] * s;
-      }
-    });
-  }
+  if (dw)
+    detail::column_sums(dw, rows, dim, 3, [=](std::size_t r, std::size_t j) { return dy[r * dim + j] * x[r * dim + j] * rstd[r]; });
 }
 
 // ---- LayerNorm ----
@@ -145,21 +134,11 @@ void layer_norm_backward(T* dx, T* dw, T* db, const T* dy, const T* x, const T* 
       for (; j < dim; ++j) dxr[j] += s * (gr[j] * w[j] - mean_g - (xr[j] - m) * s * mean_gx);
     });
   }
-  if (dw || db) {
-    // Threads own column slices and walk the rows in order: the same sums for every thread count.
-    constexpr std::size_t slice = 16;  // a cache line of floats: 4 slices at d_model 64
-    detail::parallel_for((dim + slice - 1) / slice, rows * slice * 4, [&](std::size_t part) {
-      std::size_t j0 = part * slice, j1 = std::min(dim, j0 + slice);
-      for (std::size_t r = 0; r < rows; ++r) {
-        const T *xr = x + r * dim, *gr = dy + r * dim;
-        const T m = mean[r], s = rstd[r];
-        for (std::size_t j = j0; j < j1; ++j) {
-          if (dw) dw[j] += gr[j] * ((xr[j] - m) * s);
-          if (db) db[j] += gr[j];
-        }
-      }
+  if (dw)
+    detail::column_sums(dw, rows, dim, 3, [=](std::size_t r, std::size_t j) {
+      return dy[r * dim + j] * ((x[r * dim + j] - mean[r]) * rstd[r]);
     });
-  }
+  if (db) detail::column_sums(db, rows, dim, 1, [=](std::size_t r, std::size_t j) { return dy[r * dim + j]; });
 }
 
 // ---- RoPE ----

@@ -43,6 +43,20 @@ float* grad_ptr(Node& n) {
   Tensor* g = grad_if_needed(n);
   return g ? g->data() : nullptr;
 }
+GradTarget grad_target(const Var& x) {
+  Node& n = x.gradient_node();
+  if (!n.requires_grad) return {};
+  if (!n.grad.empty()) return {n.grad.data(), false};
+  n.grad = Tensor::uninitialized(n.value.shape());
+  return {n.grad.data(), true};
+}
+
+GradTarget grad_target(const Var& x, std::initializer_list<Var> others) {
+  for (const Var& o : others)
+    if (&o.node() == &x.node()) return {grad_ptr(x), false};
+  return grad_target(x);
+}
+
 float* grad_ptr(const Var& x) {
   Tensor* g = grad_if_needed(x);
   return g ? g->data() : nullptr;

@@ -41,6 +41,21 @@ Tensor* grad_if_needed(const Var& x);
 Tensor* grad_if_needed(Node& n);
 /// x's gradient as a raw pointer for kernels (zeros on first use), or null when x needs none.
 float* grad_ptr(const Var& x);
+
+/// Where a backward puts an input's gradient when its kernel can either add or write.
+struct GradTarget {
+  float* data = nullptr;  ///< the gradient buffer, or null when the input needs no gradient
+  /// No gradient has reached the input yet: the buffer holds no values (it is not zero-filled),
+  /// and the kernel must write (=) every element rather than add. Otherwise it adds, as to grad_ptr.
+  bool fresh = false;
+};
+/// x's gradient for a kernel that writes it whole: a fresh buffer skips the zero-fill and the
+/// read of those zeros (the first gradient of every activation). Take it just before the kernel
+/// that writes it: a second call for the same input is no longer fresh.
+GradTarget grad_target(const Var& x);
+/// grad_target(x) when x is none of the op's other inputs; otherwise an adding target (never
+/// fresh), since the same buffer then also takes those inputs' gradients.
+GradTarget grad_target(const Var& x, std::initializer_list<Var> others);
 /// n's gradient as a raw pointer for kernels (zeros on first use), or null when n needs none.
 float* grad_ptr(Node& n);
 

@@ -5,6 +5,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <stdexcept>
 #include <vector>
 
@@ -124,14 +125,19 @@ Var add_matmul(const Var& r, const Var& x, const Var& w, const Tensor* known_y) 
     if (bias) kernels::linear_forward(y.data(), x.value().data(), w.value().data(), r.value().data(), M, K, N);
     else kernels::add_matmul_forward(y.data(), r.value().data(), x.value().data(), w.value().data(), M, K, N);
   }
-  // dr += dy (summed over rows for a bias); dx += dy w^T; dw += x^T dy
+  // dr += dy (summed over rows for a bias); dx += dy w^T; dw += x^T dy. An activation's first
+  // gradient (dx, and a residual's dr) is written rather than added.
   return op.finish(std::move(y), [r, x, w, M, K, N, bias](const Tensor& dy, const Tensor&) {
-    if (bias)
-      kernels::linear_backward(grad_ptr(x), grad_ptr(w), grad_ptr(r), dy.data(), x.value().data(), w.value().data(), M,
-                               K, N);
-    else
-      kernels::add_matmul_backward(grad_ptr(r), grad_ptr(x), grad_ptr(w), dy.data(), x.value().data(),
-                                   w.value().data(), M, K, N);
+    const GradTarget dx = grad_target(x, {r, w});
+    float* dw = grad_ptr(w);
+    if (bias) {
+      kernels::linear_backward(dx.data, dw, grad_ptr(r), dy.data(), x.value().data(), w.value().data(), M, K, N,
+                               dx.fresh);
+      return;
+    }
+    const GradTarget dr = grad_target(r, {x, w});
+    kernels::add_matmul_backward(dr.data, dx.data, dw, dy.data(), x.value().data(), w.value().data(), M, K, N,
+                                 dr.fresh, dx.fresh);
   });
 }
 
@@ -248,9 +254,15 @@ Var attention(const Var& q, const Var& k, const Var& v, std::size_t n_heads) {
   kernels::attention_forward(y.data(), lse.data(), q.value().data(), k.value().data(), v.value().data(), shape);
   std::size_t bytes = lse.bytes();
   // the derivative is in kernels::attention_backward
+  // Fresh gradients of q, k and v (separate projections, their first gradient) are written, not added.
   return op.finish(std::move(y), [q, k, v, lse = std::move(lse), shape](const Tensor& dy, const Tensor& y) {
-    kernels::attention_backward(grad_ptr(q), grad_ptr(k), grad_ptr(v), dy.data(), y.data(), lse.data(),
-                                q.value().data(), k.value().data(), v.value().data(), shape);
+    const GradTarget dq = grad_target(q, {k, v}), dk = grad_target(k, {q, v}), dv = grad_target(v, {q, k});
+    const bool overwrite = (!dq.data || dq.fresh) && (!dk.data || dk.fresh) && (!dv.data || dv.fresh);
+    if (!overwrite)  // a buffer taken fresh holds no values yet: zero it to add into
+      for (const GradTarget& g : {dq, dk, dv})
+        if (g.fresh) std::fill_n(g.data, y.size(), 0.0f);
+    kernels::attention_backward(dq.data, dk.data, dv.data, dy.data(), y.data(), lse.data(), q.value().data(),
+                                k.value().data(), v.value().data(), shape, overwrite);
   }, bytes);
 }
 

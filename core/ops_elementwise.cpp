@@ -102,7 +102,8 @@ Var gelu(const Var& x, bool approximate_tanh) {
     kernels::gelu_tanh_forward(y.data(), sig.data(), x.value().data(), y.size());
     std::size_t bytes = op.recording() ? sig.bytes() : 0;
     return op.finish(std::move(y), [x, sig = std::move(sig)](const Tensor& dy, const Tensor&) {
-      if (float* dx = grad_ptr(x)) kernels::gelu_tanh_backward(dx, dy.data(), x.value().data(), sig.data(), dy.size());
+      if (GradTarget dx = grad_target(x); dx.data)
+        kernels::gelu_tanh_backward(dx.data, dy.data(), x.value().data(), sig.data(), dy.size(), dx.fresh);
     }, bytes);
   }
   return unary("gelu", x, [](float v) { return float(0.5 * v * (1 + std::erf(v * inv_sqrt2))); },

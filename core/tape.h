@@ -69,6 +69,7 @@ class Var {
   // A backward adds into the gradients of inputs it captured by value (its closure is const):
   // the op API's gradient functions (core/op.h) and the tape alone reach the node for that.
   friend Tensor* grad_if_needed(const Var& x);
+  friend struct GradTarget grad_target(const Var& x);
   friend class Tape;
   Node& gradient_node() const;
 

@@ -13,6 +13,8 @@
 #include <stdexcept>
 #include <unordered_map>
 
+#include "core/parallel.h"
+
 namespace tapegrad {
 
 std::string to_string(const Shape& shape) { return fmt::format("[{}]", fmt::join(shape, ", ")); }
@@ -161,7 +163,14 @@ float Tensor::item() const {
   return data_[0];
 }
 
-void Tensor::fill(float value) { std::fill_n(data(), size_, value); }
+// Large fills (gradient buffers start as zeros) run on the kernel threads: serial, they leave the
+// other threads waiting between ops.
+void Tensor::fill(float value) {
+  constexpr std::size_t block = 1 << 15;
+  detail::parallel_for((size_ + block - 1) / block, block, [&](std::size_t b) {
+    std::fill_n(data() + b * block, std::min(block, size_ - b * block), value);
+  });
+}
 
 Tensor Tensor::reshaped(Shape shape) const& { return Tensor(*this).reshaped(std::move(shape)); }
 

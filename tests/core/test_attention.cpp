@@ -126,7 +126,7 @@ void check_attention(const kernels::AttentionShape& s) {
   for (std::size_t i = 0; i < nq; ++i) REQUIRE(out[i] == doctest::Approx(ref.out[i]).epsilon(1e-12).scale(1));
   for (std::size_t i = 0; i < lse.size(); ++i) REQUIRE(lse[i] == doctest::Approx(ref.lse[i]).epsilon(1e-12).scale(1));
   kernels::attention_backward<double>(dq.data(), dk.data(), dv.data(), in.R.data(), out.data(), lse.data(),
-                                      in.q.data(), in.k.data(), in.v.data(), s);
+                                      in.q.data(), in.k.data(), in.v.data(), s, false);
   auto forward = [&] {
     std::vector<double> y(nq);
     kernels::attention_forward<double>(y.data(), nullptr, in.q.data(), in.k.data(), in.v.data(), s);
@@ -246,23 +246,27 @@ TEST_CASE("cached attention over transposed key blocks matches the triple loop, 
   }) == "cached_attention: one sequence with q_offset + q_len <= kv_len; got batch 1, q_offset 4, q_len 2, kv_len 5");
 }
 
-TEST_CASE("flash attention gives bit-identical results on 1 and 2 threads") {
+TEST_CASE("flash attention gives bit-identical results on 1 and 2 threads, and writing equals adding to zeros") {
   const kernels::AttentionShape s{2, 130, 130, 4, 32, 0};
   const std::size_t n = s.batch * s.q_len * s.model_dim();
   auto q = test::random_vector<float>(n, 1), k = test::random_vector<float>(n, 2), v = test::random_vector<float>(n, 3);
   auto dout = test::random_vector<float>(n, 4);
-  auto run = [&](int threads) {
+  auto run = [&](int threads, bool overwrite) {
     int saved = num_threads();
     set_num_threads(threads);
-    std::vector<float> out(n), lse(s.batch * s.n_heads * s.q_len), dq(n), dk(n), dv(n);
+    // Written gradients start as NaN: an element the kernel failed to write would show.
+    const float start = overwrite ? std::numeric_limits<float>::quiet_NaN() : 0.0f;
+    std::vector<float> out(n), lse(s.batch * s.n_heads * s.q_len), dq(n, start), dk(n, start), dv(n, start);
     kernels::attention_forward(out.data(), lse.data(), q.data(), k.data(), v.data(), s);
     kernels::attention_backward(dq.data(), dk.data(), dv.data(), dout.data(), out.data(), lse.data(), q.data(),
-                                k.data(), v.data(), s);
+                                k.data(), v.data(), s, overwrite);
     set_num_threads(saved);
     for (auto* part : {&lse, &dq, &dk, &dv}) out.insert(out.end(), part->begin(), part->end());
     return out;
   };
-  CHECK(run(1) == run(2));
+  CHECK(run(1, false) == run(2, false));
+  CHECK(run(1, true) == run(1, false));
+  CHECK(run(2, true) == run(1, false));
 }
 
 TEST_CASE("the attention op's gradients match central differences in float") {
@@ -272,6 +276,9 @@ TEST_CASE("the attention op's gradients match central differences in float") {
   test::check_float_op("attention", [](const std::vector<Var>& v) { return attention(v[0], v[1], v[2], 1); },
                        {test::random_tensor({1, 66, 2}, 8), test::random_tensor({1, 66, 2}, 9),
                         test::random_tensor({1, 66, 2}, 10)});
+  // One Var as q, k and v: its gradient is the sum of three, none of them written over another.
+  test::check_float_op("attention", [](const std::vector<Var>& v) { return attention(v[0], v[0], v[0], 2); },
+                       {test::random_tensor({2, 5, 4}, 11)});
 }
 
 TEST_CASE("attention names the shapes it was given") {

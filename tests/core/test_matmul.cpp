@@ -172,11 +172,26 @@ TEST_CASE("add_matmul is r + x w, in place or not, and its kernels match central
   test::check_double("add_matmul dr", rd, forward, R, dr);
   test::check_double("add_matmul dx", xd, forward, R, dx);
   test::check_double("add_matmul dw", wd, forward, R, dw);
+
+  // The first gradient of dr and dx written over buffers holding NaN (no values yet) equals the
+  // gradient added to zeros.
+  std::vector<double> dr_written(M * N, NAN), dx_written(M * K, NAN), dw_again(K * N);
+  kernels::add_matmul_backward<double>(dr_written.data(), dx_written.data(), dw_again.data(), R.data(), xd.data(),
+                                       wd.data(), M, K, N, true, true);
+  CHECK(dr_written == dr);
+  CHECK(dx_written == dx);
+  CHECK(dw_again == dw);
 }
 
 TEST_CASE("add_matmul passes gradcheck; a known output is taken as is and changes no gradient") {
   Tensor r = test::random_tensor({2, 3, 4}, 1), x = test::random_tensor({2, 3, 5}, 2), w = test::random_tensor({5, 4}, 3);
   test::check_float_op("add_matmul", [](const std::vector<Var>& v) { return add_matmul(v[0], v[1], v[2]); }, {r, x, w});
+  // One Var as r and x (and as x and w): its gradients add up, neither written over the other.
+  Tensor square = test::random_tensor({4, 4}, 5), other = test::random_tensor({4, 4}, 6);
+  test::check_float_op("add_matmul", [](const std::vector<Var>& v) { return add_matmul(v[0], v[0], v[1]); },
+                       {square, other});
+  test::check_float_op("add_matmul", [](const std::vector<Var>& v) { return add_matmul(v[1], v[0], v[0]); },
+                       {square, other});
 
   // What rematerialisation relies on (Note [Remat]): with known_y the op records the same
   // backward, so the gradients are bit-identical, and its value is known_y itself.

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <limits>
 #include <filesystem>
 
 #include "core/kernel_table.h"
@@ -199,11 +200,11 @@ TEST_CASE("every kernel gives the same results at every level and at 16 emulated
   });
   check_levels_agree("GELU (tanh) forward and backward", rtol, [&](const Table& k) {
     const std::size_t n = rows * dim;
-    std::vector<float> y(n), s(n), dx(n, 0.5f);
+    std::vector<float> y(n), s(n), dx(n, 0.5f), written(n, std::numeric_limits<float>::quiet_NaN());
     k.gelu_tanh_forward(y.data(), s.data(), x.data(), n);
-    k.gelu_tanh_backward(dx.data(), dy.data(), x.data(), s.data(), n);
-    y.insert(y.end(), s.begin(), s.end());
-    y.insert(y.end(), dx.begin(), dx.end());
+    k.gelu_tanh_backward(dx.data(), dy.data(), x.data(), s.data(), n, false);
+    k.gelu_tanh_backward(written.data(), dy.data(), x.data(), s.data(), n, true);  // every element written
+    for (auto* part : {&s, &dx, &written}) y.insert(y.end(), part->begin(), part->end());
     return widen(y);
   });
   check_levels_agree("cross-entropy forward and backward", rtol, [&](const Table& k) {
@@ -228,7 +229,7 @@ TEST_CASE("every kernel gives the same results at every level and at 16 emulated
       kernels::AttentionShape shape{1, T, T, H, Dh, 0};
       kt.attention_forward(out.data(), lse.data(), q.data(), k.data(), v.data(), shape);
       kt.attention_backward(dq.data(), dk.data(), dv.data(), dout.data(), out.data(), lse.data(), q.data(), k.data(),
-                            v.data(), shape);
+                            v.data(), shape, false);
       std::vector<float> tail(5 * D), tail_lse(5 * H), last(D), last_lse(H);
       kt.attention_forward(tail.data(), tail_lse.data(), q.data() + (T - 5) * D, k.data(), v.data(),
                            {1, 5, T, H, Dh, T - 5});
