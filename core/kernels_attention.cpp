@@ -43,6 +43,25 @@ void copy_padded(T* dst, std::size_t ld, const T* src, std::size_t D, std::size_
   }
 }
 
+/// A head's rows (rows, Dp) as tile_product's B operand: whole vectors per row.
+template <class T>
+struct Operand {
+  const T* data;
+  std::size_t ld;
+  const T* row(std::size_t r) const { return data + r * ld; }
+};
+
+/// The head's slice src (rows, Dh) of a (.., D) tensor read in place when Dh is a whole number of
+/// vectors (Dh == Dp), else copied into scratch zero-padded to Dp columns.
+template <class T>
+Operand<T> whole_vectors(std::vector<T>& scratch, const T* src, std::size_t D, std::size_t rows, std::size_t Dh,
+                         std::size_t Dp) {
+  if (Dh == Dp) return {src, D};
+  scratch.resize(rows * Dp);
+  copy_padded(scratch.data(), Dp, src, D, rows, Dh);
+  return {scratch.data(), Dp};
+}
+
 /// dst (Dh, ld) = the head's slice src (rows, Dh) transposed; columns rows..ld are zero. Eight
 /// source rows at a time, so that each store writes 8 consecutive elements of a row of dst (one
 /// element per store, strided by ld, measured as half of the forward's own time at T = 256).
@@ -121,10 +140,10 @@ void attention_forward(T* out, T* lse, const T* q, const T* k, const T* v, const
     // Per pair: keys transposed (Dh, keys_pad) and values padded (keys, Dp), so that every tile
     // product reads whole vectors; per query tile: scores (q_tile, k_tile) and the output (q_tile, Dp).
     thread_local std::vector<T> kt, vp, scores, acc, row_max, row_sum;
-    kt.resize(Dh * keys_pad), vp.resize(keys * Dp), scores.resize(q_tile * k_tile), acc.resize(q_tile * Dp);
+    kt.resize(Dh * keys_pad), scores.resize(q_tile * k_tile), acc.resize(q_tile * Dp);
     row_max.resize(q_tile), row_sum.resize(q_tile);
     copy_transposed(kt.data(), keys_pad, kh, D, keys, Dh);
-    copy_padded(vp.data(), Dp, vh, D, keys, Dh);
+    const Operand<T> values = whole_vectors(vp, vh, D, keys, Dh, Dp);
     for (std::size_t i0 = 0; i0 < Tq; i0 += q_tile) {
       const std::size_t rows = std::min(q_tile, Tq - i0), first_pos = s.q_offset + i0;
       const std::size_t tile_keys = first_pos + rows;  // keys this tile's queries see: later tiles are skipped
@@ -157,8 +176,8 @@ void attention_forward(T* out, T* lse, const T* q, const T* k, const T* v, const
               for (std::size_t d = 0; d < Dp; ++d) acc[i * Dp + d] *= correction;
           }
           // acc (n, Dp) += P (n, seen) v[j0:j0+seen]
-          detail::tile_product<Batch<T>>(acc.data() + r0 * Dp, Dp, st, k_tile, 1, vp.data() + j0 * Dp, Dp, n, Dp, seen,
-                                         T(1), true);
+          detail::tile_product<Batch<T>>(acc.data() + r0 * Dp, Dp, st, k_tile, 1, values.row(j0), values.ld, n, Dp,
+                                         seen, T(1), true);
         }
       }
       for (std::size_t i = 0; i < rows; ++i) {
@@ -192,14 +211,13 @@ void attention_backward(T* dq, T* dk, T* dv, const T* dout, const T* out, const 
     const T* doh = dout + hv.q_row0 * D + hv.col0;
     const T* oh = out + hv.q_row0 * D + hv.col0;
     const T* lh = lse + hv.lse0;
-    // Operands laid out for tile_product: q, dout and k padded to Dp columns; k and v transposed.
+    // Operands laid out for tile_product: q, dout and k as rows of whole vectors; k and v transposed.
     thread_local std::vector<T> qp, dop, kp, kt, vt, delta, dq_acc, dk_tile, dv_tile, p, ds;
-    qp.resize(Tq * Dp), dop.resize(Tq * Dp), kp.resize(keys * Dp), kt.resize(Dh * keys_pad), vt.resize(Dh * keys_pad);
+    kt.resize(Dh * keys_pad), vt.resize(Dh * keys_pad);
     delta.resize(Tq), dq_acc.assign(dq ? Tq * Dp : 0, T(0)), dk_tile.resize(k_tile * Dp), dv_tile.resize(k_tile * Dp);
     p.resize(q_tile * k_tile), ds.resize(q_tile * k_tile);
-    copy_padded(qp.data(), Dp, qh, D, Tq, Dh);
-    copy_padded(dop.data(), Dp, doh, D, Tq, Dh);
-    copy_padded(kp.data(), Dp, kh, D, keys, Dh);
+    const Operand<T> q_rows = whole_vectors(qp, qh, D, Tq, Dh, Dp), dout_rows = whole_vectors(dop, doh, D, Tq, Dh, Dp);
+    const Operand<T> k_rows = whole_vectors(kp, kh, D, keys, Dh, Dp);
     copy_transposed(kt.data(), keys_pad, kh, D, keys, Dh);
     copy_transposed(vt.data(), keys_pad, vh, D, keys, Dh);
     for (std::size_t i = 0; i < Tq; ++i) delta[i] = detail::dot<Batch<T>>(doh + i * D, oh + i * D, Dh);
@@ -237,8 +255,8 @@ void attention_backward(T* dq, T* dk, T* dv, const T* dout, const T* out, const 
             for (std::size_t j = 0; j < seen_pad; ++j) dr[j] = pr[j] * (dr[j] - centre) * scale;
           }
           if (dq)  // dq_acc (n, Dp) += dS k[j0:j0+seen]
-            detail::tile_product<Batch<T>>(dq_acc.data() + (i0 + r0) * Dp, Dp, dc, k_tile, 1, kp.data() + j0 * Dp, Dp, n,
-                                           Dp, seen, T(1), true);
+            detail::tile_product<Batch<T>>(dq_acc.data() + (i0 + r0) * Dp, Dp, dc, k_tile, 1, k_rows.row(j0), k_rows.ld,
+                                           n, Dp, seen, T(1), true);
         }
         for (std::size_t c0 = 0; c0 < cols; c0 += chunk) {
           const std::size_t n = std::min(chunk, cols - c0);
@@ -247,10 +265,10 @@ void attention_backward(T* dq, T* dk, T* dv, const T* dout, const T* out, const 
           const std::size_t K = rows - first;
           if (dv)  // dv_tile (n, Dp) += P^T dout_tile
             detail::tile_product<Batch<T>>(dv_tile.data() + c0 * Dp, Dp, pt + first * k_tile + c0, 1, k_tile,
-                                           dop.data() + (i0 + first) * Dp, Dp, n, Dp, K, T(1), true);
+                                           dout_rows.row(i0 + first), dout_rows.ld, n, Dp, K, T(1), true);
           if (dk)  // dk_tile (n, Dp) += dS^T q_tile
             detail::tile_product<Batch<T>>(dk_tile.data() + c0 * Dp, Dp, dst + first * k_tile + c0, 1, k_tile,
-                                           qp.data() + (i0 + first) * Dp, Dp, n, Dp, K, T(1), true);
+                                           q_rows.row(i0 + first), q_rows.ld, n, Dp, K, T(1), true);
         }
       }
       if (dk) add_rows(dk + (hv.kv_row0 + j0) * D + hv.col0, D, dk_tile.data(), Dp, cols, Dh, overwrite);
