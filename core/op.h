@@ -18,8 +18,9 @@
 //   }
 //
 // Rules for a backward: only accumulate (+=) into the gradients of inputs (grad_ptr returns null
-// for an input that needs none); never record on the tape; never change what was saved. Capture
-// inputs by value (a Var is a shared handle) and save only what the backward reads.
+// for an input that needs none), or write (=) a whole gradient through a fresh grad_target; never
+// record on the tape; never change what was saved. Capture inputs by value (a Var is a shared
+// handle) and save only what the backward reads.
 #pragma once
 
 #include <cstddef>
