@@ -201,14 +201,15 @@ void gelu_tanh_backward(T* dx, const T* dy, const T* x, const T* s, std::size_t 
   template void packed_gemm<T>(bool, bool, std::size_t, std::size_t, std::size_t, T, const T*, std::size_t,         \
                                const T*, std::size_t, T, T*, std::size_t);                                       \
   template void matmul_forward<T>(T*, const T*, const T*, std::size_t, std::size_t, std::size_t);               \
-  template void matmul_backward<T>(T*, T*, const T*, const T*, const T*, std::size_t, std::size_t, std::size_t, bool); \
+  template void matmul_backward<T>(T*, T*, const T*, const T*, const T*, std::size_t, std::size_t, std::size_t,  \
+                                   bool);                                                                        \
   template void add_matmul_forward<T>(T*, const T*, const T*, const T*, std::size_t, std::size_t, std::size_t);  \
   template void row_stable_matmul<T>(T*, const T*, const T*, std::size_t, std::size_t, std::size_t, bool);       \
   template void linear_forward<T>(T*, const T*, const T*, const T*, std::size_t, std::size_t, std::size_t);      \
   template void linear_backward<T>(T*, T*, T*, const T*, const T*, const T*, std::size_t, std::size_t,           \
-                                   std::size_t, bool);                                                                 \
+                                   std::size_t, bool);                                                           \
   template void add_matmul_backward<T>(T*, T*, T*, const T*, const T*, const T*, std::size_t, std::size_t,       \
-                                       std::size_t, bool, bool);                                                             \
+                                       std::size_t, bool, bool);                                                 \
   template void add_forward<T>(T*, const T*, const T*, std::size_t);                                            \
   template void accumulate<T>(T*, const T*, std::size_t);                                                       \
   template void mul_forward<T>(T*, const T*, const T*, std::size_t);                                            \
@@ -226,7 +227,7 @@ void gelu_tanh_backward(T* dx, const T* dy, const T* x, const T* s, std::size_t 
   template void layer_norm_backward<T>(T*, T*, T*, const T*, const T*, const T*, const T*, const T*, std::size_t, \
                                        std::size_t);                                                             \
   template void gelu_tanh_forward<T>(T*, T*, const T*, std::size_t);                                            \
-  template void gelu_tanh_backward<T>(T*, const T*, const T*, const T*, std::size_t, bool);                           \
+  template void gelu_tanh_backward<T>(T*, const T*, const T*, const T*, std::size_t, bool);                      \
   template void rope_forward<T>(T*, const T*, const RopeTable<T>&, std::size_t, std::size_t, std::size_t,        \
                                 std::size_t, std::size_t);                                                       \
   template void rope_backward<T>(T*, const T*, const RopeTable<T>&, std::size_t, std::size_t, std::size_t,       \
@@ -237,7 +238,7 @@ void gelu_tanh_backward(T* dx, const T* dy, const T* x, const T* s, std::size_t 
   template void swiglu_backward<T>(T*, T*, const T*, const T*, const T*, std::size_t);                          \
   template void attention_forward<T>(T*, T*, const T*, const T*, const T*, const AttentionShape&);              \
   template void attention_backward<T>(T*, T*, T*, const T*, const T*, const T*, const T*, const T*, const T*,   \
-                                      const AttentionShape&, bool);                                                    \
+                                      const AttentionShape&, bool);                                              \
   template void cached_attention_forward<T>(T*, const T*, const T*, const T*, const AttentionShape&, T*);        \
   template T cross_entropy_forward<T>(T*, const T*, const std::int32_t*, std::size_t, std::size_t);             \
   template void cross_entropy_backward<T>(T*, T, const T*, const T*, const std::int32_t*, std::size_t, std::size_t);

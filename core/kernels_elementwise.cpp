@@ -70,7 +70,8 @@ template <class T> void add_bias_forward(T* y, const T* x, const T* bias, std::s
 }
 template <class T> void add_bias_backward(T* dx, T* dbias, const T* dy, std::size_t rows, std::size_t cols) {
   if (dx) accumulate(dx, dy, rows * cols);
-  if (dbias) detail::column_sums(dbias, rows, cols, 1, [dy, cols](std::size_t r, std::size_t j) { return dy[r * cols + j]; });
+  if (dbias)
+    detail::column_sums(dbias, rows, cols, 1, [dy, cols](std::size_t r, std::size_t j) { return dy[r * cols + j]; });
 }
 
 // silu(a) = a * s, s = sigmoid(a) = 1 / (1 + exp(-a)).

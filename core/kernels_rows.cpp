@@ -62,7 +62,9 @@ void rms_norm_backward(T* dx, T* dw, const T* dy, const T* x, const T* w, const 
     });
   }
   if (dw)
-    detail::column_sums(dw, rows, dim, 3, [=](std::size_t r, std::size_t j) { return dy[r * dim + j] * x[r * dim + j] * rstd[r]; });
+    detail::column_sums(dw, rows, dim, 3, [=](std::size_t r, std::size_t j) {
+      return dy[r * dim + j] * x[r * dim + j] * rstd[r];
+    });
 }
 
 // ---- LayerNorm ----
