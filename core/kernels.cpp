@@ -40,12 +40,17 @@ void row_stable_matmul(T* y, const T* x, const T* w, std::size_t M, std::size_t 
   active_table<T>().row_stable_matmul(y, x, w, M, K, N, accumulate);
 }
 
-// The rows of y start as r's (or the bias) and gemm adds x w to them (beta = 1). The rows are
-// copied on the kernel threads, each its share in the order gemm splits rows, so that a thread's
-// rows are in its own cache when its part of the product reads them.
+// dst (M, N) = src (M, N), row by row on the kernel threads, each its share in the order gemm
+// splits rows, so that a thread's rows are in its own cache when its part of a product reads them.
+template <class T>
+static void copy_rows(T* dst, const T* src, std::size_t M, std::size_t N) {
+  detail::parallel_for(M, N, [&](std::size_t i) { std::copy_n(src + i * N, N, dst + i * N); });
+}
+
+// The rows of y start as r's (or the bias) and gemm adds x w to them (beta = 1).
 template <class T>
 void add_matmul_forward(T* y, const T* r, const T* x, const T* w, std::size_t M, std::size_t K, std::size_t N) {
-  if (y != r) detail::parallel_for(M, N, [&](std::size_t i) { std::copy_n(r + i * N, N, y + i * N); });
+  if (y != r) copy_rows(y, r, M, N);
   gemm<T>(false, false, M, N, K, T(1), x, K, w, N, T(1), y, N);
 }
 
@@ -65,7 +70,7 @@ void linear_backward(T* dx, T* dw, T* db, const T* dy, const T* x, const T* w, s
 template <class T>
 void add_matmul_backward(T* dr, T* dx, T* dw, const T* dy, const T* x, const T* w, std::size_t M, std::size_t K,
                          std::size_t N, bool dr_fresh, bool dx_fresh) {
-  if (dr && dr_fresh) detail::parallel_for(M, N, [&](std::size_t i) { std::copy_n(dy + i * N, N, dr + i * N); });
+  if (dr && dr_fresh) copy_rows(dr, dy, M, N);
   else if (dr) accumulate(dr, dy, M * N);
   matmul_backward(dx, dw, dy, x, w, M, K, N, dx_fresh);
 }
