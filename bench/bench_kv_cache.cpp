@@ -20,18 +20,27 @@ using namespace tapegrad;
 
 int main(int argc, char** argv) try {
   int repeats = 5;
+  std::vector<std::size_t> batch_sizes = {1, 8, 64};  // --sizes, --threads: only these batched runs (to profile one)
+  std::vector<int> thread_counts = {1, 2};
   std::string out_path = std::string(TAPEGRAD_SOURCE_DIR) + "/bench/results/kv_cache_cpu.json";
   try {
     for (int i = 1; i < argc; ++i) {
       std::string arg = argv[i];
       if (arg == "--help") {
-        fmt::print("usage: bench_kv_cache [--repeats N] [--out PATH]\n{}", bench::simd_usage_line());
+        fmt::print("usage: bench_kv_cache [--repeats N] [--sizes S,S,...] [--threads T,T,...] [--out PATH]\n{}", bench::simd_usage_line());
         return 0;
       }
       if (arg == "--repeats" && i + 1 < argc) repeats = std::max(1, std::stoi(argv[++i]));
       else if (arg == "--out" && i + 1 < argc) out_path = argv[++i];
+      else if (arg == "--sizes" && i + 1 < argc) {
+        batch_sizes.clear();
+        for (const std::string& size : bench::split_list(argv[++i])) batch_sizes.push_back(std::stoul(size));
+      } else if (arg == "--threads" && i + 1 < argc) {
+        thread_counts.clear();
+        for (const std::string& count : bench::split_list(argv[++i])) thread_counts.push_back(std::stoi(count));
+      }
       else {
-        fmt::print(stderr, "usage: bench_kv_cache [--repeats N] [--out PATH]\n{}", bench::simd_usage_line());
+        fmt::print(stderr, "usage: bench_kv_cache [--repeats N] [--sizes S,S,...] [--threads T,T,...] [--out PATH]\n{}", bench::simd_usage_line());
         return 2;
       }
     }
@@ -62,7 +71,6 @@ int main(int argc, char** argv) try {
 
   // Batched: S prompts, one prefill pass, then 99 steps of S tokens (100 new tokens each).
   nlohmann::json batched;
-  const std::vector<std::size_t> batch_sizes = {1, 8, 64};
   for (std::size_t S : batch_sizes) {
     std::vector<std::vector<std::int32_t>> prompts;
     Rng rng(S);
@@ -82,7 +90,7 @@ int main(int argc, char** argv) try {
         for (std::size_t s = 0; s < S; ++s) tokens[s] = nn::argmax(rows.subspan(s * 65, 65));
       }
     };
-    for (int threads : {1, 2}) {
+    for (int threads : thread_counts) {
       set_num_threads(threads);
       decode();  // warm-up
       std::vector<double> samples;

@@ -13,7 +13,6 @@
 #include <fstream>
 #include <map>
 #include <optional>
-#include <sstream>
 
 #include "bench/bench_common.h"
 #include "bench/fma_peak.h"
@@ -26,15 +25,6 @@
 using namespace tapegrad;
 
 namespace {
-
-std::vector<std::string> split_list(const std::string& text) {
-  std::vector<std::string> out;
-  std::stringstream in(text);
-  std::string item;
-  while (std::getline(in, item, ','))
-    if (!item.empty()) out.push_back(item);
-  return out;
-}
 
 struct SgemmPeak {
   double best_gflops = 0, median_gflops = 0;
@@ -198,10 +188,10 @@ int main(int argc, char** argv) try {
       std::string arg = argv[i];
       if (arg == "--help") return usage(stdout, 0);
       bool has_value = i + 1 < argc;
-      if (arg == "--configs" && has_value) config_names = split_list(argv[++i]);
+      if (arg == "--configs" && has_value) config_names = bench::split_list(argv[++i]);
       else if (arg == "--threads" && has_value) {
         thread_counts.clear();
-        for (const std::string& t : split_list(argv[++i])) thread_counts.push_back(std::stoi(t));
+        for (const std::string& t : bench::split_list(argv[++i])) thread_counts.push_back(std::stoi(t));
       } else if (arg == "--steps" && has_value) steps = std::stoi(argv[++i]);
       else if (arg == "--out" && has_value) out_path = argv[++i];
       else if (arg == "--write-agreement" && has_value) agreement_dir = argv[++i];
