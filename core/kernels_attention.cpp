@@ -73,6 +73,14 @@ Operand<T> whole_vectors(std::vector<T>& scratch, const T* src, std::size_t D, s
   return {scratch.data(), Dp};
 }
 
+/// The leading dimension of a transposed (Dh, keys) operand: whole vectors, plus one more when
+/// its rows would otherwise crowd into a few L1 sets (keys = 256 floats: 4 sets; 1024: 1 set).
+template <class T>
+std::size_t transposed_ld(std::size_t keys) {
+  const std::size_t ld = round_up(keys, Batch<T>::size);
+  return rows_spread_over_l1(ld * sizeof(T)) ? ld : ld + Batch<T>::size;
+}
+
 /// dst (Dh, ld) = the head's slice src (rows, Dh) transposed; columns rows..ld are zero. Eight
 /// source rows at a time, so that each store writes 8 consecutive elements of a row of dst (one
 /// element per store, strided by ld, measured as half of the forward's own time at T = 256).
@@ -134,7 +142,7 @@ void attention_forward(T* out, T* lse, const T* q, const T* k, const T* v, const
   const std::size_t D = s.model_dim(), Dh = s.head_dim, Tq = s.q_len;
   constexpr std::size_t W = Batch<T>::size;
   const std::size_t keys = s.q_offset + Tq;  // keys any query sees; later ones (up to kv_len) are not read
-  const std::size_t Dp = round_up(Dh, W), keys_pad = round_up(keys, W);
+  const std::size_t Dp = round_up(Dh, W), ld_kt = transposed_ld<T>(keys);
   const T scale = T(1) / std::sqrt(T(Dh));
   detail::parallel_for(s.batch * s.n_heads, Tq * keys * Dh * 2, [&](std::size_t pair) {
     HeadView hv = head_view(s, pair);
@@ -148,12 +156,12 @@ void attention_forward(T* out, T* lse, const T* q, const T* k, const T* v, const
       p.resize(keys);
       return attention_rows(oh, lh, qh, kh, vh, s, p.data());
     }
-    // Per pair: keys transposed (Dh, keys_pad) and values padded (keys, Dp), so that every tile
+    // Per pair: keys transposed (Dh, ld_kt) and values padded (keys, Dp), so that every tile
     // product reads whole vectors; per query tile: scores (q_tile, k_tile) and the output (q_tile, Dp).
     thread_local std::vector<T> kt, vp, scores, acc, row_max, row_sum;
-    kt.resize(Dh * keys_pad), scores.resize(q_tile * k_tile), acc.resize(q_tile * Dp);
+    kt.resize(Dh * ld_kt), scores.resize(q_tile * k_tile), acc.resize(q_tile * Dp);
     row_max.resize(q_tile), row_sum.resize(q_tile);
-    copy_transposed(kt.data(), keys_pad, kh, D, keys, Dh);
+    copy_transposed(kt.data(), ld_kt, kh, D, keys, Dh);
     const Operand<T> values = whole_vectors(vp, vh, D, keys, Dh, Dp);
     for (std::size_t i0 = 0; i0 < Tq; i0 += q_tile) {
       const std::size_t rows = std::min(q_tile, Tq - i0), first_pos = s.q_offset + i0;
@@ -172,7 +180,7 @@ void attention_forward(T* out, T* lse, const T* q, const T* k, const T* v, const
           if (last_key < j0) continue;  // no row of the chunk sees a key of this tile
           const std::size_t seen = std::min(cols, last_key - j0 + 1), seen_pad = round_up(seen, W);
           T* st = scores.data() + r0 * k_tile;
-          tile_scores(st, qh + (i0 + r0) * D, D, kt.data(), keys_pad, n, seen, seen_pad, Dh, scale, first_pos + r0, j0);
+          tile_scores(st, qh + (i0 + r0) * D, D, kt.data(), ld_kt, n, seen, seen_pad, Dh, scale, first_pos + r0, j0);
           // Online softmax: m' = max(m, max_j s_j); l' = l e^(m - m') + sum_j e^(s_j - m'); the
           // output so far is rescaled by e^(m - m'). Key 0 is in every row's first tile, so m is
           // finite from then on and a row with no visible key in a later tile adds exactly 0.
@@ -211,7 +219,7 @@ void attention_backward(T* dq, T* dk, T* dv, const T* dout, const T* out, const 
                         const T* v, const AttentionShape& s, bool overwrite) {
   const std::size_t D = s.model_dim(), Dh = s.head_dim, Tq = s.q_len;
   constexpr std::size_t W = Batch<T>::size;
-  const std::size_t Dp = round_up(Dh, W), keys = s.q_offset + Tq, keys_pad = round_up(keys, W);
+  const std::size_t Dp = round_up(Dh, W), keys = s.q_offset + Tq, ld_t = transposed_ld<T>(keys);
   const T scale = T(1) / std::sqrt(T(Dh));
   if (!dq && !dk && !dv) return;
   detail::parallel_for(s.batch * s.n_heads, Tq * keys * Dh * 4, [&](std::size_t pair) {
@@ -224,13 +232,13 @@ void attention_backward(T* dq, T* dk, T* dv, const T* dout, const T* out, const 
     const T* lh = lse + hv.lse0;
     // Operands laid out for tile_product: q, dout and k as rows of whole vectors; k and v transposed.
     thread_local std::vector<T> qp, dop, kp, kt, vt, delta, dq_acc, dk_tile, dv_tile, p, ds;
-    kt.resize(Dh * keys_pad), vt.resize(Dh * keys_pad);
+    kt.resize(Dh * ld_t), vt.resize(Dh * ld_t);
     delta.resize(Tq), dq_acc.assign(dq ? Tq * Dp : 0, T(0)), dk_tile.resize(k_tile * Dp), dv_tile.resize(k_tile * Dp);
     p.resize(q_tile * k_tile), ds.resize(q_tile * k_tile);
     const Operand<T> q_rows = whole_vectors(qp, qh, D, Tq, Dh, Dp), dout_rows = whole_vectors(dop, doh, D, Tq, Dh, Dp);
     const Operand<T> k_rows = whole_vectors(kp, kh, D, keys, Dh, Dp);
-    copy_transposed(kt.data(), keys_pad, kh, D, keys, Dh);
-    copy_transposed(vt.data(), keys_pad, vh, D, keys, Dh);
+    copy_transposed(kt.data(), ld_t, kh, D, keys, Dh);
+    copy_transposed(vt.data(), ld_t, vh, D, keys, Dh);
     for (std::size_t i = 0; i < Tq; ++i) delta[i] = detail::dot<Batch<T>>(doh + i * D, oh + i * D, Dh);
     for (std::size_t j0 = 0; j0 < keys; j0 += k_tile) {
       const std::size_t cols = std::min(k_tile, keys - j0), cols_pad = round_up(cols, W);
@@ -253,11 +261,11 @@ void attention_backward(T* dq, T* dk, T* dv, const T* dout, const T* out, const 
             std::fill(dc + i * k_tile + seen_pad, dc + i * k_tile + cols_pad, T(0));
           }
           if (seen == 0) continue;
-          tile_scores(pc, qh + (i0 + r0) * D, D, kt.data(), keys_pad, n, seen, seen_pad, Dh, scale, first_pos + r0, j0);
+          tile_scores(pc, qh + (i0 + r0) * D, D, kt.data(), ld_t, n, seen, seen_pad, Dh, scale, first_pos + r0, j0);
           for (std::size_t i = 0; i < n; ++i) detail::exp_shifted_sum<Batch<T>>(pc + i * k_tile, seen_pad, lh[i0 + r0 + i]);
           if (!dq && !dk) continue;
           // dP (n, seen_pad) = dout_chunk v^T, then dS in place.
-          detail::tile_product<Batch<T>>(dc, k_tile, doh + (i0 + r0) * D, D, 1, vt.data() + j0, keys_pad, n, seen_pad,
+          detail::tile_product<Batch<T>>(dc, k_tile, doh + (i0 + r0) * D, D, 1, vt.data() + j0, ld_t, n, seen_pad,
                                          Dh, T(1), false);
           for (std::size_t i = 0; i < n; ++i) {
             const T* pr = pc + i * k_tile;
