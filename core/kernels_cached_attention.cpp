@@ -24,14 +24,6 @@ void cached_attention_forward(T* out, const T* q, const T* keys, const T* values
     const T* qi = q + i * D;
     for (std::size_t b = 0; b < blocks; ++b) {
       const T* block = keys + b * D * key_block;  // (D, key_block)
-      // The cache of a sequence is read once per step and has left L2 since: fetch the key block
-      // after next and this block's value rows ahead of their use.
-      constexpr std::size_t line = 64 / sizeof(T);
-      if (b + 2 < blocks)
-        for (std::size_t x = 0; x < D * key_block; x += line) __builtin_prefetch(block + 2 * D * key_block + x);
-      const T* value_rows = values + b * key_block * D;
-      for (std::size_t x = 0; x < std::min(key_block, n - b * key_block) * D; x += line)
-        __builtin_prefetch(value_rows + x);
       std::size_t h = 0;
       for (; h + G <= H; h += G)
         detail::head_block_scores<B, G, key_block>(p + h * ld + b * key_block, ld, qi + h * Dh, block + h * Dh * key_block,
