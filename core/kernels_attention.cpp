@@ -5,8 +5,8 @@
 // Each (batch, head) pair runs on one thread, in a fixed order: results do not depend on the
 // thread count.
 #include <cmath>
-#include <numeric>
 #include <limits>
+#include <numeric>
 #include <vector>
 
 #include "core/kernel_level.h"
