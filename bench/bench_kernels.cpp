@@ -205,16 +205,16 @@ Case matmul_backward_case(std::size_t M, std::size_t K, std::size_t N) {
           verify, run};
 }
 
-/// C += op(A) op(B) through single-threaded cblas_sgemm calls, split over the kernel threads by
-/// output rows as kernels::gemm splits its products: OpenBLAS as gemm would run it.
+/// C = op(A) op(B) + beta C through single-threaded cblas_sgemm calls, split over the kernel
+/// threads by output rows as kernels::gemm splits its products: OpenBLAS as gemm would run it.
 void cblas_sgemm_split(bool ta, bool tb, std::size_t M, std::size_t N, std::size_t K, const float* A, std::size_t lda,
-                       const float* B, std::size_t ldb, float* C, std::size_t ldc) {
+                       const float* B, std::size_t ldb, float beta, float* C, std::size_t ldc) {
   int threads = tapegrad::num_threads();
 #pragma omp parallel for num_threads(threads) schedule(static)
   for (int p = 0; p < threads; ++p) {
     std::size_t begin = M * p / threads, end = M * (p + 1) / threads;
     cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, int(end - begin), int(N),
-                int(K), 1.0f, A + (ta ? begin : begin * lda), int(lda), B, int(ldb), 1.0f, C + begin * ldc, int(ldc));
+                int(K), 1.0f, A + (ta ? begin : begin * lda), int(lda), B, int(ldb), beta, C + begin * ldc, int(ldc));
   }
 }
 
@@ -234,17 +234,20 @@ std::vector<Case> matmul_cases() {
       gemm("gemm NT b=1 (dX = dY W^T)", false, true, 2048, 128, 512, 1.0f), matmul_backward_case(2048, 128, 512),
       matmul_backward_case(2048, 512, 128)};
   // The two candidates for gemm, side by side at the training configs' shapes (rows B*T = 2048 or
-  // 768, inner and outer sizes d and 4d), each form: forward NN, dX = dY W^T (NT), dW = X^T dY (TN).
-  // gemm picks packed_gemm or OpenBLAS per CPU and shape from figures like these.
+  // 768, inner and outer sizes d and 4d), each form with the beta training gives it: forward NN
+  // and dX = dY W^T (NT) write a fresh output (beta 0: OpenBLAS then zeroes C in a pass of its
+  // own first), dW = X^T dY (TN) adds into the parameter's gradient (beta 1). gemm picks
+  // packed_gemm or OpenBLAS per CPU and shape from figures like these.
   auto candidates = [&](bool ta, bool tb, std::size_t M, std::size_t N, std::size_t K) {
     const char* form = ta ? "TN" : tb ? "NT" : "NN";
-    cases.push_back(product_case(fmt::format("packed_gemm {}", form), ta, tb, M, N, K, 1.0f,
+    const float beta = ta ? 1.0f : 0.0f;
+    cases.push_back(product_case(fmt::format("packed_gemm {} b={}", form, beta), ta, tb, M, N, K, beta,
                                  [=](const float* a, const float* b, float* c) {
-                                   kernels::packed_gemm(ta, tb, M, N, K, 1.0f, a, ta ? M : K, b, tb ? K : N, 1.0f, c, N);
+                                   kernels::packed_gemm(ta, tb, M, N, K, 1.0f, a, ta ? M : K, b, tb ? K : N, beta, c, N);
                                  }));
-    cases.push_back(product_case(fmt::format("cblas_sgemm {}", form), ta, tb, M, N, K, 1.0f,
+    cases.push_back(product_case(fmt::format("cblas_sgemm {} b={}", form, beta), ta, tb, M, N, K, beta,
                                  [=](const float* a, const float* b, float* c) {
-                                   cblas_sgemm_split(ta, tb, M, N, K, a, ta ? M : K, b, tb ? K : N, c, N);
+                                   cblas_sgemm_split(ta, tb, M, N, K, a, ta ? M : K, b, tb ? K : N, beta, c, N);
                                  }));
   };
   for (auto [rows, d] : {std::pair<std::size_t, std::size_t>{2048, 64}, {768, 128}, {2048, 256}}) {
@@ -392,7 +395,7 @@ std::vector<Case> row_cases(std::size_t rows, std::size_t dim) {
       {{&d->y, [=](auto i) { return a[i] * sigmoid(a[i]); }}});
   add("swiglu_forward", shape, 3.0 * n, [=] { kernels::swiglu_forward(y, a, b, n); },
       {{&d->y, [=](auto i) { return a[i] * sigmoid(a[i]) * b[i]; }}});
-  add("swiglu_backward", shape, 7.0 * n, [=] { kernels::swiglu_backward(da, d->db.data(), dy, a, b, n); },
+  add("swiglu_backward", shape, 7.0 * n, [=] { kernels::swiglu_backward(da, d->db.data(), dy, a, b, n, false); },
       {{&d->da, [=](auto i) { return 1 + dy[i] * b[i] * sigmoid(a[i]) * (1 + a[i] * (1 - sigmoid(a[i]))); }},
        {&d->db, [=](auto i) { return 1 + dy[i] * a[i] * sigmoid(a[i]); }}},
       [=] { fill_ones(d->da), fill_ones(d->db); });

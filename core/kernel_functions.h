@@ -87,10 +87,11 @@ void rms_norm_backward(T* dx, T* dw, const T* dy, const T* x, const T* w, const 
 template <class T>
 void rope_forward(T* y, const T* x, const RopeTable<T>& table, std::size_t batch, std::size_t seq_len,
                   std::size_t n_heads, std::size_t head_dim, std::size_t offset);
-/// The rotation is orthogonal: dx += R(-a) dy.
+/// The rotation is orthogonal: dx += R(-a) dy; with overwrite, dx = R(-a) dy (dx's old values
+/// are not read).
 template <class T>
 void rope_backward(T* dx, const T* dy, const RopeTable<T>& table, std::size_t batch, std::size_t seq_len,
-                   std::size_t n_heads, std::size_t head_dim, std::size_t offset);
+                   std::size_t n_heads, std::size_t head_dim, std::size_t offset, bool overwrite);
 
 // ---- SiLU and SwiGLU (Shazeer 2020) ---------------------------------------------------------
 
@@ -100,8 +101,10 @@ template <class T> void silu_forward(T* y, const T* a, std::size_t n);
 template <class T> void silu_backward(T* da, const T* dy, const T* a, std::size_t n);
 /// y = silu(a) * b.
 template <class T> void swiglu_forward(T* y, const T* a, const T* b, std::size_t n);
-/// da += dy * b * silu'(a); db += dy * silu(a).
-template <class T> void swiglu_backward(T* da, T* db, const T* dy, const T* a, const T* b, std::size_t n);
+/// da += dy * b * silu'(a); db += dy * silu(a); with overwrite, = instead of += (the old values
+/// are not read).
+template <class T>
+void swiglu_backward(T* da, T* db, const T* dy, const T* a, const T* b, std::size_t n, bool overwrite);
 
 // ---- LayerNorm (Ba et al. 2016) -------------------------------------------------------------
 

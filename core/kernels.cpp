@@ -136,8 +136,8 @@ void rope_forward(T* y, const T* x, const RopeTable<T>& table, std::size_t batch
 }
 template <class T>
 void rope_backward(T* dx, const T* dy, const RopeTable<T>& table, std::size_t batch, std::size_t seq_len,
-                   std::size_t n_heads, std::size_t head_dim, std::size_t offset) {
-  active_table<T>().rope_backward(dx, dy, table, batch, seq_len, n_heads, head_dim, offset);
+                   std::size_t n_heads, std::size_t head_dim, std::size_t offset, bool overwrite) {
+  active_table<T>().rope_backward(dx, dy, table, batch, seq_len, n_heads, head_dim, offset, overwrite);
 }
 
 template <class T> void silu_forward(T* y, const T* a, std::size_t n) { active_table<T>().silu_forward(y, a, n); }
@@ -147,8 +147,9 @@ template <class T> void silu_backward(T* da, const T* dy, const T* a, std::size_
 template <class T> void swiglu_forward(T* y, const T* a, const T* b, std::size_t n) {
   active_table<T>().swiglu_forward(y, a, b, n);
 }
-template <class T> void swiglu_backward(T* da, T* db, const T* dy, const T* a, const T* b, std::size_t n) {
-  active_table<T>().swiglu_backward(da, db, dy, a, b, n);
+template <class T>
+void swiglu_backward(T* da, T* db, const T* dy, const T* a, const T* b, std::size_t n, bool overwrite) {
+  active_table<T>().swiglu_backward(da, db, dy, a, b, n, overwrite);
 }
 
 template <class T>
@@ -236,11 +237,11 @@ void gelu_tanh_backward(T* dx, const T* dy, const T* x, const T* s, std::size_t 
   template void rope_forward<T>(T*, const T*, const RopeTable<T>&, std::size_t, std::size_t, std::size_t,        \
                                 std::size_t, std::size_t);                                                       \
   template void rope_backward<T>(T*, const T*, const RopeTable<T>&, std::size_t, std::size_t, std::size_t,       \
-                                 std::size_t, std::size_t);                                                      \
+                                 std::size_t, std::size_t, bool);                                                      \
   template void silu_forward<T>(T*, const T*, std::size_t);                                                     \
   template void silu_backward<T>(T*, const T*, const T*, std::size_t);                                          \
   template void swiglu_forward<T>(T*, const T*, const T*, std::size_t);                                         \
-  template void swiglu_backward<T>(T*, T*, const T*, const T*, const T*, std::size_t);                          \
+  template void swiglu_backward<T>(T*, T*, const T*, const T*, const T*, std::size_t, bool);                          \
   template void attention_forward<T>(T*, T*, const T*, const T*, const T*, const AttentionShape&);              \
   template void attention_backward<T>(T*, T*, T*, const T*, const T*, const T*, const T*, const T*, const T*,   \
                                       const AttentionShape&, bool);                                              \

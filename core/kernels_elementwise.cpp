@@ -113,19 +113,23 @@ template <class T> void swiglu_forward(T* y, const T* a, const T* b, std::size_t
 }
 
 // y = silu(a) b: da += dy b silu'(a); db += dy silu(a).
-template <class T> void swiglu_backward(T* da, T* db, const T* dy, const T* a, const T* b, std::size_t n) {
+template <class T>
+void swiglu_backward(T* da, T* db, const T* dy, const T* a, const T* b, std::size_t n, bool overwrite) {
   using B = Batch<T>;
   simd_map<T>(
       n, 8,
       [&](std::size_t i) {
         B x = B::load_unaligned(a + i), s = sigmoid(x), g = B::load_unaligned(dy + i);
-        if (da) (B::load_unaligned(da + i) + g * B::load_unaligned(b + i) * s * (T(1) + x * (T(1) - s))).store_unaligned(da + i);
-        if (db) (B::load_unaligned(db + i) + g * x * s).store_unaligned(db + i);
+        if (da) {
+          B t = g * B::load_unaligned(b + i) * s * (T(1) + x * (T(1) - s));
+          (overwrite ? t : B::load_unaligned(da + i) + t).store_unaligned(da + i);
+        }
+        if (db) (overwrite ? g * x * s : B::load_unaligned(db + i) + g * x * s).store_unaligned(db + i);
       },
       [&](std::size_t i) {
         T s = sigmoid(a[i]);
-        if (da) da[i] += dy[i] * b[i] * s * (T(1) + a[i] * (T(1) - s));
-        if (db) db[i] += dy[i] * a[i] * s;
+        if (da) da[i] = (overwrite ? T(0) : da[i]) + dy[i] * b[i] * s * (T(1) + a[i] * (T(1) - s));
+        if (db) db[i] = (overwrite ? T(0) : db[i]) + dy[i] * a[i] * s;
       });
 }
 
@@ -180,7 +184,7 @@ void gelu_tanh_backward(T* dx, const T* dy, const T* x, const T* s, std::size_t 
   template void silu_forward<T>(T*, const T*, std::size_t);                                        \
   template void silu_backward<T>(T*, const T*, const T*, std::size_t);                             \
   template void swiglu_forward<T>(T*, const T*, const T*, std::size_t);                            \
-  template void swiglu_backward<T>(T*, T*, const T*, const T*, const T*, std::size_t);                            \
+  template void swiglu_backward<T>(T*, T*, const T*, const T*, const T*, std::size_t, bool);                            \
   template void gelu_tanh_forward<T>(T*, T*, const T*, std::size_t);                                              \
   template void gelu_tanh_backward<T>(T*, const T*, const T*, const T*, std::size_t, bool);
 TAPEGRAD_INSTANTIATE(float)

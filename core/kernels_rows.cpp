@@ -181,8 +181,8 @@ void rope_forward(T* y, const T* x, const RopeTable<T>& table, std::size_t batch
 
 template <class T>
 void rope_backward(T* dx, const T* dy, const RopeTable<T>& table, std::size_t batch, std::size_t seq_len,
-                   std::size_t n_heads, std::size_t head_dim, std::size_t offset) {
-  rope_apply(dx, dy, table, batch, seq_len, n_heads, head_dim, offset, T(-1), true);
+                   std::size_t n_heads, std::size_t head_dim, std::size_t offset, bool overwrite) {
+  rope_apply(dx, dy, table, batch, seq_len, n_heads, head_dim, offset, T(-1), !overwrite);
 }
 
 // ---- cross-entropy ----
@@ -228,7 +228,7 @@ void cross_entropy_backward(T* dlogits, T dloss, const T* logits, const T* lse, 
   template void rope_forward<T>(T*, const T*, const RopeTable<T>&, std::size_t, std::size_t, std::size_t,        \
                                 std::size_t, std::size_t);                                                       \
   template void rope_backward<T>(T*, const T*, const RopeTable<T>&, std::size_t, std::size_t, std::size_t,       \
-                                 std::size_t, std::size_t);                                                      \
+                                 std::size_t, std::size_t, bool);                                                      \
   template T cross_entropy_forward<T>(T*, const T*, const std::int32_t*, std::size_t, std::size_t);             \
   template void cross_entropy_backward<T>(T*, T, const T*, const T*, const std::int32_t*, std::size_t, std::size_t);
 TAPEGRAD_INSTANTIATE(float)

@@ -3,6 +3,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <stdexcept>
 
 namespace tapegrad {
@@ -55,6 +56,15 @@ GradTarget grad_target(const Var& x, std::initializer_list<Var> others) {
   for (const Var& o : others)
     if (&o.node() == &x.node()) return {grad_ptr(x), false};
   return grad_target(x);
+}
+
+bool overwrite_all(std::initializer_list<GradTarget> targets, std::size_t size) {
+  bool all_fresh = true;
+  for (const GradTarget& g : targets) all_fresh = all_fresh && (!g.data || g.fresh);
+  if (!all_fresh)  // a buffer taken fresh holds no values yet: zero it to add into
+    for (const GradTarget& g : targets)
+      if (g.fresh) std::fill_n(g.data, size, 0.0f);
+  return all_fresh;
 }
 
 float* grad_ptr(const Var& x) {

@@ -57,6 +57,10 @@ GradTarget grad_target(const Var& x);
 /// grad_target(x) when x is none of the op's other inputs; otherwise an adding target (never
 /// fresh), since the same buffer then also takes those inputs' gradients.
 GradTarget grad_target(const Var& x, std::initializer_list<Var> others);
+/// One overwrite flag for a kernel that writes several inputs' gradients of `size` floats at once:
+/// true when every target that is there is fresh; otherwise the fresh ones are zero-filled and
+/// false is returned, so that the kernel adds into all of them.
+bool overwrite_all(std::initializer_list<GradTarget> targets, std::size_t size);
 /// n's gradient as a raw pointer for kernels (zeros on first use), or null when n needs none.
 float* grad_ptr(Node& n);
 

@@ -212,10 +212,11 @@ Var rope(const Var& x, std::shared_ptr<const kernels::RopeTable<float>> table, s
   Op op("rope", {x});
   Tensor y = Tensor::uninitialized(s);
   kernels::rope_forward(y.data(), x.value().data(), *table, batch, seq_len, n_heads, head_dim, offset);
-  // the rotation is orthogonal: dx += R(-angle) dy
+  // the rotation is orthogonal: dx += R(-angle) dy (written when dx is fresh)
   return op.finish(std::move(y), [x, table, batch, seq_len, n_heads, head_dim, offset](const Tensor& dy,
                                                                                         const Tensor&) {
-    if (float* dx = grad_ptr(x)) kernels::rope_backward(dx, dy.data(), *table, batch, seq_len, n_heads, head_dim, offset);
+    if (const GradTarget dx = grad_target(x); dx.data)
+      kernels::rope_backward(dx.data, dy.data(), *table, batch, seq_len, n_heads, head_dim, offset, dx.fresh);
   });
 }
 
@@ -234,9 +235,11 @@ Var swiglu(const Var& a, const Var& b) {
   Op op("swiglu", {a, b});
   Tensor y = Tensor::uninitialized(a.shape());
   kernels::swiglu_forward(y.data(), a.value().data(), b.value().data(), a.value().size());
-  // da += dy * b * silu'(a); db += dy * silu(a)
+  // da += dy * b * silu'(a); db += dy * silu(a) (written when both are fresh)
   return op.finish(std::move(y), [a, b](const Tensor& dy, const Tensor&) {
-    kernels::swiglu_backward(grad_ptr(a), grad_ptr(b), dy.data(), a.value().data(), b.value().data(), dy.size());
+    const GradTarget da = grad_target(a, {b}), db = grad_target(b, {a});
+    kernels::swiglu_backward(da.data, db.data, dy.data(), a.value().data(), b.value().data(), dy.size(),
+                             overwrite_all({da, db}, dy.size()));
   });
 }
 
@@ -257,10 +260,7 @@ Var attention(const Var& q, const Var& k, const Var& v, std::size_t n_heads) {
   // Fresh gradients of q, k and v (separate projections, their first gradient) are written, not added.
   return op.finish(std::move(y), [q, k, v, lse = std::move(lse), shape](const Tensor& dy, const Tensor& y) {
     const GradTarget dq = grad_target(q, {k, v}), dk = grad_target(k, {q, v}), dv = grad_target(v, {q, k});
-    const bool overwrite = (!dq.data || dq.fresh) && (!dk.data || dk.fresh) && (!dv.data || dv.fresh);
-    if (!overwrite)  // a buffer taken fresh holds no values yet: zero it to add into
-      for (const GradTarget& g : {dq, dk, dv})
-        if (g.fresh) std::fill_n(g.data, y.size(), 0.0f);
+    const bool overwrite = overwrite_all({dq, dk, dv}, y.size());
     kernels::attention_backward(dq.data, dk.data, dv.data, dy.data(), y.data(), lse.data(), q.value().data(),
                                 k.value().data(), v.value().data(), shape, overwrite);
   }, bytes);

@@ -1,6 +1,7 @@
 #include <doctest/doctest.h>
 
 #include <cmath>
+#include <limits>
 
 #include "core/ops.h"
 #include "support/checks.h"
@@ -40,8 +41,11 @@ TEST_CASE("silu and swiglu handle large magnitudes without overflow") {
 TEST_CASE("elementwise kernels match central differences in double") {
   const std::size_t n = 37;  // not a multiple of any SIMD width: exercises the scalar tails
   auto a = test::random_vector<double>(n, 1, 2.0), b = test::random_vector<double>(n, 2), R = test::random_vector<double>(n, 3);
-  std::vector<double> da(n), db(n);
-  kernels::swiglu_backward<double>(da.data(), db.data(), R.data(), a.data(), b.data(), n);
+  std::vector<double> da(n), db(n), da_written(n, std::numeric_limits<double>::quiet_NaN()), db_written = da_written;
+  kernels::swiglu_backward<double>(da.data(), db.data(), R.data(), a.data(), b.data(), n, false);
+  kernels::swiglu_backward<double>(da_written.data(), db_written.data(), R.data(), a.data(), b.data(), n, true);
+  CHECK(da_written == da);  // overwrite writes every element, as adding to zeros would
+  CHECK(db_written == db);
   auto sw = [&] {
     std::vector<double> y(n);
     kernels::swiglu_forward<double>(y.data(), a.data(), b.data(), n);

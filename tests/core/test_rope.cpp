@@ -1,6 +1,7 @@
 #include <doctest/doctest.h>
 
 #include <cmath>
+#include <limits>
 
 #include "core/ops.h"
 #include "support/checks.h"
@@ -38,8 +39,10 @@ TEST_CASE("rope backward matches central differences in double and in float") {
   const std::size_t B = 2, T = 3, H = 2, Dh = 4, D = H * Dh;
   auto table = kernels::make_rope_table<double>(8, Dh);
   auto x = test::random_vector<double>(B * T * D, 1), R = test::random_vector<double>(B * T * D, 2);
-  std::vector<double> dx(x.size());
-  kernels::rope_backward<double>(dx.data(), R.data(), table, B, T, H, Dh, 2);
+  std::vector<double> dx(x.size()), written(x.size(), std::numeric_limits<double>::quiet_NaN());
+  kernels::rope_backward<double>(dx.data(), R.data(), table, B, T, H, Dh, 2, false);
+  kernels::rope_backward<double>(written.data(), R.data(), table, B, T, H, Dh, 2, true);  // every element written
+  CHECK(written == dx);
   test::check_double("rope", x, [&] {
     std::vector<double> y(x.size());
     kernels::rope_forward<double>(y.data(), x.data(), table, B, T, H, Dh, 2);

@@ -171,15 +171,18 @@ TEST_CASE("every kernel gives the same results at every level and at 16 emulated
     std::vector<float> out(9 * rows * dim, 0.25f);
     float* o = out.data();
     std::size_t n = rows * dim;
+    std::vector<float> written(2 * n, std::numeric_limits<float>::quiet_NaN());  // every element written
     k.add_forward(o, x.data(), b.data(), n);
     k.mul_backward(o + n, o + 2 * n, dy.data(), x.data(), b.data(), n);
     k.swiglu_forward(o + 3 * n, x.data(), b.data(), n);
-    k.swiglu_backward(o + 4 * n, o + 5 * n, dy.data(), x.data(), b.data(), n);
+    k.swiglu_backward(o + 4 * n, o + 5 * n, dy.data(), x.data(), b.data(), n, false);
+    k.swiglu_backward(written.data(), written.data() + n, dy.data(), x.data(), b.data(), n, true);
     k.add_bias_backward(o, o + n, dy.data(), rows, dim);
     k.silu_forward(o + 6 * n, x.data(), n);
     k.silu_backward(o + 7 * n, dy.data(), x.data(), n);
     k.scale_backward(o + 8 * n, dy.data(), 0.3f, n);
     k.add_bias_forward(o + 8 * n, x.data(), w.data(), rows, dim);
+    out.insert(out.end(), written.begin(), written.end());
     return widen(out);
   });
   check_levels_agree("RMSNorm forward and backward", rtol, [&](const Table& k) {
