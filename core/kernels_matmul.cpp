@@ -187,13 +187,14 @@ static bool blas_has_full_width() {
 
 // Which kernel gemm runs: the packed kernel for every shape when OpenBLAS runs narrower vectors
 // than this level; otherwise where it measured faster than OpenBLAS on an AVX2 core (bench_kernels'
-// packed_gemm and cblas_sgemm rows: up to 21% faster for outputs of at most 128 columns and A not
-// transposed, never more than 3% slower there; 10-30% slower for wider outputs and for X^T dY).
-// A function of the CPU and the shape only, so a run's results never depend on timing.
+// packed_gemm and cblas_sgemm rows, A not transposed): outputs of at most 128 columns, and fresh
+// outputs (beta 0, which OpenBLAS first zeroes in a pass of its own) with K <= 256: 0.98-1.40x
+// OpenBLAS's speed at the training shapes, against 0.93-0.96x at K = 1024 and 0.87-1.01x for
+// X^T dY. A function of the CPU, the shape and beta only, so results never depend on timing.
 template <class T>
-static bool packed_is_faster(bool trans_a, std::size_t N) {
+static bool packed_is_faster(bool trans_a, std::size_t N, std::size_t K, T beta) {
   if (sizeof(Batch<T>) >= 64 && !blas_has_full_width()) return true;
-  return !trans_a && N <= 128;
+  return !trans_a && (N <= 128 || (beta == T(0) && K <= 256));
 }
 
 template <class T>
@@ -212,7 +213,7 @@ void gemm(bool trans_a, bool trans_b, std::size_t M, std::size_t N, std::size_t 
   if (M == 0 || N == 0) return;
   constexpr std::size_t small_rows = 2;
   if (M <= small_rows) return small_gemm(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
-  if (packed_is_faster<T>(trans_a, N)) return packed_gemm(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+  if (packed_is_faster<T>(trans_a, N, K, beta)) return packed_gemm(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
   auto ta = trans_a ? CblasTrans : CblasNoTrans;
   auto tb = trans_b ? CblasTrans : CblasNoTrans;
   split_product(M, N, K, [&](std::size_t m0, std::size_t m, std::size_t n0, std::size_t n) {
