@@ -237,11 +237,11 @@ void gelu_tanh_backward(T* dx, const T* dy, const T* x, const T* s, std::size_t 
   template void rope_forward<T>(T*, const T*, const RopeTable<T>&, std::size_t, std::size_t, std::size_t,        \
                                 std::size_t, std::size_t);                                                       \
   template void rope_backward<T>(T*, const T*, const RopeTable<T>&, std::size_t, std::size_t, std::size_t,       \
-                                 std::size_t, std::size_t, bool);                                                      \
+                                 std::size_t, std::size_t, bool);                                                \
   template void silu_forward<T>(T*, const T*, std::size_t);                                                     \
   template void silu_backward<T>(T*, const T*, const T*, std::size_t);                                          \
   template void swiglu_forward<T>(T*, const T*, const T*, std::size_t);                                         \
-  template void swiglu_backward<T>(T*, T*, const T*, const T*, const T*, std::size_t, bool);                          \
+  template void swiglu_backward<T>(T*, T*, const T*, const T*, const T*, std::size_t, bool);                    \
   template void attention_forward<T>(T*, T*, const T*, const T*, const T*, const AttentionShape&);              \
   template void attention_backward<T>(T*, T*, T*, const T*, const T*, const T*, const T*, const T*, const T*,   \
                                       const AttentionShape&, bool);                                              \

@@ -184,7 +184,7 @@ void gelu_tanh_backward(T* dx, const T* dy, const T* x, const T* s, std::size_t 
   template void silu_forward<T>(T*, const T*, std::size_t);                                        \
   template void silu_backward<T>(T*, const T*, const T*, std::size_t);                             \
   template void swiglu_forward<T>(T*, const T*, const T*, std::size_t);                            \
-  template void swiglu_backward<T>(T*, T*, const T*, const T*, const T*, std::size_t, bool);                            \
+  template void swiglu_backward<T>(T*, T*, const T*, const T*, const T*, std::size_t, bool);       \
   template void gelu_tanh_forward<T>(T*, T*, const T*, std::size_t);                                              \
   template void gelu_tanh_backward<T>(T*, const T*, const T*, const T*, std::size_t, bool);
 TAPEGRAD_INSTANTIATE(float)

@@ -228,7 +228,7 @@ void cross_entropy_backward(T* dlogits, T dloss, const T* logits, const T* lse, 
   template void rope_forward<T>(T*, const T*, const RopeTable<T>&, std::size_t, std::size_t, std::size_t,        \
                                 std::size_t, std::size_t);                                                       \
   template void rope_backward<T>(T*, const T*, const RopeTable<T>&, std::size_t, std::size_t, std::size_t,       \
-                                 std::size_t, std::size_t, bool);                                                      \
+                                 std::size_t, std::size_t, bool);                                                \
   template T cross_entropy_forward<T>(T*, const T*, const std::int32_t*, std::size_t, std::size_t);             \
   template void cross_entropy_backward<T>(T*, T, const T*, const T*, const std::int32_t*, std::size_t, std::size_t);
 TAPEGRAD_INSTANTIATE(float)
