@@ -3,7 +3,6 @@
 
 #include <doctest/doctest.h>
 
-#include <filesystem>
 #include <string>
 #include <vector>
 
@@ -48,11 +47,5 @@ std::string error_of(F&& f) {
 }
 
 inline bool contains(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
-
-/// ../shared/data/tinyshakespeare.txt beside the source tree, or "" when absent (a user's clone).
-inline std::string shakespeare_path() {
-  auto p = std::filesystem::path(TAPEGRAD_SOURCE_DIR) / ".." / "shared" / "data" / "tinyshakespeare.txt";
-  return std::filesystem::exists(p) ? p.string() : std::string();
-}
 
 }  // namespace tapegrad::test
