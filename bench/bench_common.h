@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <charconv>
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
@@ -47,6 +48,23 @@ inline std::vector<std::string> split_list(const std::string& text) {
   std::string item;
   while (std::getline(in, item, ','))
     if (!item.empty()) out.push_back(item);
+  return out;
+}
+
+/// A flag's value as a positive integer; anything else (0, -1, "2x", "") throws, naming both.
+inline int positive_int(const std::string& flag, const std::string& text) {
+  int n = 0;
+  auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), n);
+  if (error != std::errc() || end != text.data() + text.size() || n < 1)
+    throw std::invalid_argument(fmt::format("{} takes positive integers, not '{}'", flag, text));
+  return n;
+}
+
+/// A flag's comma-separated positive integers ("1,2"); an empty list or a bad item throws.
+inline std::vector<int> positive_list(const std::string& flag, const std::string& text) {
+  std::vector<int> out;
+  for (const std::string& item : split_list(text)) out.push_back(positive_int(flag, item));
+  if (out.empty()) throw std::invalid_argument(fmt::format("{} needs at least one value", flag));
   return out;
 }
 

@@ -3,7 +3,6 @@
 // memcpy), at 1 and 2 threads. Every kernel is checked against a naive reference before it is timed.
 #include <fmt/core.h>
 
-#include <charconv>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
@@ -461,23 +460,10 @@ Options parse_options(int argc, char** argv) {
       if (i + 1 >= argc) throw std::invalid_argument(fmt::format("{} needs a value", flag));
       return std::string(argv[++i]);
     };
-    auto positive = [&](const std::string& text) {
-      int n = 0;
-      auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), n);
-      if (error != std::errc() || end != text.data() + text.size() || n < 1)
-        throw std::invalid_argument(fmt::format("{} takes positive integers, not '{}'", flag, text));
-      return n;
-    };
     if (flag == "--threads") {  // a comma-separated list
-      options.threads.clear();
-      std::string list = value();
-      for (std::size_t begin = 0; begin <= list.size();) {
-        std::size_t comma = std::min(list.find(',', begin), list.size());
-        options.threads.push_back(positive(list.substr(begin, comma - begin)));
-        begin = comma + 1;
-      }
+      options.threads = positive_list(flag, value());
     } else if (flag == "--repeats") {
-      options.repeats = positive(value());
+      options.repeats = positive_int(flag, value());
     } else if (flag == "--quick") {
       options.repeats = 3, options.min_sample_s = 2e-4;
     } else if (flag == "--out") {

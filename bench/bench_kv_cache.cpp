@@ -23,24 +23,26 @@ int main(int argc, char** argv) try {
   std::vector<std::size_t> batch_sizes = {1, 8, 64};  // --sizes, --threads: only these batched runs (to profile one)
   std::vector<int> thread_counts = {1, 2};
   std::string out_path = std::string(TAPEGRAD_SOURCE_DIR) + "/bench/results/kv_cache_cpu.json";
+  const std::string usage = "usage: bench_kv_cache [--repeats N] [--sizes S,S,...] [--threads T,T,...] [--out PATH]\n" +
+                            bench::simd_usage_line();
   try {
     for (int i = 1; i < argc; ++i) {
       std::string arg = argv[i];
       if (arg == "--help") {
-        fmt::print("usage: bench_kv_cache [--repeats N] [--sizes S,S,...] [--threads T,T,...] [--out PATH]\n{}", bench::simd_usage_line());
+        fmt::print("{}", usage);
         return 0;
       }
-      if (arg == "--repeats" && i + 1 < argc) repeats = std::max(1, std::stoi(argv[++i]));
-      else if (arg == "--out" && i + 1 < argc) out_path = argv[++i];
-      else if (arg == "--sizes" && i + 1 < argc) {
+      if (arg == "--repeats" && i + 1 < argc) {
+        repeats = bench::positive_int(arg, argv[++i]);
+      } else if (arg == "--out" && i + 1 < argc) {
+        out_path = argv[++i];
+      } else if (arg == "--sizes" && i + 1 < argc) {
         batch_sizes.clear();
-        for (const std::string& size : bench::split_list(argv[++i])) batch_sizes.push_back(std::stoul(size));
+        for (int size : bench::positive_list(arg, argv[++i])) batch_sizes.push_back(std::size_t(size));
       } else if (arg == "--threads" && i + 1 < argc) {
-        thread_counts.clear();
-        for (const std::string& count : bench::split_list(argv[++i])) thread_counts.push_back(std::stoi(count));
-      }
-      else {
-        fmt::print(stderr, "usage: bench_kv_cache [--repeats N] [--sizes S,S,...] [--threads T,T,...] [--out PATH]\n{}", bench::simd_usage_line());
+        thread_counts = bench::positive_list(arg, argv[++i]);
+      } else {
+        fmt::print(stderr, "{}", usage);
         return 2;
       }
     }

@@ -189,10 +189,8 @@ int main(int argc, char** argv) try {
       if (arg == "--help") return usage(stdout, 0);
       bool has_value = i + 1 < argc;
       if (arg == "--configs" && has_value) config_names = bench::split_list(argv[++i]);
-      else if (arg == "--threads" && has_value) {
-        thread_counts.clear();
-        for (const std::string& t : bench::split_list(argv[++i])) thread_counts.push_back(std::stoi(t));
-      } else if (arg == "--steps" && has_value) steps = std::stoi(argv[++i]);
+      else if (arg == "--threads" && has_value) thread_counts = bench::positive_list(arg, argv[++i]);
+      else if (arg == "--steps" && has_value) steps = std::stoi(argv[++i]);
       else if (arg == "--out" && has_value) out_path = argv[++i];
       else if (arg == "--write-agreement" && has_value) agreement_dir = argv[++i];
       else if (arg == "--peak-memory" && has_value) peak_memory_config = argv[++i];
