@@ -1,14 +1,16 @@
 // Kernel throughput: the sgemm peak and memcpy bandwidth as references, then tapegrad::kernels matmuls
-// and attention (GFLOP/s, % of the peak) and elementwise/row kernels (GB/s, % of the same-size
-// memcpy), at 1 and 2 threads. Every kernel is checked against a naive reference before it is timed.
+// and attention (GFLOP/s, % of the sgemm peak and of the FMA peak, the latter sampled in alternation
+// with the kernel) and elementwise/row kernels (GB/s, % of the same-size memcpy), at 1 and 2 threads. Every kernel is checked against a naive reference before it is timed.
 #include <fmt/core.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <stdexcept>
 
 #include "bench/bench_common.h"
@@ -23,20 +25,47 @@ namespace {
 
 using Buffer = std::vector<float>;
 
-struct Timing {
-  double median_s, min_s, max_s;  // per call
+/// Times one callable in samples of as many calls as fill min_sample_s (so the clock's resolution
+/// and call overhead stay out of short kernels), after two warm-up calls.
+class Sampler {
+ public:
+  Sampler(std::function<void()> call, double min_sample_s) : call_(std::move(call)) {
+    seconds_of(1);
+    calls_ = std::clamp(int(std::ceil(min_sample_s / seconds_of(1))), 1, 10000);
+  }
+  double per_call() { return seconds_of(calls_) / calls_; }  ///< One sample: seconds per call.
+
+ private:
+  double seconds_of(int calls) {
+    return seconds([&] {
+      for (int i = 0; i < calls; ++i) call_();
+    });
+  }
+  std::function<void()> call_;
+  int calls_ = 1;
 };
 
-/// Two warm-up calls, then `samples` timings of as many calls as fill min_sample_s (so the clock's
-/// resolution and call overhead stay out of short kernels), per call.
-Timing time_calls(const std::function<void()>& call, int samples, double min_sample_s) {
-  auto seconds_of = [&](int calls) { return seconds([&] { for (int i = 0; i < calls; ++i) call(); }); };
-  seconds_of(1);
-  int calls = std::clamp(int(std::ceil(min_sample_s / seconds_of(1))), 1, 10000);
-  std::vector<double> per_call;
-  for (int r = 0; r < samples; ++r) per_call.push_back(seconds_of(calls) / calls);
+struct Timing {
+  double median_s, min_s, max_s;  // per call
+  double fma_fraction = 0;        // the median over samples of rate / the FMA peak sampled next to it
+};
+
+/// `samples` samples of `call`. With `peak` (the FMA loop and its flops per call), each sample is
+/// followed by one of the loop's, and fma_fraction is the median ratio of the call's rate (`work`
+/// flops per call) to the loop's in the sample after it: this host's speed moves by up to 60%
+/// within minutes, and a change between two samples taken back to back hits both.
+Timing time_calls(const std::function<void()>& call, int samples, double min_sample_s, double work = 0,
+                  const std::function<void()>& peak = {}, double peak_work = 0) {
+  Sampler kernel(call, min_sample_s);
+  std::optional<Sampler> fma;
+  if (peak) fma.emplace(peak, min_sample_s);
+  std::vector<double> per_call, fractions;
+  for (int r = 0; r < samples; ++r) {
+    per_call.push_back(kernel.per_call());
+    if (fma) fractions.push_back(work / per_call.back() / (peak_work / fma->per_call()));
+  }
   Stats st = stats_of(per_call);
-  return {st.median, st.min, st.max};
+  return {st.median, st.min, st.max, fma ? stats_of(fractions).median : 0.0};
 }
 
 std::string format_seconds(double s) {
@@ -505,24 +534,24 @@ int main(int argc, char** argv) try {
   // The FMA peak of every level by thread count, and of the level the kernels run at (% fma).
   nlohmann::json fma_peaks;
   const std::string fma_in_use = fmt::format("fma peak {}", tapegrad::simd_level_name(tapegrad::simd_level()));
+  const auto fma_case = std::find_if(cases.begin(), cases.end(), [&](const Case& c) { return c.name == fma_in_use; });
   for (int threads : options.threads) {
     tapegrad::set_num_threads(threads);
     fmt::print("\n{:<27} {:<27} {:>3} {:>11} {:>23} {:>14} {:>6} {:>6} {:>6}\n", "kernel", "shape", "thr", "median",
                "min - max", "rate (median)", "% ref", "best", "% fma");
     for (const Case& c : cases) {
       c.verify();
-      Timing timing = time_calls(c.call, options.repeats, options.min_sample_s);
-      bool flops = c.unit == Unit::flops;
+      bool flops = c.unit == Unit::flops, paired = flops && c.group != "reference";
       double work = c.work * (c.work_per_thread ? threads : 1);
+      Timing timing = paired ? time_calls(c.call, options.repeats, options.min_sample_s, work, fma_case->call,
+                                          fma_case->work * threads)
+                             : time_calls(c.call, options.repeats, options.min_sample_s);
       double rate = work / timing.median_s / 1e9, best_rate = work / timing.min_s / 1e9;
       nlohmann::json& reference = (flops ? peak : copy)[std::to_string(threads)];
       if (reference.is_null()) reference = {{"median", rate}, {"best", best_rate}};  // each unit's first reference
       double fraction = rate / reference["median"].get<double>(), best = best_rate / reference["best"].get<double>();
       if (c.name.starts_with("fma peak ")) fma_peaks[c.name.substr(9)][std::to_string(threads)] = rate;
-      double fma_fraction = 0;
-      const auto fma_peak = nlohmann::json::json_pointer(fmt::format("/{}/{}", fma_in_use.substr(9), threads));
-      if (flops && c.name != fma_in_use && fma_peaks.contains(fma_peak))
-        fma_fraction = rate / fma_peaks[fma_peak].get<double>();
+      const double fma_fraction = timing.fma_fraction;
       fmt::print("{:<27} {:<27} {:>3} {:>11} {:>23} {:>7.1f} {:<6} {:>5.0f}% {:>5.0f}% {:>6}\n", c.name, c.shape, threads,
                  format_seconds(timing.median_s), format_seconds(timing.min_s) + " - " + format_seconds(timing.max_s),
                  rate, flops ? "GF/s" : "GB/s", 100 * fraction, 100 * best,
@@ -544,7 +573,8 @@ int main(int argc, char** argv) try {
       {"byte_count", "compulsory traffic: inputs read once, outputs written once, accumulated outputs read and "
                      "written; memcpy counts 2 bytes per byte copied; neither counts write-allocate reads, so a "
                      "kernel reading more than it writes can exceed 100% of memcpy"},
-      {"fraction_of_fma_peak", "median rate / the median FMA peak of the SIMD level in use, same thread count"},
+      {"fraction_of_fma_peak", "median over samples of rate / the FMA peak of the SIMD level in use on as many "
+                                "threads, sampled right after each sample of the kernel"},
       {"sgemm_peak_gflops", peak}, {"fma_peak_gflops", fma_peaks}, {"memcpy_gbytes_per_s", copy},
       {"results", results}});
   write_results(options.out, json);
