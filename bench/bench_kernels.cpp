@@ -513,7 +513,13 @@ Options parse_options(int argc, char** argv) {
 }  // namespace
 
 int main(int argc, char** argv) try {
-  Options options = parse_options(argc, argv);
+  Options options;
+  try {
+    options = parse_options(argc, argv);
+  } catch (const std::exception& e) {  // a usage error: exit 2, as the other benches
+    fmt::print(stderr, "bench_kernels: bad argument: {}\n", e.what());
+    return 2;
+  }
   tapegrad::set_num_threads(1);  // also pins OpenBLAS to one thread before its first call
   std::vector<Case> cases{peak_case(1024, *std::max_element(options.threads.begin(), options.threads.end())),
                           copy_case(2048 * 512, "(= one row operand)"), copy_case(std::size_t(16) << 20, "(> L3)")};

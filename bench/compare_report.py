@@ -2,7 +2,8 @@
 and of torch_reference.py (torch_<interpreter>_<config>.json, torch_<interpreter>_decode.json, one interpreter
 each: Debian's torch, a pip torch) into train_cpu.json and torch_cpu.json, and writes compare.md: per config,
 tapegrad against PyTorch's best (the fastest of every torch version, mode and thread count, named) and peak
-memory against PyTorch's lowest. Standard library only, so any python3 runs it.
+memory against PyTorch's lowest; decoding one sequence, and S sequences as one batch against PyTorch's best batched
+decoding. Standard library only, so any python3 runs it.
   python3 bench/compare_report.py RESULTS_DIR WORK_DIR "LOAD_START" "LOAD_END" CONFIG..."""
 
 import glob
@@ -15,6 +16,10 @@ import sys
 TOKENS_TARGET = {"a": 2.0, "b": 2.0, "c": 2.0, "d": 3.0, "a-gpt2": 2.0}
 FMA_TARGET = ("c", 0.70)
 MEMORY_TARGET = ("d", 0.5)
+# Decoding: one sequence's time per token; S sequences decoded as one batch, tokens/s on 2 threads, absolute and as
+# a ratio to PyTorch's best batched decoding of S sequences (any torch and thread count).
+TOKEN_US_TARGET = 6.0
+BATCHED_TARGET = {"64": (250_000, 5.0)}
 
 
 def load(path):
@@ -148,6 +153,27 @@ def main(argv):
         rows.append(("cached decoding, 100 tokens: time", f"{cache_ms:.2f} ms (1 thr)", "n/a", "n/a",
                      "<= 0.05 (20x faster)", "n/a"))
     rows.append(("cached decoding, 100 tokens: absolute", f"{cache_ms:.2f} ms", "", "", "<= 2 ms", met(cache_ms <= 2)))
+    token_us = cache_ms * 10  # 100 tokens
+    rows.append(("cached decoding, one sequence: time per token", f"{token_us:.1f} us (1 thr)", "", "",
+                 f"<= {TOKEN_US_TARGET:g} us", met(token_us <= TOKEN_US_TARGET)))
+    for size, per in sorted(kv.get("batched", {}).items(), key=lambda item: int(item[0])):
+        mine = per["threads"].get("2")
+        if not mine:
+            continue
+        tokens = mine["tokens_per_s"]
+        absolute, ratio_target = BATCHED_TARGET.get(size, (None, None))
+        peers = {k: r["batched"][size] for k, r in decode_runs.items() if size in r.get("batched", {})}
+        if peers:
+            fastest = max(peers, key=lambda k: peers[k]["best_tokens_per_s"])
+            best = peers[fastest]
+            peer_threads = max(best["threads"], key=lambda t: best["threads"][t]["tokens_per_s"])
+            ratio = tokens / best["best_tokens_per_s"]
+            rows.append((f"batched decoding, S = {size}: tokens/s", f"{tokens:,.0f} (2 thr)",
+                         f"{best['best_tokens_per_s']:,.0f} (torch {fastest}, {peer_threads} thr)", f"{ratio:.2f}",
+                         f">= {ratio_target:g}" if ratio_target else "", met(ratio >= ratio_target) if ratio_target else ""))
+        if absolute:
+            rows.append((f"batched decoding, S = {size}: absolute", f"{tokens:,.0f} tokens/s (2 thr)", "", "",
+                         f">= {absolute:,}", met(tokens >= absolute)))
 
     m = train["machine"]
     lines = [f"# tapegrad vs PyTorch, {train['date']}", "",
