@@ -1,6 +1,7 @@
 // Kernel throughput: the sgemm peak and memcpy bandwidth as references, then tapegrad::kernels matmuls
 // and attention (GFLOP/s, % of the sgemm peak and of the FMA peak, the latter sampled in alternation
-// with the kernel) and elementwise/row kernels (GB/s, % of the same-size memcpy), at 1 and 2 threads. Every kernel is checked against a naive reference before it is timed.
+// with the kernel) and elementwise/row kernels (GB/s, % of the same-size memcpy), at 1 and 2
+// threads. Every kernel is checked against a naive reference before it is timed.
 #include <fmt/core.h>
 
 #include <algorithm>
