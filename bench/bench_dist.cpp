@@ -124,21 +124,26 @@ int main(int argc, char** argv) try {
   std::string configs = "a,b,c", out_path = std::string(TAPEGRAD_SOURCE_DIR) + "/bench/results/dist_cpu.json";
   std::string worker_config;
   int steps = 20, rounds = 3, threads = 1;
-  for (int i = 1; i < argc; ++i) {
-    const std::string arg = argv[i];
-    const bool has_value = i + 1 < argc;
-    if (arg == "--help") {
-      fmt::print("usage: bench_dist [--configs a,b,c] [--steps N] [--rounds R] [--out FILE]\n{}", bench::simd_usage_line());
-      return 0;
+  try {  // a usage error: exit 2, as the other benches
+    for (int i = 1; i < argc; ++i) {
+      const std::string arg = argv[i];
+      const bool has_value = i + 1 < argc;
+      if (arg == "--help") {
+        fmt::print("usage: bench_dist [--configs a,b,c] [--steps N] [--rounds R] [--out FILE]\n{}", bench::simd_usage_line());
+        return 0;
+      }
+      if (arg == "--worker" && has_value) worker_config = argv[++i];
+      else if (arg == "--configs" && has_value) configs = argv[++i];
+      else if (arg == "--steps" && has_value) steps = bench::positive_int(arg, argv[++i]);
+      else if (arg == "--rounds" && has_value) rounds = bench::positive_int(arg, argv[++i]);
+      else if (arg == "--threads" && has_value) threads = bench::positive_int(arg, argv[++i]);
+      else if (arg == "--out" && has_value) out_path = argv[++i];
+      else throw std::invalid_argument("unknown or incomplete argument " + arg +
+                                       " (usage: bench_dist [--configs a,b,c] [--steps N] [--rounds R] [--out FILE])");
     }
-    if (arg == "--worker" && has_value) worker_config = argv[++i];
-    else if (arg == "--configs" && has_value) configs = argv[++i];
-    else if (arg == "--steps" && has_value) steps = std::stoi(argv[++i]);
-    else if (arg == "--rounds" && has_value) rounds = std::stoi(argv[++i]);
-    else if (arg == "--threads" && has_value) threads = std::stoi(argv[++i]);
-    else if (arg == "--out" && has_value) out_path = argv[++i];
-    else throw std::invalid_argument("unknown or incomplete argument " + arg +
-                                     " (usage: bench_dist [--configs a,b,c] [--steps N] [--rounds R] [--out FILE])");
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "bench_dist: bad argument: %s\n", e.what());
+    return 2;
   }
   if (!worker_config.empty()) return worker(argc, argv, worker_config, threads, steps);
   if (!dist::built_with_mpi()) throw std::runtime_error("bench_dist needs a build with MPI (TAPEGRAD_MPI)");

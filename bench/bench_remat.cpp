@@ -103,19 +103,14 @@ int main(int argc, char** argv) try {
       if (arg == "--help") return usage(stdout, 0);
       bool has_value = i + 1 < argc;
       if (arg == "--child") child = true;
-      else if (arg == "--seq" && has_value) child_seq = std::stoul(argv[++i]);
+      else if (arg == "--seq" && has_value) child_seq = std::size_t(bench::positive_int(arg, argv[++i]));
       else if (arg == "--remat" && has_value) remat = std::stoi(argv[++i]) != 0;
       else if (arg == "--seqs" && has_value) {
         seqs.clear();
-        std::string list = argv[++i];
-        for (std::size_t pos = 0; pos < list.size();) {
-          std::size_t comma = std::min(list.find(',', pos), list.size());
-          seqs.push_back(std::stoul(list.substr(pos, comma - pos)));
-          pos = comma + 1;
-        }
-      } else if (arg == "--steps" && has_value) steps = std::stoi(argv[++i]);
-      else if (arg == "--threads" && has_value) threads = std::stoi(argv[++i]);
-      else if (arg == "--rounds" && has_value) rounds = std::stoi(argv[++i]);
+        for (int seq : bench::positive_list(arg, argv[++i])) seqs.push_back(std::size_t(seq));
+      } else if (arg == "--steps" && has_value) steps = bench::positive_int(arg, argv[++i]);
+      else if (arg == "--threads" && has_value) threads = bench::positive_int(arg, argv[++i]);
+      else if (arg == "--rounds" && has_value) rounds = bench::positive_int(arg, argv[++i]);
       else if (arg == "--out" && has_value) out_path = argv[++i];
       else return usage();
     }
@@ -123,7 +118,6 @@ int main(int argc, char** argv) try {
     fmt::print(stderr, "bench_remat: bad argument: {}\n", e.what());
     return 2;
   }
-  if (steps < 1 || threads < 1 || rounds < 1 || seqs.empty()) return usage();
   if (child) return run_child(child_seq, remat, steps, threads);
 
   fmt::print("bench_remat on {}, commit {}, {}\n", bench::machine(), bench::commit(), bench::today());

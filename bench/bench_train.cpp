@@ -190,7 +190,7 @@ int main(int argc, char** argv) try {
       bool has_value = i + 1 < argc;
       if (arg == "--configs" && has_value) config_names = bench::split_list(argv[++i]);
       else if (arg == "--threads" && has_value) thread_counts = bench::positive_list(arg, argv[++i]);
-      else if (arg == "--steps" && has_value) steps = std::stoi(argv[++i]);
+      else if (arg == "--steps" && has_value) steps = bench::positive_int(arg, argv[++i]);
       else if (arg == "--out" && has_value) out_path = argv[++i];
       else if (arg == "--write-agreement" && has_value) agreement_dir = argv[++i];
       else if (arg == "--peak-memory" && has_value) peak_memory_config = argv[++i];
@@ -202,9 +202,7 @@ int main(int argc, char** argv) try {
     fmt::print(stderr, "bench_train: bad argument: {}\n", e.what());
     return 2;
   }
-  if (steps < 1 || thread_counts.empty() || config_names.empty()) return usage();
-  for (int t : thread_counts)
-    if (t < 1) return usage();
+  if (config_names.empty()) return usage();  // counts were checked as they were parsed
 
   if (!agreement_dir.empty()) {
     write_agreement(agreement_dir, config_names);
