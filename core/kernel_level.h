@@ -1,15 +1,15 @@
 // Private to core/: opened by every core/kernels_*.cpp. Those files are compiled once per SIMD
 // level (core/kernel_table.h); CMakeLists.txt names the level in TAPEGRAD_SIMD_LEVEL and sets its
-// compiler flags, so xsimd::batch<T> is that level's widest batch. The test suite compiles them
-// once more with TAPEGRAD_EMULATED_BATCH, on an emulated 64-byte batch (AVX-512's 16 floats), so
-// that the 16-lane paths of every kernel run on any machine. Kernels call fma, exp, hadd and max
-// unqualified, so that either batch type finds its own.
+// compiler flags, so xsimd::batch<T> is that level's widest batch. Builds with the tests compile
+// them once more as the level emulated16, with TAPEGRAD_EMULATED_BATCH, on an emulated 64-byte
+// batch (AVX-512's 16 floats), so that the 16-lane paths of every kernel run on any machine.
+// Kernels call fma, exp, hadd and max unqualified, so that either batch type finds its own.
 #pragma once
 
 #include <xsimd/xsimd.hpp>
 
 #ifdef TAPEGRAD_EMULATED_BATCH
-#include "tests/core/emulated_batch.h"
+#include "core/emulated_batch.h"
 #endif
 
 #include "core/kernel_table.h"

@@ -46,15 +46,9 @@ template <class T> struct KernelTable {
 namespace sse2 { template <class T> const KernelTable<T>& table(); }
 namespace avx2 { template <class T> const KernelTable<T>& table(); }
 namespace avx512 { template <class T> const KernelTable<T>& table(); }
+namespace emulated16 { template <class T> const KernelTable<T>& table(); }  // in builds with the tests
 
-/// The table of the level in use.
-template <class T> const KernelTable<T>& active_table() {
-  switch (simd_level()) {
-    case SimdLevel::avx512: return avx512::table<T>();
-    case SimdLevel::avx2: return avx2::table<T>();
-    case SimdLevel::sse2: break;
-  }
-  return sse2::table<T>();
-}
+/// The table of the level in use (float and double).
+template <class T> const KernelTable<T>& active_table();
 
 }  // namespace tapegrad::kernels

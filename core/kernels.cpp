@@ -11,6 +11,26 @@
 
 namespace tapegrad::kernels {
 
+#ifndef TAPEGRAD_HAVE_EMULATED16
+#error "CMakeLists.txt says whether this build has the emulated16 test level"
+#endif
+
+template <class T> const KernelTable<T>& active_table() {
+  switch (simd_level()) {
+    case SimdLevel::avx512: return avx512::table<T>();
+    case SimdLevel::avx2: return avx2::table<T>();
+#if TAPEGRAD_HAVE_EMULATED16
+    case SimdLevel::emulated16: return emulated16::table<T>();
+#else
+    case SimdLevel::emulated16: break;  // set_simd_level refuses it in this build
+#endif
+    case SimdLevel::sse2: break;
+  }
+  return sse2::table<T>();
+}
+template const KernelTable<float>& active_table<float>();
+template const KernelTable<double>& active_table<double>();
+
 template <class T>
 void gemm(bool trans_a, bool trans_b, std::size_t M, std::size_t N, std::size_t K, T alpha, const T* A,
           std::size_t lda, const T* B, std::size_t ldb, T beta, T* C, std::size_t ldc) {

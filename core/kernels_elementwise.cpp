@@ -1,68 +1,108 @@
-// Elementwise kernels: SIMD batches over the body, a scalar loop over the tail, blocks of the array
-// on threads when it is large. Each output element depends only on the same index of the inputs,
-// so results are identical for every thread count.
+// Elementwise kernels: one formula per kernel, on SIMD batches, and blocks of the array on threads
+// when it is large. The last, partial batch runs the same formula on copies padded with zeros (the
+// rule of core/simd_helpers.h), so each output element depends only on the same index of the
+// inputs: never on where it falls in the array, the array's length or the thread count.
 #include <cmath>
+#include <type_traits>
+#include <utility>
 
 #include "core/kernel_level.h"
 
 namespace tapegrad::kernels::TAPEGRAD_SIMD_LEVEL {
 
-// Runs vector_op(i) on [i, i + W) and scalar_op(i) on the tail, in blocks of a multiple of W
-// elements; cost is the scalar operations per element (a hint for the thread split).
-template <class T, class Vector, class Scalar>
-static void simd_map(std::size_t n, std::size_t cost, Vector vector_op, Scalar scalar_op) {
-  constexpr std::size_t W = Batch<T>::size;
-  constexpr std::size_t block = 4096;
+// op(count, arrays...) on arrays[0:count] (count <= W), through op(0, ...) on zero-padded copies:
+// every array is copied in (a null one stays null; arrays at one address share one copy, as
+// mul_backward's da and db do for x * x), and the writable ones (T*) copied back out.
+template <class T, class Op, class... Arrays>
+static void padded_batch(std::size_t count, const Op& op, Arrays... arrays) {
+  constexpr std::size_t W = Batch<T>::size, n = sizeof...(Arrays);
+  alignas(64) T lanes[n][W] = {};
+  const void* address[n] = {arrays...};
+  auto copy_of = [&](std::size_t a) {
+    std::size_t first = 0;
+    while (address[first] != address[a]) ++first;
+    return lanes[first];
+  };
+  [&]<std::size_t... I>(std::index_sequence<I...>) {
+    auto copy_in = [&](auto* array, T* padded) {
+      if (array) std::copy_n(array, count, padded);
+      return array ? decltype(array)(padded) : array;
+    };
+    op(0, copy_in(arrays, copy_of(I))...);
+    auto copy_out = [&](auto* array, const T* padded) {
+      if constexpr (!std::is_const_v<std::remove_pointer_t<decltype(array)>>)
+        if (array) std::copy_n(padded, count, array);
+    };
+    (copy_out(arrays, copy_of(I)), ...);
+  }(std::index_sequence_for<Arrays...>{});
+}
+
+// op(i, arrays...) computes the batch [i, i + W) of the arrays; simd_map runs it over [0, n), in
+// blocks of a multiple of W elements on the kernel threads, the last partial batch padded. cost is
+// the scalar operations per element (a hint for the thread split). The arrays are T* (written, and
+// read where op reads them) or const T* (read); any may be null where op allows it.
+template <class T, class Op, class... Arrays>
+static void simd_map(std::size_t n, std::size_t cost, const Op& op, Arrays... arrays) {
+  constexpr std::size_t W = Batch<T>::size, block = 4096;
+  static_assert(block % W == 0, "every block but the last holds whole batches");
   detail::parallel_for((n + block - 1) / block, block * cost, [&](std::size_t blk) {
     std::size_t begin = blk * block, end = std::min(n, begin + block), i = begin;
-    for (; i + W <= end; i += W) vector_op(i);
-    for (; i < end; ++i) scalar_op(i);
+    for (; i + W <= end; i += W) op(i, arrays...);
+    if (i < end) padded_batch<T>(end - i, op, (arrays ? arrays + i : arrays)...);
   });
 }
 
 template <class T> void add_forward(T* y, const T* a, const T* b, std::size_t n) {
   using B = Batch<T>;
   simd_map<T>(
-      n, 1, [&](std::size_t i) { (B::load_unaligned(a + i) + B::load_unaligned(b + i)).store_unaligned(y + i); },
-      [&](std::size_t i) { y[i] = a[i] + b[i]; });
+      n, 1,
+      [](std::size_t i, T* y, const T* a, const T* b) {
+        (B::load_unaligned(a + i) + B::load_unaligned(b + i)).store_unaligned(y + i);
+      },
+      y, a, b);
 }
 template <class T> void accumulate(T* dst, const T* src, std::size_t n) {
   using B = Batch<T>;
   simd_map<T>(
-      n, 1, [&](std::size_t i) { (B::load_unaligned(dst + i) + B::load_unaligned(src + i)).store_unaligned(dst + i); },
-      [&](std::size_t i) { dst[i] += src[i]; });
+      n, 1,
+      [](std::size_t i, T* dst, const T* src) {
+        (B::load_unaligned(dst + i) + B::load_unaligned(src + i)).store_unaligned(dst + i);
+      },
+      dst, src);
 }
 template <class T> void mul_forward(T* y, const T* a, const T* b, std::size_t n) {
   using B = Batch<T>;
   simd_map<T>(
-      n, 1, [&](std::size_t i) { (B::load_unaligned(a + i) * B::load_unaligned(b + i)).store_unaligned(y + i); },
-      [&](std::size_t i) { y[i] = a[i] * b[i]; });
+      n, 1,
+      [](std::size_t i, T* y, const T* a, const T* b) {
+        (B::load_unaligned(a + i) * B::load_unaligned(b + i)).store_unaligned(y + i);
+      },
+      y, a, b);
 }
 template <class T> void mul_backward(T* da, T* db, const T* dy, const T* a, const T* b, std::size_t n) {
   using B = Batch<T>;
   simd_map<T>(
       n, 2,
-      [&](std::size_t i) {
+      [](std::size_t i, T* da, T* db, const T* dy, const T* a, const T* b) {
         B g = B::load_unaligned(dy + i);
         if (da) (B::load_unaligned(da + i) + g * B::load_unaligned(b + i)).store_unaligned(da + i);
         if (db) (B::load_unaligned(db + i) + g * B::load_unaligned(a + i)).store_unaligned(db + i);
       },
-      [&](std::size_t i) {
-        if (da) da[i] += dy[i] * b[i];
-        if (db) db[i] += dy[i] * a[i];
-      });
+      da, db, dy, a, b);
 }
 template <class T> void scale_forward(T* y, const T* x, T s, std::size_t n) {
   using B = Batch<T>;
   simd_map<T>(
-      n, 1, [&](std::size_t i) { (B(s) * B::load_unaligned(x + i)).store_unaligned(y + i); },
-      [&](std::size_t i) { y[i] = s * x[i]; });
+      n, 1, [s](std::size_t i, T* y, const T* x) { (B(s) * B::load_unaligned(x + i)).store_unaligned(y + i); }, y, x);
 }
 template <class T> void scale_backward(T* dx, const T* dy, T s, std::size_t n) {
   using B = Batch<T>;
   simd_map<T>(
-      n, 1, [&](std::size_t i) { (B::load_unaligned(dx + i) + B(s) * B::load_unaligned(dy + i)).store_unaligned(dx + i); },
-      [&](std::size_t i) { dx[i] += s * dy[i]; });
+      n, 1,
+      [s](std::size_t i, T* dx, const T* dy) {
+        (B::load_unaligned(dx + i) + B(s) * B::load_unaligned(dy + i)).store_unaligned(dx + i);
+      },
+      dx, dy);
 }
 
 template <class T> void add_bias_forward(T* y, const T* x, const T* bias, std::size_t rows, std::size_t cols) {
@@ -76,13 +116,16 @@ template <class T> void add_bias_backward(T* dx, T* dbias, const T* dy, std::siz
 
 // silu(a) = a * s, s = sigmoid(a) = 1 / (1 + exp(-a)).
 template <class T> static Batch<T> sigmoid(Batch<T> a) { return T(1) / (T(1) + exp(-a)); }
-template <class T> static T sigmoid(T a) { return T(1) / (T(1) + std::exp(-a)); }
 
 template <class T> void silu_forward(T* y, const T* a, std::size_t n) {
   using B = Batch<T>;
   simd_map<T>(
-      n, 8, [&](std::size_t i) { B x = B::load_unaligned(a + i); (x * sigmoid(x)).store_unaligned(y + i); },
-      [&](std::size_t i) { y[i] = a[i] * sigmoid(a[i]); });
+      n, 8,
+      [](std::size_t i, T* y, const T* a) {
+        B x = B::load_unaligned(a + i);
+        (x * sigmoid<T>(x)).store_unaligned(y + i);
+      },
+      y, a);
 }
 
 // d silu / da = s + a s (1 - s) = s (1 + a (1 - s)).
@@ -90,26 +133,23 @@ template <class T> void silu_backward(T* da, const T* dy, const T* a, std::size_
   using B = Batch<T>;
   simd_map<T>(
       n, 8,
-      [&](std::size_t i) {
-        B x = B::load_unaligned(a + i), s = sigmoid(x);
+      [](std::size_t i, T* da, const T* dy, const T* a) {
+        B x = B::load_unaligned(a + i), s = sigmoid<T>(x);
         B d = B::load_unaligned(da + i) + B::load_unaligned(dy + i) * s * (T(1) + x * (T(1) - s));
         d.store_unaligned(da + i);
       },
-      [&](std::size_t i) {
-        T s = sigmoid(a[i]);
-        da[i] += dy[i] * s * (T(1) + a[i] * (T(1) - s));
-      });
+      da, dy, a);
 }
 
 template <class T> void swiglu_forward(T* y, const T* a, const T* b, std::size_t n) {
   using B = Batch<T>;
   simd_map<T>(
       n, 8,
-      [&](std::size_t i) {
+      [](std::size_t i, T* y, const T* a, const T* b) {
         B x = B::load_unaligned(a + i);
-        (x * sigmoid(x) * B::load_unaligned(b + i)).store_unaligned(y + i);
+        (x * sigmoid<T>(x) * B::load_unaligned(b + i)).store_unaligned(y + i);
       },
-      [&](std::size_t i) { y[i] = a[i] * sigmoid(a[i]) * b[i]; });
+      y, a, b);
 }
 
 // y = silu(a) b: da += dy b silu'(a); db += dy silu(a).
@@ -118,19 +158,15 @@ void swiglu_backward(T* da, T* db, const T* dy, const T* a, const T* b, std::siz
   using B = Batch<T>;
   simd_map<T>(
       n, 8,
-      [&](std::size_t i) {
-        B x = B::load_unaligned(a + i), s = sigmoid(x), g = B::load_unaligned(dy + i);
+      [overwrite](std::size_t i, T* da, T* db, const T* dy, const T* a, const T* b) {
+        B x = B::load_unaligned(a + i), s = sigmoid<T>(x), g = B::load_unaligned(dy + i);
         if (da) {
           B t = g * B::load_unaligned(b + i) * s * (T(1) + x * (T(1) - s));
           (overwrite ? t : B::load_unaligned(da + i) + t).store_unaligned(da + i);
         }
         if (db) (overwrite ? g * x * s : B::load_unaligned(db + i) + g * x * s).store_unaligned(db + i);
       },
-      [&](std::size_t i) {
-        T s = sigmoid(a[i]);
-        if (da) da[i] = (overwrite ? T(0) : da[i]) + dy[i] * b[i] * s * (T(1) + a[i] * (T(1) - s));
-        if (db) db[i] = (overwrite ? T(0) : db[i]) + dy[i] * a[i] * s;
-      });
+      da, db, dy, a, b);
 }
 
 // gelu_tanh(x) = x s, s = sigmoid(2 c u), u = x + k x^3 (c = sqrt(2 / pi), k = 0.044715):
@@ -142,16 +178,12 @@ template <class T> void gelu_tanh_forward(T* y, T* s, const T* x, std::size_t n)
   using B = Batch<T>;
   simd_map<T>(
       n, 10,
-      [&](std::size_t i) {
-        B v = B::load_unaligned(x + i), sig = sigmoid(B(gelu_2c<T>) * fma(B(gelu_k<T>) * v, v * v, v));
+      [](std::size_t i, T* y, T* s, const T* x) {
+        B v = B::load_unaligned(x + i), sig = sigmoid<T>(B(gelu_2c<T>) * fma(B(gelu_k<T>) * v, v * v, v));
         if (s) sig.store_unaligned(s + i);
         (v * sig).store_unaligned(y + i);
       },
-      [&](std::size_t i) {
-        T v = x[i], sig = sigmoid(gelu_2c<T> * (gelu_k<T> * v * (v * v) + v));
-        if (s) s[i] = sig;
-        y[i] = v * sig;
-      });
+      y, s, x);
 }
 
 template <class T>
@@ -159,17 +191,13 @@ void gelu_tanh_backward(T* dx, const T* dy, const T* x, const T* s, std::size_t 
   using B = Batch<T>;
   simd_map<T>(
       n, 8,
-      [&](std::size_t i) {
+      [overwrite](std::size_t i, T* dx, const T* dy, const T* x, const T* s) {
         B v = B::load_unaligned(x + i), sig = B::load_unaligned(s + i);
         B slope = fma(v * sig * (T(1) - sig) * B(gelu_2c<T>), fma(B(3 * gelu_k<T>) * v, v, B(T(1))), sig);
         B g = B::load_unaligned(dy + i);
         (overwrite ? g * slope : fma(g, slope, B::load_unaligned(dx + i))).store_unaligned(dx + i);
       },
-      [&](std::size_t i) {
-        T v = x[i], sig = s[i];
-        T slope = v * sig * (T(1) - sig) * gelu_2c<T> * (3 * gelu_k<T> * v * v + T(1)) + sig;
-        dx[i] = overwrite ? dy[i] * slope : dx[i] + dy[i] * slope;
-      });
+      dx, dy, x, s);
 }
 
 #define TAPEGRAD_INSTANTIATE(T)                                                                    \

@@ -1,6 +1,7 @@
-// Row-wise kernels: embedding, RMSNorm, LayerNorm, RoPE and cross-entropy. Plain loops over
-// contiguous rows, rows spread over threads; cross-row sums (dw, dtable) run serially in row
-// order so results are identical for every thread count.
+// Row-wise kernels: embedding, RMSNorm, LayerNorm, RoPE and cross-entropy. Loops over contiguous
+// rows, rows spread over threads; cross-row sums (dw, dtable) run serially in row order so results
+// are identical for every thread count. Within a row, the last partial vector is padded (the rule
+// of core/simd_helpers.h): a row's result depends on that row alone.
 #include <cmath>
 #include <numbers>
 
@@ -21,6 +22,20 @@ void embedding_backward(T* dtable, const T* dy, const std::int32_t* ids, std::si
     const T* g = dy + i * dim;
     for (std::size_t j = 0; j < dim; ++j) row[j] += g[j];
   }
+}
+
+// The sum over a row of dim of term(j, count) for the vector at j, count = min(W, dim - j) (its
+// padding lanes are dropped): vector v into accumulator v % 2, then one horizontal sum.
+template <class T, class Term>
+static T row_sum(std::size_t dim, Term term) {
+  using B = Batch<T>;
+  constexpr std::size_t W = B::size;
+  B acc[2] = {B(T(0)), B(T(0))};
+  for (std::size_t j = 0; j < dim; j += W) {
+    const std::size_t count = std::min(W, dim - j);
+    acc[j / W % 2] += detail::first_lanes(term(j, count), count);
+  }
+  return hadd(acc[0] + acc[1]);
 }
 
 // ---- RMSNorm ----
@@ -46,17 +61,12 @@ void rms_norm_backward(T* dx, T* dw, const T* dy, const T* x, const T* w, const 
       const T* xr = x + r * dim;
       const T* gr = dy + r * dim;
       T* dxr = dx + r * dim;
-      using B = Batch<T>;
-      constexpr std::size_t W = B::size;
       T s = rstd[r];
-      B acc0(T(0)), acc1(T(0));
-      std::size_t j = 0;
-      for (; j + 2 * W <= dim; j += 2 * W) {
-        acc0 = fma(B::load_unaligned(gr + j) * B::load_unaligned(w + j), B::load_unaligned(xr + j), acc0);
-        acc1 = fma(B::load_unaligned(gr + j + W) * B::load_unaligned(w + j + W), B::load_unaligned(xr + j + W), acc1);
-      }
-      T gx = hadd(acc0 + acc1);
-      for (; j < dim; ++j) gx += gr[j] * w[j] * xr[j];
+      T gx = row_sum<T>(dim, [&](std::size_t j, std::size_t count) {
+        using B = Batch<T>;
+        return detail::load_lanes<B>(gr + j, count) * detail::load_lanes<B>(w + j, count) *
+               detail::load_lanes<B>(xr + j, count);
+      });
       T c = s * s * s * gx / T(dim);
       for (std::size_t j = 0; j < dim; ++j) dxr[j] += s * gr[j] * w[j] - c * xr[j];
     });
@@ -69,24 +79,6 @@ void rms_norm_backward(T* dx, T* dw, const T* dy, const T* x, const T* w, const 
 
 // ---- LayerNorm ----
 
-// The sum over j of f(j, W lanes at j) for the vector body, and of f on the scalar tail: two
-// accumulators, then one horizontal sum.
-template <class T, class Vector, class Scalar>
-static T row_sum(std::size_t dim, Vector vector_term, Scalar scalar_term) {
-  using B = Batch<T>;
-  constexpr std::size_t W = B::size;
-  B acc0(T(0)), acc1(T(0));
-  std::size_t j = 0;
-  for (; j + 2 * W <= dim; j += 2 * W) {
-    acc0 += vector_term(j);
-    acc1 += vector_term(j + W);
-  }
-  for (; j + W <= dim; j += W) acc0 += vector_term(j);
-  T total = hadd(acc0 + acc1);
-  for (; j < dim; ++j) total += scalar_term(j);
-  return total;
-}
-
 template <class T>
 void layer_norm_forward(T* y, T* mean, T* rstd, const T* x, const T* w, const T* b, std::size_t rows, std::size_t dim,
                         T eps) {
@@ -95,19 +87,20 @@ void layer_norm_forward(T* y, T* mean, T* rstd, const T* x, const T* w, const T*
   detail::parallel_for(rows, dim * 6, [&](std::size_t r) {
     const T* xr = x + r * dim;
     T* yr = y + r * dim;
-    const T m = row_sum<T>(dim, [&](std::size_t j) { return B::load_unaligned(xr + j); },
-                           [&](std::size_t j) { return xr[j]; }) / T(dim);
-    const T var = row_sum<T>(dim, [&](std::size_t j) { B d = B::load_unaligned(xr + j) - B(m); return d * d; },
-                             [&](std::size_t j) { return (xr[j] - m) * (xr[j] - m); }) / T(dim);
+    auto load = [](const T* p, std::size_t count) { return detail::load_lanes<B>(p, count); };
+    const T m = row_sum<T>(dim, [&](std::size_t j, std::size_t count) { return load(xr + j, count); }) / T(dim);
+    const T var = row_sum<T>(dim, [&](std::size_t j, std::size_t count) {
+      B d = load(xr + j, count) - B(m);
+      return d * d;
+    }) / T(dim);
     const T s = T(1) / std::sqrt(var + eps);
     if (mean) mean[r] = m;
     if (rstd) rstd[r] = s;
-    std::size_t j = 0;
-    for (; j + W <= dim; j += W) {
-      B xhat = (B::load_unaligned(xr + j) - B(m)) * B(s);
-      fma(xhat, B::load_unaligned(w + j), B::load_unaligned(b + j)).store_unaligned(yr + j);
+    for (std::size_t j = 0; j < dim; j += W) {
+      const std::size_t count = std::min(W, dim - j);
+      B xhat = (load(xr + j, count) - B(m)) * B(s);
+      detail::store_lanes(fma(xhat, load(w + j, count), load(b + j, count)), yr + j, count);
     }
-    for (; j < dim; ++j) yr[j] = (xr[j] - m) * s * w[j] + b[j];
   });
 }
 
@@ -123,17 +116,17 @@ void layer_norm_backward(T* dx, T* dw, T* db, const T* dy, const T* x, const T* 
       const T *xr = x + r * dim, *gr = dy + r * dim;
       T* dxr = dx + r * dim;
       const T m = mean[r], s = rstd[r];
-      auto g = [&](std::size_t j) { return B::load_unaligned(gr + j) * B::load_unaligned(w + j); };
-      auto xhat = [&](std::size_t j) { return (B::load_unaligned(xr + j) - B(m)) * B(s); };
-      const T mean_g = row_sum<T>(dim, g, [&](std::size_t j) { return gr[j] * w[j]; }) / T(dim);
-      const T mean_gx = row_sum<T>(dim, [&](std::size_t j) { return g(j) * xhat(j); },
-                                   [&](std::size_t j) { return gr[j] * w[j] * ((xr[j] - m) * s); }) / T(dim);
-      std::size_t j = 0;
-      for (; j + W <= dim; j += W) {
-        B d = B(s) * (g(j) - B(mean_g) - xhat(j) * B(mean_gx));
-        (B::load_unaligned(dxr + j) + d).store_unaligned(dxr + j);
+      auto load = [](const T* p, std::size_t count) { return detail::load_lanes<B>(p, count); };
+      auto g = [&](std::size_t j, std::size_t count) { return load(gr + j, count) * load(w + j, count); };
+      auto xhat = [&](std::size_t j, std::size_t count) { return (load(xr + j, count) - B(m)) * B(s); };
+      const T mean_g = row_sum<T>(dim, g) / T(dim);
+      const T mean_gx =
+          row_sum<T>(dim, [&](std::size_t j, std::size_t count) { return g(j, count) * xhat(j, count); }) / T(dim);
+      for (std::size_t j = 0; j < dim; j += W) {
+        const std::size_t count = std::min(W, dim - j);
+        B d = B(s) * (g(j, count) - B(mean_g) - xhat(j, count) * B(mean_gx));
+        detail::store_lanes(load(dxr + j, count) + d, dxr + j, count);
       }
-      for (; j < dim; ++j) dxr[j] += s * (gr[j] * w[j] - mean_g - (xr[j] - m) * s * mean_gx);
     });
   }
   if (dw)
@@ -159,8 +152,10 @@ static void rope_apply(T* y, const T* x, const RopeTable<T>& table, std::size_t 
       const T* xh = x + row * dim + h * head_dim;
       T* yh = y + row * dim + h * head_dim;
       for (std::size_t i = 0; i < half; ++i) {
+        // Explicit FMAs: left to itself, GCC 12 at AVX-512 fuses the pair into one vfmaddsub in
+        // some loops and not in others (even with -ffp-contract=off), so bits varied by path.
         T x0 = xh[2 * i], x1 = xh[2 * i + 1], sn = sign * s[i];
-        T y0 = x0 * c[i] - x1 * sn, y1 = x0 * sn + x1 * c[i];
+        T y0 = std::fma(x0, c[i], -(x1 * sn)), y1 = std::fma(x0, sn, x1 * c[i]);
         if (accumulate) {
           yh[2 * i] += y0;
           yh[2 * i + 1] += y1;
@@ -209,10 +204,11 @@ void cross_entropy_backward(T* dlogits, T dloss, const T* logits, const T* lse, 
     T* dr = dlogits + r * vocab;
     using B = Batch<T>;
     constexpr std::size_t W = B::size;
-    std::size_t j = 0;
-    for (; j + W <= vocab; j += W)
-      fma(B(g), exp(B::load_unaligned(xr + j) - B(lse[r])), B::load_unaligned(dr + j)).store_unaligned(dr + j);
-    for (; j < vocab; ++j) dr[j] += g * std::exp(xr[j] - lse[r]);
+    for (std::size_t j = 0; j < vocab; j += W) {
+      const std::size_t count = std::min(W, vocab - j);
+      B d = fma(B(g), exp(detail::load_lanes<B>(xr + j, count) - B(lse[r])), detail::load_lanes<B>(dr + j, count));
+      detail::store_lanes(d, dr + j, count);
+    }
     dr[targets[r]] -= g;
   });
 }

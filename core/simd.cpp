@@ -12,7 +12,12 @@ namespace tapegrad {
 
 namespace {
 
-constexpr SimdLevel all_levels[] = {SimdLevel::sse2, SimdLevel::avx2, SimdLevel::avx512};
+constexpr SimdLevel real_levels[] = {SimdLevel::sse2, SimdLevel::avx2, SimdLevel::avx512};
+constexpr SimdLevel all_levels[] = {SimdLevel::sse2, SimdLevel::avx2, SimdLevel::avx512, SimdLevel::emulated16};
+
+#ifndef TAPEGRAD_HAVE_EMULATED16
+#error "CMakeLists.txt says whether this build has the emulated16 test level"
+#endif
 
 // GCC's and clang's CPU checks also ask the OS (XGETBV) whether it saves the wider registers.
 bool cpu_supports(SimdLevel level) {
@@ -24,11 +29,16 @@ bool cpu_supports(SimdLevel level) {
       return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512cd") &&
              __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512bw") &&
              __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+    case SimdLevel::emulated16: return TAPEGRAD_HAVE_EMULATED16 && cpu_supports(SimdLevel::avx2);
   }
   return false;
 }
 
 SimdLevel check_supported(SimdLevel level, std::string_view origin) {
+  if (level == SimdLevel::emulated16 && !TAPEGRAD_HAVE_EMULATED16)
+    throw std::runtime_error(fmt::format("{}emulated16: this build has no emulated16 level (a test level, built "
+                                         "with the tests: TAPEGRAD_BUILD_TESTS=ON)",
+                                         origin));
   if (!cpu_supports(level))
     throw std::runtime_error(fmt::format("{}{}: this CPU does not support {}; it supports {}", origin,
                                          simd_level_name(level), simd_level_name(level), supported_simd_level_names()));
@@ -53,14 +63,21 @@ std::string_view simd_level_name(SimdLevel level) {
     case SimdLevel::sse2: return "sse2";
     case SimdLevel::avx2: return "avx2";
     case SimdLevel::avx512: return "avx512";
+    case SimdLevel::emulated16: return "emulated16";
   }
   return "unknown";
 }
 
 std::vector<SimdLevel> supported_simd_levels() {
   std::vector<SimdLevel> levels;
-  for (SimdLevel level : all_levels)
+  for (SimdLevel level : real_levels)
     if (cpu_supports(level)) levels.push_back(level);
+  return levels;
+}
+
+std::vector<SimdLevel> testable_simd_levels() {
+  std::vector<SimdLevel> levels = supported_simd_levels();
+  if (cpu_supports(SimdLevel::emulated16)) levels.push_back(SimdLevel::emulated16);
   return levels;
 }
 

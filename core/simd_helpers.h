@@ -4,6 +4,14 @@
 // hadd (the sum of one batch's lanes); tests/core/test_simd.cpp checks each of those primitives and
 // each helper against a scalar loop at every level. fma, max, exp and hadd are called
 // unqualified so that a test batch type supplies its own by argument-dependent lookup.
+//
+// The rule every kernel follows: an element (or a row) is computed by the same instructions
+// wherever it falls in a buffer, whatever the buffer's length, its neighbours or the thread count.
+// So a loop's last, partial vector is never a scalar loop with a formula of its own: its elements
+// are copied into a batch padded with zeros (load_partial), go through the body's vector code, and
+// only the valid lanes are stored (store_partial) or summed (first_lanes). A row-wise kernel takes
+// rows, never rows flattened into one stream. Batching therefore never changes a bit: a sequence
+// decoded alone and with others gets the same logits, at every SIMD width.
 #pragma once
 
 #include <xsimd/xsimd.hpp>
@@ -20,7 +28,45 @@ using xsimd::fma;
 using xsimd::hadd;
 using xsimd::max;
 
-/// sum(a[i] * b[i]) with SIMD lanes as partial sums.
+/// A batch of x[0:count] (count <= B::size) in its first lanes, zeros in the rest.
+template <class B>
+B load_partial(const typename B::value_type* x, std::size_t count) {
+  alignas(64) typename B::value_type lanes[B::size] = {};
+  std::copy_n(x, count, lanes);
+  return B::load_aligned(lanes);
+}
+
+/// x[0:count] = the first count lanes of b.
+template <class B>
+void store_partial(const B& b, typename B::value_type* x, std::size_t count) {
+  alignas(64) typename B::value_type lanes[B::size];
+  b.store_aligned(lanes);
+  std::copy_n(lanes, count, x);
+}
+
+/// b with the lanes from count on set to zero: a padded batch's terms, kept out of a sum.
+template <class B>
+B first_lanes(const B& b, std::size_t count) {
+  if (count == B::size) return b;
+  alignas(64) typename B::value_type lanes[B::size];
+  b.store_aligned(lanes);
+  std::fill(lanes + count, lanes + B::size, typename B::value_type(0));
+  return B::load_aligned(lanes);
+}
+
+/// The count = min(B::size, n) elements of x from which a loop over n elements loads its vector:
+/// a whole load in the body, a padded one at the end.
+template <class B>
+B load_lanes(const typename B::value_type* x, std::size_t count) {
+  return count == B::size ? B::load_unaligned(x) : load_partial<B>(x, count);
+}
+template <class B>
+void store_lanes(const B& b, typename B::value_type* x, std::size_t count) {
+  if (count == B::size) b.store_unaligned(x);
+  else store_partial(b, x, count);
+}
+
+/// sum(a[i] * b[i]) with SIMD lanes as partial sums: vector v goes to accumulator v % 2.
 template <class B>
 typename B::value_type dot(const typename B::value_type* a, const typename B::value_type* b, std::size_t n) {
   using T = typename B::value_type;
@@ -31,10 +77,10 @@ typename B::value_type dot(const typename B::value_type* a, const typename B::va
     acc0 = fma(B::load_unaligned(a + i), B::load_unaligned(b + i), acc0);
     acc1 = fma(B::load_unaligned(a + i + W), B::load_unaligned(b + i + W), acc1);
   }
-  for (; i + W <= n; i += W) acc0 = fma(B::load_unaligned(a + i), B::load_unaligned(b + i), acc0);
-  T sum = hadd(acc0 + acc1);
-  for (; i < n; ++i) sum += a[i] * b[i];
-  return sum;
+  if (i + W <= n) acc0 = fma(B::load_unaligned(a + i), B::load_unaligned(b + i), acc0), i += W;
+  B& last = i % (2 * W) == 0 ? acc0 : acc1;
+  if (i < n) last = fma(load_partial<B>(a + i, n - i), load_partial<B>(b + i, n - i), last);
+  return hadd(acc0 + acc1);
 }
 
 /// max(x[0:n]); n >= 1.
@@ -42,17 +88,17 @@ template <class B>
 typename B::value_type max_of(const typename B::value_type* x, std::size_t n) {
   using T = typename B::value_type;
   constexpr std::size_t W = B::size;
-  T m = x[0];
+  B acc(x[0]);
   std::size_t i = 0;
-  if (n >= W) {
-    B acc = B::load_unaligned(x);
-    for (i = W; i + W <= n; i += W) acc = max(acc, B::load_unaligned(x + i));
+  for (; i + W <= n; i += W) acc = max(acc, B::load_unaligned(x + i));
+  if (i < n) {  // the padding repeats x[0], which cannot change the maximum
     alignas(64) T lanes[W];
-    acc.store_aligned(lanes);
-    m = *std::max_element(lanes, lanes + W);
+    std::fill(std::copy_n(x + i, n - i, lanes), lanes + W, x[0]);
+    acc = max(acc, B::load_aligned(lanes));
   }
-  for (; i < n; ++i) m = std::max(m, x[i]);
-  return m;
+  alignas(64) T lanes[W];
+  acc.store_aligned(lanes);
+  return *std::max_element(lanes, lanes + W);
 }
 
 /// sum(exp(x[i] - shift)), x unchanged.
@@ -61,11 +107,11 @@ typename B::value_type sum_exp_shifted(const typename B::value_type* x, std::siz
   using T = typename B::value_type;
   constexpr std::size_t W = B::size;
   B acc(T(0)), s(shift);
-  std::size_t i = 0;
-  for (; i + W <= n; i += W) acc += exp(B::load_unaligned(x + i) - s);
-  T sum = hadd(acc);
-  for (; i < n; ++i) sum += std::exp(x[i] - shift);
-  return sum;
+  for (std::size_t i = 0; i < n; i += W) {
+    const std::size_t count = std::min(W, n - i);
+    acc += first_lanes(exp(load_lanes<B>(x + i, count) - s), count);
+  }
+  return hadd(acc);
 }
 
 /// x[i] = exp(x[i] - shift) in place; returns the sum of the new values.
@@ -74,18 +120,13 @@ typename B::value_type exp_shifted_sum(typename B::value_type* x, std::size_t n,
   using T = typename B::value_type;
   constexpr std::size_t W = B::size;
   B acc(T(0)), s(shift);
-  std::size_t i = 0;
-  for (; i + W <= n; i += W) {
-    B e = exp(B::load_unaligned(x + i) - s);
-    e.store_unaligned(x + i);
-    acc += e;
+  for (std::size_t i = 0; i < n; i += W) {
+    const std::size_t count = std::min(W, n - i);
+    B e = exp(load_lanes<B>(x + i, count) - s);
+    store_lanes(e, x + i, count);
+    acc += first_lanes(e, count);
   }
-  T sum = hadd(acc);
-  for (; i < n; ++i) {
-    x[i] = std::exp(x[i] - shift);
-    sum += x[i];
-  }
-  return sum;
+  return hadd(acc);
 }
 
 /// Lane r of the result is the sum of the lanes of acc[r]. xsimd::haddp does it in one shuffle
@@ -105,60 +146,50 @@ B sums_of_lanes(const B* acc) {
 }
 
 // c[0:V*W] = alpha * sum_k a[k * a_stride] * b[k * ldb + 0:V*W] (+ c when accumulating), with the
-// V column vectors in registers across all of k, and U independent chains over k so that short
-// rows still keep the FMA units busy (FMA latency is 4-5 cycles).
+// V column vectors in registers across all of k; `cols` < V*W pads the last vector (V = 1).
 template <class B, std::size_t V>
 inline void row_block(typename B::value_type* c, const typename B::value_type* a, std::size_t a_stride,
                       const typename B::value_type* b, std::size_t ldb, std::size_t K, typename B::value_type alpha,
-                      bool accumulate) {
+                      bool accumulate, std::size_t cols = V * B::size) {
   using T = typename B::value_type;
-  constexpr std::size_t W = B::size, U = V >= 4 ? 1 : 4 / V;
-  B sum[U][V];
-  for (auto& chain : sum)
-    for (auto& s : chain) s = B(T(0));
-  std::size_t k = 0;
-  for (; k + U <= K; k += U)
-    for (std::size_t u = 0; u < U; ++u) {
-      B scale(a[(k + u) * a_stride]);
-      const T* row = b + (k + u) * ldb;
-      for (std::size_t v = 0; v < V; ++v) sum[u][v] = fma(scale, B::load_unaligned(row + v * W), sum[u][v]);
-    }
-  for (; k < K; ++k) {
+  constexpr std::size_t W = B::size;
+  B sum[V];
+  for (auto& s : sum) s = B(T(0));
+  for (std::size_t k = 0; k < K; ++k) {
     B scale(a[k * a_stride]);
-    for (std::size_t v = 0; v < V; ++v) sum[0][v] = fma(scale, B::load_unaligned(b + k * ldb + v * W), sum[0][v]);
+    const T* row = b + k * ldb;
+    if constexpr (V == 1) sum[0] = fma(scale, load_lanes<B>(row, cols), sum[0]);
+    else
+      for (std::size_t v = 0; v < V; ++v) sum[v] = fma(scale, B::load_unaligned(row + v * W), sum[v]);
   }
   for (std::size_t v = 0; v < V; ++v) {
-    B total = sum[0][v];
-    for (std::size_t u = 1; u < U; ++u) total += sum[u][v];
-    total *= B(alpha);
-    if (accumulate) total += B::load_unaligned(c + v * W);
-    total.store_unaligned(c + v * W);
+    const std::size_t count = std::min(W, cols - v * W);
+    B total = sum[v] * B(alpha);
+    if (accumulate) total += load_lanes<B>(c + v * W, count);
+    store_lanes(total, c + v * W, count);
   }
 }
 
 /// One row of a matrix product without BLAS: c[0:n] (+)= alpha * sum_k a[k * a_stride] * b[k * ldb + 0:n].
 /// For the small products BLAS handles badly (its packing dominates): decoding and attention.
+/// Every element is one FMA chain over k in order, whatever n is and wherever the element falls.
 template <class B>
 void row_times_matrix(typename B::value_type* c, const typename B::value_type* a, std::size_t a_stride,
                       const typename B::value_type* b, std::size_t ldb, std::size_t K, std::size_t n,
                       typename B::value_type alpha, bool accumulate) {
-  using T = typename B::value_type;
   constexpr std::size_t W = B::size;
   std::size_t j = 0;
   for (; j + 8 * W <= n; j += 8 * W) row_block<B, 8>(c + j, a, a_stride, b + j, ldb, K, alpha, accumulate);
   if (j + 4 * W <= n) row_block<B, 4>(c + j, a, a_stride, b + j, ldb, K, alpha, accumulate), j += 4 * W;
   if (j + 2 * W <= n) row_block<B, 2>(c + j, a, a_stride, b + j, ldb, K, alpha, accumulate), j += 2 * W;
-  if (j + W <= n) row_block<B, 1>(c + j, a, a_stride, b + j, ldb, K, alpha, accumulate), j += W;
-  for (; j < n; ++j) {
-    T sum = 0;
-    for (std::size_t k = 0; k < K; ++k) sum += a[k * a_stride] * b[k * ldb + j];
-    c[j] = alpha * sum + (accumulate ? c[j] : T(0));
-  }
+  for (; j < n; j += W) row_block<B, 1>(c + j, a, a_stride, b + j, ldb, K, alpha, accumulate, std::min(W, n - j));
 }
 
 /// c[n] (+)= alpha * a . b[n * ldb + 0:K] for n in groups of W rows (attention scores of one query
-/// against cached keys): W dot products share each load of a. Returns how many of the N outputs
-/// it wrote (a multiple of W; 0 unless K is a multiple of W); the caller finishes the rest.
+/// against cached keys): W dot products share each load of a. The last group repeats its last row
+/// in the missing lanes and stores only its valid sums (a lane's sum never mixes with another's).
+/// Returns N when K is a multiple of W, and otherwise 0: the caller then takes every output
+/// through dot.
 template <class B>
 std::size_t dots_with_rows(typename B::value_type* c, const typename B::value_type* a,
                            const typename B::value_type* b, std::size_t ldb, std::size_t K, std::size_t N,
@@ -166,19 +197,21 @@ std::size_t dots_with_rows(typename B::value_type* c, const typename B::value_ty
   using T = typename B::value_type;
   constexpr std::size_t W = B::size;
   if (K % W != 0) return 0;
-  std::size_t n = 0;
-  for (; n + W <= N; n += W) {
+  for (std::size_t n = 0; n < N; n += W) {
+    const std::size_t rows = std::min(W, N - n);
+    const T* row[W];
+    for (std::size_t r = 0; r < W; ++r) row[r] = b + (n + std::min(r, rows - 1)) * ldb;
     B acc[W];
     for (auto& x : acc) x = B(T(0));
     for (std::size_t k = 0; k < K; k += W) {
       B x = B::load_unaligned(a + k);
-      for (std::size_t r = 0; r < W; ++r) acc[r] = fma(x, B::load_unaligned(b + (n + r) * ldb + k), acc[r]);
+      for (std::size_t r = 0; r < W; ++r) acc[r] = fma(x, B::load_unaligned(row[r] + k), acc[r]);
     }
     B sums = sums_of_lanes(acc) * B(alpha);
-    if (accumulate) sums += B::load_unaligned(c + n);
-    sums.store_unaligned(c + n);
+    if (accumulate) sums += load_lanes<B>(c + n, rows);
+    store_lanes(sums, c + n, rows);
   }
-  return n;
+  return N;
 }
 
 /// Scores of G heads against one block of P cached keys stored transposed (row c of the block is

@@ -1,7 +1,8 @@
 // The one doctest main of the suite (kept apart: it is the slowest translation unit to compile).
-// With TAPEGRAD_SIMD unset, it runs the whole suite once per SIMD level this CPU supports, each
-// in a child process with TAPEGRAD_SIMD set (the example programs the tests start inherit it), as
-// many at once as there are cores; with TAPEGRAD_SIMD set, it runs the suite once at that level.
+// With TAPEGRAD_SIMD unset, it runs the whole suite once per SIMD level this CPU supports and once
+// at the emulated 16-lane test level (emulated16), each in a child process with TAPEGRAD_SIMD set
+// (the example programs the tests start inherit it), as many at once as there are cores; with
+// TAPEGRAD_SIMD set, it runs the suite once at that level.
 #define DOCTEST_CONFIG_IMPLEMENT
 #include <doctest/doctest.h>
 #include <fmt/format.h>
@@ -88,7 +89,7 @@ int main(int argc, char** argv) {
     return context.run();
   }
   std::vector<LevelRun> runs;
-  for (SimdLevel level : supported_simd_levels()) runs.push_back({level});
+  for (SimdLevel level : testable_simd_levels()) runs.push_back({level});
   const std::size_t cores = std::max<long>(1, sysconf(_SC_NPROCESSORS_ONLN));
   const std::size_t at_once = std::min(cores, runs.size());
   std::size_t started = 0, printed = 0;
@@ -101,10 +102,21 @@ int main(int argc, char** argv) {
     while (printed < started && runs[printed].status >= 0) print_output(runs[printed++]);
     if (printed < runs.size() && !wait_for_one(runs)) break;
   }
-  std::string failed_levels;
+  // Every level named with how it ran, and the ones this machine could not run.
+  std::string passed_levels, failed_levels, missing_levels;
   int failed = 0;
-  for (const LevelRun& run : runs)
-    if (run.status != 0) failed_levels += fmt::format("{}{}", failed++ ? ", " : " (", simd_level_name(run.level));
-  fmt::print("SIMD levels: {} passed, {} failed{}\n", int(runs.size()) - failed, failed, failed ? failed_levels + ")" : "");
+  auto add = [](std::string& list, std::string_view name) { list += fmt::format("{}{}", list.empty() ? "" : ", ", name); };
+  for (const LevelRun& run : runs) {
+    std::string name = std::string(simd_level_name(run.level)) + (run.level == SimdLevel::emulated16 ? "" : " (native)");
+    if (run.status == 0) add(passed_levels, name);
+    else add(failed_levels, name), ++failed;
+  }
+  for (SimdLevel level : {SimdLevel::sse2, SimdLevel::avx2, SimdLevel::avx512, SimdLevel::emulated16})
+    if (std::none_of(runs.begin(), runs.end(), [&](const LevelRun& run) { return run.level == level; }))
+      add(missing_levels, simd_level_name(level));
+  fmt::print("SIMD levels: {}{}{}\n", passed_levels.empty() ? "none passed" : passed_levels + " passed",
+             failed_levels.empty() ? "" : "; " + failed_levels + " FAILED",
+             missing_levels.empty() ? "" : "; " + missing_levels + " not on this CPU");
+  fmt::print("levels: {} passed, {} failed\n", int(runs.size()) - failed, failed);
   return failed == 0 ? 0 : 1;
 }

@@ -150,7 +150,8 @@ template <class B> void check_helpers(Failures& f, std::string_view name) {
                     n, accumulate, j, c[j], want[j]);
         }
 
-  // dots_with_rows: c[r] (+)= alpha * a . b[r * ldb + 0:K] for the whole groups of W rows it takes.
+  // dots_with_rows: c[r] (+)= alpha * a . b[r * ldb + 0:K] for every row when K is a multiple of W
+  // (the last group padded), none otherwise.
   for (std::size_t K : {std::size_t(0), W, 2 * W, 3 * W, W + 1})
     for (std::size_t N = 0; N <= 3 * W + 1; ++N)
       for (bool accumulate : {false, true}) {
@@ -160,7 +161,7 @@ template <class B> void check_helpers(Failures& f, std::string_view name) {
         T alpha = T(0.25);
         std::vector<T> c = small_ints<T>(N, N + 7), before = c;
         std::size_t done = detail::dots_with_rows<B>(c.data(), ap, bp, ldb, K, N, alpha, accumulate);
-        std::size_t expected_done = K % W == 0 ? N / W * W : 0;
+        std::size_t expected_done = K % W == 0 ? N : 0;
         if (done != expected_done) f.add("{}: dots_with_rows K={} N={}: did {} rows, want {}", name, K, N, done, expected_done);
         for (std::size_t r = 0; r < N; ++r) {
           T want = before[r];

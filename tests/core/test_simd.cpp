@@ -14,7 +14,7 @@
 #include "core/kernels.h"
 #include "core/simd.h"
 #include "support/helpers.h"
-#include "tests/core/emulated_batch.h"
+#include "core/emulated_batch.h"
 #include "tests/core/simd_checks.h"
 
 using namespace tapegrad;
@@ -99,10 +99,6 @@ TEST_CASE("the SIMD level is the widest the CPU supports unless TAPEGRAD_SIMD na
   }
 }
 
-namespace tapegrad::kernels::emulated {
-template <class T> const KernelTable<T>& table();
-}  // namespace tapegrad::kernels::emulated
-
 namespace {
 
 // Runs f with the kernel table of every level the CPU supports and of the emulated 16-float batch
@@ -116,7 +112,7 @@ template <class F> void check_levels_agree(const char* what, double rtol, F f) {
     set_simd_level(level);
     tables.emplace_back(simd_level_name(level), &kernels::active_table<float>());
   }
-  tables.emplace_back("emulated 16 lanes", &kernels::emulated::table<float>());
+  tables.emplace_back("emulated 16 lanes", &kernels::emulated16::table<float>());
   std::vector<double> reference = f(*tables.front().second);
   for (const auto& [name, table] : tables) {
     std::vector<double> got = f(*table);

@@ -1,7 +1,7 @@
-// A SIMD batch emulated with plain lanes, for running the width-generic helpers of
-// core/simd_helpers.h at widths the test machine's CPU may lack (16 float lanes is AVX-512's).
-// Each lane is computed as scalar code would, so a helper's lane-order or tail mistake shows on
-// any machine.
+// A SIMD batch emulated with plain lanes: the batch of the emulated16 test level (16 floats, AVX-512's
+// width; core/kernel_level.h), and of the tests that run the width-generic helpers of
+// core/simd_helpers.h at other widths. Each lane is computed as scalar code would, so a kernel's
+// lane-order, tail or position mistake at 16 lanes shows on any machine.
 #pragma once
 
 #include <cmath>
