@@ -18,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include "core/blas_core.h"
 #include "core/simd.h"
 
 namespace tapegrad::bench {
@@ -120,6 +121,12 @@ inline std::string commit() {
 
 inline std::string today() { return command_output("date -u +%Y-%m-%d"); }
 
+/// Prints a warning line when OpenBLAS's kernels do not match the SIMD level in use (gemm then runs
+/// its own packed kernel for every product), so that no figure hides it.
+inline void print_blas_warning() {
+  if (std::string warning = blas_mismatch_warning(); !warning.empty()) fmt::print("{}\n", warning);
+}
+
 /// The header of a results file: CPU (model, family, model number), cores, the SIMD level in use
 /// and whether the rest was built with -march=native, the OpenBLAS kernel, commit, UTC time, and
 /// the load average before the run (how busy the shared machine was).
@@ -127,7 +134,7 @@ inline nlohmann::json run_header() {
   return {{"machine", {{"cpu", cpu_model()}, {"cpu_family", cpuinfo("cpu family")}, {"cpu_model_number", cpuinfo("model")},
                        {"nproc", omp_get_num_procs()}, {"simd_level", simd_level_name(simd_level())},
                        {"simd_supported", supported_simd_level_names()}, {"native_build", TAPEGRAD_NATIVE_BUILD != 0},
-                       {"openblas_core", openblas_get_corename()}}},
+                       {"openblas_core", openblas_get_corename()}, {"blas_serves_level", blas_serves(simd_level())}}},
           {"commit", commit()},
           {"date", command_output("date -u +%Y-%m-%dT%H:%M:%SZ")},
           {"loadavg_before", command_output("cat /proc/loadavg")}};

@@ -537,6 +537,7 @@ int main(int argc, char** argv) try {
   fmt::print("tapegrad kernels on {} ({} cpus, SIMD level {}, OpenBLAS core {}); {} samples, median per call\n",
              json["machine"]["cpu"].get<std::string>(), omp_get_num_procs(), tapegrad::simd_level_name(tapegrad::simd_level()),
              openblas_get_corename(), options.repeats);
+  print_blas_warning();
   nlohmann::json results = nlohmann::json::array(), peak, copy;  // references by thread count: median and best rate
   // The FMA peak of every level by thread count, and of the level the kernels run at (% fma).
   nlohmann::json fma_peaks;

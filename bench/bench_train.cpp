@@ -215,6 +215,7 @@ int main(int argc, char** argv) try {
 
   fmt::print("bench_train on {}, OpenBLAS core {}, commit {}, {}\n", bench::machine(), openblas_get_corename(),
              bench::commit(), bench::today());
+  bench::print_blas_warning();
   fmt::print("  step = forward + backward + clip_grad_norm(1.0) + AdamW(lr 1e-3, betas 0.9/0.95, wd 0.1) + zero_grad;\n"
              "  1 warm-up step, then {} timed steps; fixed random ids (seeded)\n", steps);
   fmt::print("  model FLOPs/step = {}\n", bench::kFlopsFormula);

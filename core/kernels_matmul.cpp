@@ -7,13 +7,10 @@
 #include <omp.h>
 
 #include <algorithm>
-#include <cctype>
-#include <string>
 #include <vector>
 
+#include "core/blas_core.h"
 #include "core/kernel_level.h"
-
-extern "C" char* openblas_get_corename(void);
 
 namespace tapegrad::kernels::TAPEGRAD_SIMD_LEVEL {
 
@@ -173,27 +170,17 @@ static const T* column_block(const T* B, bool trans, std::size_t first, std::siz
   return B + (trans ? first * ld : first);
 }
 
-// OpenBLAS's kernels for this CPU use 512-bit vectors only on the cores it names after AVX-512
-// server chips; on others (a CPU it does not know runs its Haswell kernels) they are half as wide
-// as this level's.
-static bool blas_has_full_width() {
-  static const bool full = [] {
-    std::string core = openblas_get_corename();
-    std::transform(core.begin(), core.end(), core.begin(), [](unsigned char c) { return char(std::tolower(c)); });
-    return core == "skylakex" || core == "cooperlake" || core == "sapphirerapids";
-  }();
-  return full;
-}
-
-// Which kernel gemm runs: the packed kernel for every shape when OpenBLAS runs narrower vectors
-// than this level; otherwise where it measured faster than OpenBLAS on an AVX2 core (bench_kernels'
-// packed_gemm and cblas_sgemm rows, A not transposed): outputs of at most 128 columns, and fresh
-// outputs (beta 0, which OpenBLAS first zeroes in a pass of its own) with K <= 256: 0.98-1.40x
-// OpenBLAS's speed at the training shapes, against 0.93-0.96x at K = 1024 and 0.87-1.01x for
-// X^T dY. A function of the CPU, the shape and beta only, so results never depend on timing.
+// Which kernel gemm runs: the packed kernel for every shape when OpenBLAS's kernels do not match
+// this level (core/blas_core.h: narrower than the level, or older than the CPU); otherwise where it
+// measured faster than OpenBLAS on an AVX2 core (bench_kernels' packed_gemm and cblas_sgemm rows, A
+// not transposed): outputs of at most 128 columns, and fresh outputs (beta 0, which OpenBLAS first
+// zeroes in a pass of its own) with K <= 256: 0.98-1.40x OpenBLAS's speed at the training shapes,
+// against 0.93-0.96x at K = 1024 and 0.87-1.01x for X^T dY. A function of the CPU, the shape and
+// beta only, so results never depend on timing.
 template <class T>
 static bool packed_is_faster(bool trans_a, std::size_t N, std::size_t K, T beta) {
-  if (sizeof(Batch<T>) >= 64 && !blas_has_full_width()) return true;
+  static const bool blas_serves_level = blas_serves(SimdLevel::TAPEGRAD_SIMD_LEVEL);
+  if (!blas_serves_level) return true;
   return !trans_a && (N <= 128 || (beta == T(0) && K <= 256));
 }
 

@@ -2,7 +2,9 @@
 
 #include <cmath>
 
+#include "core/blas_core.h"
 #include "core/ops.h"
+#include "core/simd.h"
 #include "support/checks.h"
 
 using namespace tapegrad;
@@ -255,4 +257,26 @@ extern "C" char* openblas_get_corename(void);
 TEST_CASE("the BLAS is OpenBLAS's OpenMP build (OpenMP is the only thread pool)") {
   CHECK(openblas_get_parallel() == 2);  // 0 sequential, 1 pthreads, 2 OpenMP
   MESSAGE("OpenBLAS core: " << std::string(openblas_get_corename()));
+}
+
+TEST_CASE("gemm hands OpenBLAS no product when its kernels are narrower than the level or older than the CPU") {
+  CHECK(blas_vector_bits("SkylakeX") == 512);
+  CHECK(blas_vector_bits("SAPPHIRERAPIDS") == 512);
+  CHECK(blas_vector_bits("Haswell") == 256);
+  CHECK(blas_vector_bits("Zen") == 256);
+  CHECK(blas_vector_bits("Prescott") == 128);
+  CHECK(blas_vector_bits("a core from the future") == 128);
+  const bool avx2_cpu = true;
+  CHECK(blas_serves("SkylakeX", SimdLevel::avx512, avx2_cpu));
+  CHECK(!blas_serves("Haswell", SimdLevel::avx512, avx2_cpu));  // half as wide as the level
+  CHECK(!blas_serves("Haswell", SimdLevel::emulated16, avx2_cpu));
+  CHECK(blas_serves("Haswell", SimdLevel::avx2, avx2_cpu));
+  CHECK(blas_serves("Zen", SimdLevel::sse2, avx2_cpu));
+  for (SimdLevel level : {SimdLevel::sse2, SimdLevel::avx2, SimdLevel::avx512})  // SSE3 kernels on an AVX2 CPU
+    CHECK(!blas_serves("Prescott", level, avx2_cpu));
+  CHECK(blas_serves("Prescott", SimdLevel::sse2, false));  // the right kernels for an SSE-only CPU
+  // On this machine: the warning the benchmarks print says the same.
+  CHECK(blas_mismatch_warning().empty() == blas_serves(simd_level()));
+  MESSAGE("OpenBLAS core " << blas_core_name() << (blas_serves(simd_level()) ? " serves " : " does not serve ")
+                           << "level " << simd_level_name(simd_level()));
 }
