@@ -12,6 +12,17 @@
 #include "core/blas_core.h"
 #include "core/kernel_level.h"
 
+#ifndef PK64_MR
+#define PK64_MR 6
+#define PK64_V 4
+#define PK64_KC 256
+#define PK64_MC 96
+#endif
+#define PK16_MR 6
+#define PK16_V 2
+#define PK16_KC 256
+#define PK16_MC 96
+
 namespace tapegrad::kernels::TAPEGRAD_SIMD_LEVEL {
 
 static void blas_gemm(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int M, int N, int K, float alpha, const float* A,
@@ -49,19 +60,35 @@ static void small_gemm(bool trans_a, bool trans_b, std::size_t M, std::size_t N,
   }
 }
 
+// packed_product's register tile and blocking, per vector size in bytes: MR rows by `vectors`
+// vectors of C held in registers, KC-deep slices of k (one KC x NR panel of B stays in L1), and
+// blocks of MC rows (their KC-long slices stay in L2). Each entry is a choice that
+// `bench_kernels --threads 1 --only matmul` on a machine of that width settles.
+template <std::size_t Bytes> struct PackedTiling;
+template <> struct PackedTiling<16> {  // SSE2, 16 registers: as AVX2's tile
+  static constexpr std::size_t MR = PK16_MR, vectors = PK16_V, KC = PK16_KC, MC = PK16_MC;
+};
+template <> struct PackedTiling<32> {  // AVX2, 16 registers: 6 x 2 accumulators, a 16 KB panel
+  static constexpr std::size_t MR = 6, vectors = 2, KC = 256, MC = 96;
+};
+template <> struct PackedTiling<64> {  // AVX-512, 32 registers
+  static constexpr std::size_t MR = PK64_MR, vectors = PK64_V, KC = PK64_KC, MC = PK64_MC;
+};
+
 // The BLIS loop order. For each KC-deep slice of K, op(B)'s slice is packed into panels of NR
 // columns (KC x NR, contiguous, zero-padded past N: this absorbs B's transpose and N's tail); then,
-// per block of MC rows, the MR x NR microkernel (tile_block) multiplies 6 rows of op(A) by one
+// per block of MC rows, the MR x NR microkernel (tile_block) multiplies MR rows of op(A) by one
 // panel with its accumulators in registers: a B panel stays in L1 while the rows of the block come
-// from L2. Rows of A are read in place; A^T and the partial last 6 rows are packed first. Every
+// from L2. Rows of A are read in place; A^T and the partial last MR rows are packed first. Every
 // element of C gets one FMA chain per slice, in k order, then alpha, then the add: the same
 // arithmetic in every tile, edges included.
 template <class T>
 static void packed_product(bool trans_a, bool trans_b, std::size_t M, std::size_t N, std::size_t K, T alpha,
                            const T* A, std::size_t lda, const T* B, std::size_t ldb, T beta, T* C, std::size_t ldc) {
   using V = Batch<T>;
-  constexpr std::size_t W = V::size, vectors = sizeof(V) >= 64 ? 4 : 2;  // as tile_product: 32 or 16 registers
-  constexpr std::size_t MR = 6, NR = vectors * W, KC = 256, MC = 16 * MR;
+  using Tiling = PackedTiling<sizeof(V)>;
+  constexpr std::size_t W = V::size, vectors = Tiling::vectors;
+  constexpr std::size_t MR = Tiling::MR, NR = vectors * W, KC = Tiling::KC, MC = Tiling::MC;
   if ((beta != T(0) && beta != T(1)) || (beta == T(0) && K == 0))
     for (std::size_t i = 0; i < M; ++i)
       for (std::size_t j = 0; j < N; ++j) C[i * ldc + j] = beta == T(0) ? T(0) : beta * C[i * ldc + j];

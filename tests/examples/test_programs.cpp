@@ -98,8 +98,8 @@ TEST_CASE("the summary line reports the run's average tokens/s: its tokens over 
   for (const auto& [result, steps] : {std::pair{&first, 6}, {&resumed, 6}}) {
     const Summary s = summary_line(result->out);
     CHECK(s.tokens == steps * 4 * 16);  // this run's steps x --batch 4 x --seq 16, not the resumed ones
-    REQUIRE(s.seconds > 0);
-    // The seconds are printed to 0.01 s: the rate lies between tokens / (s + 0.005) and tokens / (s - 0.005).
+    // The seconds are printed to 0.01 s (0.00 for a run under 5 ms, as 6 tiny steps can be on a fast
+    // core): the rate lies between tokens / (s + 0.005) and tokens / (s - 0.005).
     CHECK(s.tokens_per_s >= std::floor(double(s.tokens) / (s.seconds + 0.005)));
     if (s.seconds > 0.005) CHECK(s.tokens_per_s <= std::ceil(double(s.tokens) / (s.seconds - 0.005)));
   }
