@@ -543,6 +543,10 @@ int main(int argc, char** argv) try {
   nlohmann::json fma_peaks;
   const std::string fma_in_use = fmt::format("fma peak {}", tapegrad::simd_level_name(tapegrad::simd_level()));
   const auto fma_case = std::find_if(cases.begin(), cases.end(), [&](const Case& c) { return c.name == fma_in_use; });
+  if (fma_case == cases.end())
+    throw std::runtime_error(fmt::format("SIMD level {} is a test level with no FMA peak to measure; time sse2, avx2 "
+                                         "or avx512",
+                                         tapegrad::simd_level_name(tapegrad::simd_level())));
   for (int threads : options.threads) {
     tapegrad::set_num_threads(threads);
     fmt::print("\n{:<27} {:<27} {:>3} {:>11} {:>23} {:>14} {:>6} {:>6} {:>6}\n", "kernel", "shape", "thr", "median",

@@ -2,7 +2,7 @@
 // level (core/kernel_table.h); CMakeLists.txt names the level in TAPEGRAD_SIMD_LEVEL and sets its
 // compiler flags, so xsimd::batch<T> is that level's widest batch. Builds with the tests compile
 // them once more as the level emulated16, with TAPEGRAD_EMULATED_BATCH, on an emulated 64-byte
-// batch (AVX-512's 16 floats), so that the 16-lane paths of every kernel run on any machine.
+// batch (AVX-512's 16 floats), so that the 16-lane paths of every kernel run on any AVX2 machine.
 // Kernels call fma, exp, hadd and max unqualified, so that either batch type finds its own.
 #pragma once
 
@@ -27,6 +27,7 @@ template <class T> using Batch = testing::EmulatedBatch<T, 64 / sizeof(T)>;
 #else
 template <class T> using Batch = xsimd::batch<T>;
 #endif
+using detail::fma;  // a fused one for every width (core/simd_helpers.h)
 using xsimd::exp;
 using xsimd::fma;
 using xsimd::hadd;

@@ -126,8 +126,9 @@ void attention_rows(T* oh, T* lse, const T* qh, const T* kh, const T* vh, const 
   const T scale = T(1) / std::sqrt(T(Dh));
   for (std::size_t i = 0; i < s.q_len; ++i) {
     std::size_t visible = s.q_offset + i + 1;
-    std::size_t done = detail::dots_with_rows<Batch<T>>(p, qh + i * D, kh, D, Dh, visible, scale, false);
-    for (std::size_t j = done; j < visible; ++j) p[j] = scale * detail::dot<Batch<T>>(qh + i * D, kh + j * D, Dh);
+    // Every score one way: W keys at a time when Dh is a multiple of W, else each by dot.
+    if (detail::dots_with_rows<Batch<T>>(p, qh + i * D, kh, D, Dh, visible, scale, false) == 0)
+      for (std::size_t j = 0; j < visible; ++j) p[j] = scale * detail::dot<Batch<T>>(qh + i * D, kh + j * D, Dh);
     T m = detail::max_of<Batch<T>>(p, visible);
     T sum = detail::exp_shifted_sum<Batch<T>>(p, visible, m);
     detail::row_times_matrix<Batch<T>>(oh + i * D, p, 1, vh, D, visible, Dh, T(1) / sum, false);

@@ -10,7 +10,7 @@
 
 namespace tapegrad::kernels::TAPEGRAD_SIMD_LEVEL {
 
-// op(count, arrays...) on arrays[0:count] (count <= W), through op(0, ...) on zero-padded copies:
+// The batch op on arrays[0:count] (count < W), run as op(0, ...) on zero-padded copies:
 // every array is copied in (a null one stays null; arrays at one address share one copy, as
 // mul_backward's da and db do for x * x), and the writable ones (T*) copied back out.
 template <class T, class Op, class... Arrays>

@@ -49,9 +49,9 @@ static void small_gemm(bool trans_a, bool trans_b, std::size_t M, std::size_t N,
       detail::row_times_matrix<Batch<T>>(c, a, a_stride, B, ldb, K, N, alpha, beta != T(0));
       continue;
     }
-    std::size_t n0 = 0;
-    if (!trans_a) n0 = detail::dots_with_rows<Batch<T>>(c, a, B, ldb, K, N, alpha, beta != T(0));
-    for (std::size_t n = n0; n < N; ++n) {  // c[n] = a . row n of B
+    // Every output one way: W rows of B at a time when K is a multiple of W, else each by dot.
+    if (!trans_a && detail::dots_with_rows<Batch<T>>(c, a, B, ldb, K, N, alpha, beta != T(0)) == N) continue;
+    for (std::size_t n = 0; n < N; ++n) {  // c[n] = a . row n of B
       T sum = trans_a ? T(0) : detail::dot<Batch<T>>(a, B + n * ldb, K);
       if (trans_a)
         for (std::size_t k = 0; k < K; ++k) sum += a[k * a_stride] * B[n * ldb + k];

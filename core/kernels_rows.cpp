@@ -30,12 +30,16 @@ template <class T, class Term>
 static T row_sum(std::size_t dim, Term term) {
   using B = Batch<T>;
   constexpr std::size_t W = B::size;
-  B acc[2] = {B(T(0)), B(T(0))};
-  for (std::size_t j = 0; j < dim; j += W) {
-    const std::size_t count = std::min(W, dim - j);
-    acc[j / W % 2] += detail::first_lanes(term(j, count), count);
+  B acc0(T(0)), acc1(T(0));
+  std::size_t j = 0;
+  for (; j + 2 * W <= dim; j += 2 * W) {
+    acc0 += term(j, W);
+    acc1 += term(j + W, W);
   }
-  return hadd(acc[0] + acc[1]);
+  if (j + W <= dim) acc0 += term(j, W), j += W;
+  B& last = j % (2 * W) == 0 ? acc0 : acc1;
+  if (j < dim) last += detail::first_lanes(term(j, dim - j), dim - j);
+  return hadd(acc0 + acc1);
 }
 
 // ---- RMSNorm ----
@@ -138,6 +142,17 @@ void layer_norm_backward(T* dx, T* dw, T* db, const T* dy, const T* x, const T* 
 
 // ---- RoPE ----
 
+// x y + z, fused where the level has FMA. Written out: left to itself, GCC 12 at AVX-512 fuses a
+// rotated pair into one vfmaddsub in some copies of the loop and not in others, even with
+// -ffp-contract=off (seen in rope_apply<double>), so an element's bits depended on the copy.
+template <class T> static T mul_add(T x, T y, T z) {
+#ifdef __FMA__
+  return std::fma(x, y, z);
+#else
+  return x * y + z;  // SSE2 has no FMA: nothing to fuse
+#endif
+}
+
 // Rotates each pair (x[2i], x[2i+1]) of each head by +angle (sign = 1) or -angle (sign = -1),
 // writing (accumulate = false) or adding (accumulate = true) into y.
 template <class T>
@@ -152,10 +167,8 @@ static void rope_apply(T* y, const T* x, const RopeTable<T>& table, std::size_t 
       const T* xh = x + row * dim + h * head_dim;
       T* yh = y + row * dim + h * head_dim;
       for (std::size_t i = 0; i < half; ++i) {
-        // Explicit FMAs: left to itself, GCC 12 at AVX-512 fuses the pair into one vfmaddsub in
-        // some loops and not in others (even with -ffp-contract=off), so bits varied by path.
         T x0 = xh[2 * i], x1 = xh[2 * i + 1], sn = sign * s[i];
-        T y0 = std::fma(x0, c[i], -(x1 * sn)), y1 = std::fma(x0, sn, x1 * c[i]);
+        T y0 = mul_add(x0, c[i], -(x1 * sn)), y1 = mul_add(x0, sn, x1 * c[i]);
         if (accumulate) {
           yh[2 * i] += y0;
           yh[2 * i + 1] += y1;

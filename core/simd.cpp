@@ -50,7 +50,9 @@ SimdLevel initial_level() {
   if (forced == nullptr || *forced == '\0') return supported_simd_levels().back();
   for (SimdLevel level : all_levels)
     if (simd_level_name(level) == forced) return check_supported(level, "TAPEGRAD_SIMD=");
-  throw std::runtime_error(fmt::format("TAPEGRAD_SIMD={}: unknown instruction set; use sse2, avx2 or avx512", forced));
+  throw std::runtime_error(fmt::format("TAPEGRAD_SIMD={}: unknown instruction set; use sse2, avx2, avx512 or (a test level) "
+                                       "emulated16",
+                                       forced));
 }
 
 constexpr int unset = -1;

@@ -11,7 +11,7 @@ namespace tapegrad {
 /// x86-64 instruction sets, narrowest first: SSE2 (every x86-64), AVX2 with FMA, and AVX-512 as
 /// every AVX-512 server CPU has it (F, CD, DQ, BW, VL). emulated16 is a test level, in builds with
 /// the tests only: the kernels on an emulated batch of 16 floats (AVX-512's width) made of plain
-/// lanes, compiled for AVX2 with FMA, so that every machine runs the 16-lane code paths.
+/// lanes, compiled for AVX2 with FMA, so that every AVX2 machine runs the 16-lane code paths.
 enum class SimdLevel { sse2, avx2, avx512, emulated16 };
 
 /// "sse2", "avx2", "avx512" or "emulated16": the names TAPEGRAD_SIMD takes.

@@ -28,11 +28,32 @@ using xsimd::fma;
 using xsimd::hadd;
 using xsimd::max;
 
+// xsimd 8.1 has no AVX-512 fma: its generic one is x * y + z, two roundings (and the kernels are
+// compiled with -ffp-contract=off, so the compiler does not fuse it either). A kernel's fma means
+// one rounding at every width, as AVX2's and the emulated batch's do: 16-lane batches get the
+// instruction. More specialized than xsimd's template, so unqualified calls pick these.
+#ifdef __AVX512F__
+template <class A>
+  requires std::is_base_of_v<xsimd::avx512f, A>
+xsimd::batch<float, A> fma(const xsimd::batch<float, A>& x, const xsimd::batch<float, A>& y,
+                           const xsimd::batch<float, A>& z) {
+  return _mm512_fmadd_ps(x, y, z);
+}
+template <class A>
+  requires std::is_base_of_v<xsimd::avx512f, A>
+xsimd::batch<double, A> fma(const xsimd::batch<double, A>& x, const xsimd::batch<double, A>& y,
+                            const xsimd::batch<double, A>& z) {
+  return _mm512_fmadd_pd(x, y, z);
+}
+#endif
+
 /// A batch of x[0:count] (count <= B::size) in its first lanes, zeros in the rest.
+/// (Fixed-count lane loops: std::copy_n with a run-time count becomes a call to memcpy.)
 template <class B>
 B load_partial(const typename B::value_type* x, std::size_t count) {
-  alignas(64) typename B::value_type lanes[B::size] = {};
-  std::copy_n(x, count, lanes);
+  using T = typename B::value_type;
+  alignas(64) T lanes[B::size];
+  for (std::size_t i = 0; i < B::size; ++i) lanes[i] = i < count ? x[i] : T(0);
   return B::load_aligned(lanes);
 }
 
@@ -41,7 +62,8 @@ template <class B>
 void store_partial(const B& b, typename B::value_type* x, std::size_t count) {
   alignas(64) typename B::value_type lanes[B::size];
   b.store_aligned(lanes);
-  std::copy_n(lanes, count, x);
+  for (std::size_t i = 0; i < B::size; ++i)
+    if (i < count) x[i] = lanes[i];
 }
 
 /// b with the lanes from count on set to zero: a padded batch's terms, kept out of a sum.

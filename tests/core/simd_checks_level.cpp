@@ -8,8 +8,13 @@ namespace tapegrad::simd_checks::TAPEGRAD_SIMD_LEVEL {
 
 std::vector<std::string> run() {
   Failures f;
-  check_primitives<xsimd::batch<float>>(f, "float");
-  check_primitives<xsimd::batch<double>>(f, "double");
+#ifdef __FMA__
+  constexpr bool fused_fma = true;  // the level has the instruction
+#else
+  constexpr bool fused_fma = false;
+#endif
+  check_primitives<xsimd::batch<float>>(f, "float", fused_fma);
+  check_primitives<xsimd::batch<double>>(f, "double", fused_fma);
   check_helpers<xsimd::batch<float>>(f, "float");
   check_helpers<xsimd::batch<double>>(f, "double");
   return f.messages;

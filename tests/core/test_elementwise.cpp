@@ -39,7 +39,7 @@ TEST_CASE("silu and swiglu handle large magnitudes without overflow") {
 }
 
 TEST_CASE("elementwise kernels match central differences in double") {
-  const std::size_t n = 37;  // not a multiple of any SIMD width: exercises the scalar tails
+  const std::size_t n = 37;  // not a multiple of any SIMD width: exercises the padded last vectors
   auto a = test::random_vector<double>(n, 1, 2.0), b = test::random_vector<double>(n, 2), R = test::random_vector<double>(n, 3);
   std::vector<double> da(n), db(n), da_written(n, std::numeric_limits<double>::quiet_NaN()), db_written = da_written;
   kernels::swiglu_backward<double>(da.data(), db.data(), R.data(), a.data(), b.data(), n, false);

@@ -87,6 +87,8 @@ std::vector<RowKernel> map_kernels() {
       map("accumulate", 2, [](float* const* p, std::size_t n) { kernels::accumulate(p[0], p[1], n); }),
       map("mul_forward", 3, [](float* const* p, std::size_t n) { kernels::mul_forward(p[0], p[1], p[2], n); }),
       map("mul_backward", 5, [](float* const* p, std::size_t n) { kernels::mul_backward(p[0], p[1], p[2], p[3], p[4], n); }),
+      map("mul_backward (da and db one buffer, as for x * x)", 4,
+          [](float* const* p, std::size_t n) { kernels::mul_backward(p[0], p[0], p[1], p[2], p[3], n); }),
       map("scale_forward", 2, [](float* const* p, std::size_t n) { kernels::scale_forward(p[0], p[1], 0.3f, n); }),
       map("scale_backward", 2, [](float* const* p, std::size_t n) { kernels::scale_backward(p[0], p[1], 0.3f, n); }),
       map("silu_forward", 2, [](float* const* p, std::size_t n) { kernels::silu_forward(p[0], p[1], n); }),

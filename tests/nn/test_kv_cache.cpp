@@ -142,12 +142,13 @@ TEST_CASE_TEMPLATE("cached logits equal the full forward's row at every position
 
 namespace {
 
-// Sizes no SIMD width divides (d_ff 24, 40, 72, 100; d_model 24, 40, 48), 2-5 heads, and the
-// shapes the test model had before.
+// Sizes whose rows end in a partial vector: 24, 40, 72 and 100 at 16 lanes (100 at 8 too), and
+// 30, 18, 50 and 102 at every width (head sizes 10 and 6); 2-5 heads; and the test model's sizes.
 struct ModelSize {
   std::size_t d_model, heads, d_ff;
 };
-constexpr ModelSize odd_shapes[] = {{16, 2, 40}, {24, 3, 72}, {40, 5, 100}, {48, 4, 24}, {48, 3, 100}, {16, 2, 24}};
+constexpr ModelSize odd_shapes[] = {{16, 2, 40}, {24, 3, 72}, {40, 5, 100}, {48, 4, 24},
+                                    {48, 3, 100}, {16, 2, 24}, {30, 3, 50}, {18, 3, 102}};
 
 template <class M>
 M shaped_model(const ModelSize& shape, std::size_t max_len) {
