@@ -12,16 +12,6 @@
 #include "core/blas_core.h"
 #include "core/kernel_level.h"
 
-#ifndef PK64_MR
-#define PK64_MR 6
-#define PK64_V 4
-#define PK64_KC 256
-#define PK64_MC 96
-#endif
-#define PK16_MR 6
-#define PK16_V 2
-#define PK16_KC 256
-#define PK16_MC 96
 
 namespace tapegrad::kernels::TAPEGRAD_SIMD_LEVEL {
 
@@ -61,19 +51,33 @@ static void small_gemm(bool trans_a, bool trans_b, std::size_t M, std::size_t N,
 }
 
 // packed_product's register tile and blocking, per vector size in bytes: MR rows by `vectors`
-// vectors of C held in registers, KC-deep slices of k (one KC x NR panel of B stays in L1), and
-// blocks of MC rows (their KC-long slices stay in L2). Each entry is a choice that
-// `bench_kernels --threads 1 --only matmul` on a machine of that width settles.
+// vectors of C held in registers, KC-deep slices of k (one KC x NR panel of B is reused by every
+// tile of a block), and blocks of MC rows (their KC-long slices stay in L2). Each entry is a
+// choice that `bench_kernels --threads 1 --only matmul` on a machine of that width settles.
 template <std::size_t Bytes> struct PackedTiling;
-template <> struct PackedTiling<16> {  // SSE2, 16 registers: as AVX2's tile
-  static constexpr std::size_t MR = PK16_MR, vectors = PK16_V, KC = PK16_KC, MC = PK16_MC;
-};
-template <> struct PackedTiling<32> {  // AVX2, 16 registers: 6 x 2 accumulators, a 16 KB panel
+template <> struct PackedTiling<16> {  // SSE2, 16 registers: AVX2's tile, not measured on its own
   static constexpr std::size_t MR = 6, vectors = 2, KC = 256, MC = 96;
 };
-template <> struct PackedTiling<64> {  // AVX-512, 32 registers
-  static constexpr std::size_t MR = PK64_MR, vectors = PK64_V, KC = PK64_KC, MC = PK64_MC;
+template <> struct PackedTiling<32> {  // AVX2, 16 registers: 12 accumulators, a 16 KB panel (Zen 3)
+  static constexpr std::size_t MR = 6, vectors = 2, KC = 256, MC = 96;
 };
+// AVX-512, 32 registers: 24 accumulators. On an Emerald Rapids core (family 6 model 207), the mean
+// over the 27 training-shape products, 2-3 alternating runs: 6 x 4 at KC 256 64-67% of the FMA
+// peak; KC 128 60-73% and KC 192 59-69% (within the noise); 14 x 2 56-58%, 12 x 2 56-59%, 8 x 3
+// 54-56%.
+template <> struct PackedTiling<64> {
+  static constexpr std::size_t MR = 6, vectors = 4, KC = 256, MC = 96;
+};
+
+// The MR x NR tile, as a function of its own: inlined into packed_product, GCC 12 at AVX-512 spilled
+// the 24 accumulators of the hot copy to the stack (29 of 32 registers live), and the products ran
+// at a third of the FMA peak.
+template <class V, std::size_t MR, std::size_t vectors>
+[[gnu::noinline]] static void microkernel(typename V::value_type* c, std::size_t ldc, const typename V::value_type* a,
+                                          std::size_t row_step, std::size_t col_step, const typename V::value_type* b,
+                                          std::size_t ldb, std::size_t K, typename V::value_type alpha, bool accumulate) {
+  detail::tile_block<V, MR, vectors>(c, ldc, a, row_step, col_step, b, ldb, K, alpha, accumulate);
+}
 
 // The BLIS loop order. For each KC-deep slice of K, op(B)'s slice is packed into panels of NR
 // columns (KC x NR, contiguous, zero-padded past N: this absorbs B's transpose and N's tail); then,
@@ -146,8 +150,8 @@ static void packed_product(bool trans_a, bool trans_b, std::size_t M, std::size_
             __builtin_prefetch(c + r * ldc + cols - 1, 1);
           }
           if (rows == MR && cols == NR)
-            return detail::tile_block<V, MR, vectors>(c, ldc, a, row_step, col_step, b_panel, NR, kc, alpha, accumulate);
-          detail::tile_block<V, MR, vectors>(edge, NR, a, row_step, col_step, b_panel, NR, kc, alpha, false);
+            return microkernel<V, MR, vectors>(c, ldc, a, row_step, col_step, b_panel, NR, kc, alpha, accumulate);
+          microkernel<V, MR, vectors>(edge, NR, a, row_step, col_step, b_panel, NR, kc, alpha, false);
           for (std::size_t r = 0; r < rows; ++r)
             for (std::size_t j = 0; j < cols; ++j)
               c[r * ldc + j] = accumulate ? edge[r * NR + j] + c[r * ldc + j] : edge[r * NR + j];
