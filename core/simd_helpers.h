@@ -401,6 +401,9 @@ void row_stable_product(typename B::value_type* c, std::size_t ldc, const typena
       std::size_t jj = j;
       for (; jj + 8 * W <= N; jj += 8 * W)
         tile_block<B, 1, 8>(c + i * ldc + jj, ldc, a + i * lda, lda, 1, b + jj, ldb, K, T(1), accumulate);
+      // 4 chains where 8 do not fit (64 columns at 16 lanes: the decoding model's projections).
+      for (; jj + 4 * W <= N; jj += 4 * W)
+        tile_block<B, 1, 4>(c + i * ldc + jj, ldc, a + i * lda, lda, 1, b + jj, ldb, K, T(1), accumulate);
       for (; jj + 2 * W <= N; jj += 2 * W)
         tile_block<B, 1, 2>(c + i * ldc + jj, ldc, a + i * lda, lda, 1, b + jj, ldb, K, T(1), accumulate);
     }
@@ -411,7 +414,7 @@ void row_stable_product(typename B::value_type* c, std::size_t ldc, const typena
   const std::size_t rest = N - j;
   constexpr std::size_t panel_k = 256, R = 6;
   if (K <= panel_k) {  // the tail columns zero-padded once into a (K, W) panel, then 6-row tiles on it
-    alignas(64) T panel[panel_k * W], out[R * W];
+    alignas(64) T panel[panel_k * W], out[R * W] = {};  // (zeroed: GCC 12 warns falsely otherwise)
     for (std::size_t k = 0; k < K; ++k)
       for (std::size_t t = 0; t < W; ++t) panel[k * W + t] = t < rest ? b[k * ldb + j + t] : T(0);
     auto finish = [&](std::size_t i0, std::size_t rows) {  // out's rows i0.. go to c's tail columns
