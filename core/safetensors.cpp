@@ -301,7 +301,7 @@ SafetensorsFile read_safetensors(const std::string& path) {
   json header;
   try {
     header = json::parse(text, on_event);  // trailing spaces (the padding) are whitespace to the parser
-  } catch (const json::parse_error& e) {
+  } catch (const json::exception& e) {  // parse_error, and out_of_range for a number such as 1e999
     throw fail(fmt::format("invalid JSON header: {}", e.what()));
   }
   if (!header.is_object()) throw fail(fmt::format("header is {}, expected a JSON object", kind_of(header)));

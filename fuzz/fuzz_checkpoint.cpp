@@ -19,7 +19,10 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     tapegrad::nn::LoadedCheckpoint loaded = tapegrad::nn::load_checkpoint(path);
     (void)loaded.model.num_params();
   } catch (const std::exception& e) {
-    if (std::string(e.what()).rfind(path, 0) != 0) __builtin_trap();  // every error names the file
+    if (std::string(e.what()).rfind(path, 0) != 0) {  // every error names the file
+      std::fprintf(stderr, "error that does not start with the file's name: %s\n", e.what());
+      __builtin_trap();
+    }
   }
   return 0;
 }

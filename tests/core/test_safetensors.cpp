@@ -179,6 +179,9 @@ TEST_CASE("the reader refuses a header length beyond the file, of 2^63, or above
 TEST_CASE("the reader refuses invalid JSON, a header that is not an object, and a name given twice") {
   TempDir dir;
   check_refused(forge(dir, "{\"w\": {\"dtype\": ", 0), "invalid JSON header");
+  // The JSON library reports a number too large for a double as out of range, not as a parse error.
+  check_refused(forge(dir, R"({"w":{"dtype":"F32","shape":[1e999],"data_offsets":[0,4]}})", 4),
+                "invalid JSON header: [json.exception.out_of_range.406] number overflow parsing '1e999'");
   check_refused(forge(dir, "[1, 2, 3]", 0), "header is an array, expected a JSON object");
   check_refused(forge(dir,
                       R"({"w":{"dtype":"F32","shape":[1],"data_offsets":[0,4]},)"
