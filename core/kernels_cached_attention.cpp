@@ -2,8 +2,10 @@
 // cache keeps keys in blocks of key_block positions stored transposed, so a head's scores over a
 // block are broadcast-FMAs over consecutive keys with no horizontal sums; a softmax per head; then
 // each value row is read once and added into every head's output at once.
+#include <algorithm>
 #include <cmath>
 #include <limits>
+#include <type_traits>
 
 #include "core/kernel_level.h"
 
@@ -22,16 +24,27 @@ void cached_attention_forward(T* out, const T* q, const T* keys, const T* values
     T* p = scratch;           // (H, ld): scores, then probabilities
     T* inv = scratch + H * ld;  // (H): 1 / each head's sum of exponentials
     const T* qi = q + i * D;
-    for (std::size_t b = 0; b < blocks; ++b) {
-      const T* block = keys + b * D * key_block;  // (D, key_block)
-      std::size_t h = 0;
-      for (; h + G <= H; h += G)
-        detail::head_block_scores<B, G, key_block>(p + h * ld + b * key_block, ld, qi + h * Dh, block + h * Dh * key_block,
-                                                   Dh, scale);
-      for (; h < H; ++h)
-        detail::head_block_scores<B, 1, key_block>(p + h * ld + b * key_block, ld, qi + h * Dh, block + h * Dh * key_block,
-                                                   Dh, scale);
-    }
+    // G heads at a time, then G/2, ..., 1, each over as many key blocks at once as make 8 chains
+    // (4 heads at 16 lanes: 2 blocks), then one block at a time.
+    std::size_t h = 0;
+    auto heads = [&](auto group) {
+      constexpr std::size_t g = decltype(group)::value, nb = std::max<std::size_t>(1, 8 * W / (g * key_block));
+      for (; h + g <= H; h += g) {
+        std::size_t b = 0;
+        for (; b + nb <= blocks; b += nb)
+          detail::head_block_scores<B, g, key_block, nb>(p + h * ld + b * key_block, ld, qi + h * Dh,
+                                                         keys + b * D * key_block + h * Dh * key_block, D * key_block,
+                                                         Dh, scale);
+        for (; b < blocks; ++b)
+          detail::head_block_scores<B, g, key_block>(p + h * ld + b * key_block, ld, qi + h * Dh,
+                                                     keys + b * D * key_block + h * Dh * key_block, D * key_block, Dh,
+                                                     scale);
+      }
+    };
+    heads(std::integral_constant<std::size_t, G>{});
+    if constexpr (G > 4) heads(std::integral_constant<std::size_t, 4>{});
+    if constexpr (G > 2) heads(std::integral_constant<std::size_t, 2>{});
+    if constexpr (G > 1) heads(std::integral_constant<std::size_t, 1>{});
     // The softmax over whole vectors: keys n..n_pad-1 of the last block are not this query's (stale
     // or not yet written), and exp(-inf) = 0 leaves them out of the sum.
     const std::size_t n_pad = (n + W - 1) / W * W;

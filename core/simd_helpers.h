@@ -19,7 +19,9 @@
 #include <algorithm>
 #include <cmath>
 #include <cstddef>
+#include <cstdint>
 #include <type_traits>
+#include <utility>
 
 namespace tapegrad::detail {
 
@@ -47,20 +49,68 @@ xsimd::batch<double, A> fma(const xsimd::batch<double, A>& x, const xsimd::batch
 }
 #endif
 
-/// A batch of x[0:count] (count <= B::size) in its first lanes, zeros in the rest.
-/// (Fixed-count lane loops: std::copy_n with a run-time count becomes a call to memcpy.)
+// The partial vectors below are one masked instruction where the level has one (AVX-512's mask
+// registers, AVX2's maskload/maskstore, which never touch the lanes they leave out), and a loop
+// through a stack buffer elsewhere (SSE2, the tests' emulated batches): the same lanes either way.
+template <class B>
+concept avx512_batch = requires { typename B::arch_type; } && std::is_base_of_v<xsimd::avx512f, typename B::arch_type>;
+template <class B>
+concept avx2_batch = requires { typename B::arch_type; } && std::is_base_of_v<xsimd::avx2, typename B::arch_type>;
+
+#ifdef __AVX512F__
+inline __mmask16 lanes_below(std::size_t count) { return __mmask16((1u << count) - 1); }  // count <= 16
+#endif
+#ifdef __AVX2__
+// All ones in the 32-bit (or 64-bit, for double) lanes below count.
+template <class T>
+__m256i lanes_below(std::size_t count) {
+  if constexpr (sizeof(T) == 4)
+    return _mm256_cmpgt_epi32(_mm256_set1_epi32(int(count)), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+  else
+    return _mm256_cmpgt_epi64(_mm256_set1_epi64x(std::int64_t(count)), _mm256_setr_epi64x(0, 1, 2, 3));
+}
+#endif
+
+/// A batch of x[0:count] (count <= B::size) in its first lanes, zeros in the rest; x[count:] is
+/// never read.
 template <class B>
 B load_partial(const typename B::value_type* x, std::size_t count) {
   using T = typename B::value_type;
+#ifdef __AVX512F__
+  if constexpr (avx512_batch<B>) {
+    if constexpr (sizeof(T) == 4) return _mm512_maskz_loadu_ps(lanes_below(count), x);
+    else return _mm512_maskz_loadu_pd(__mmask8(lanes_below(count)), x);
+  }
+#endif
+#ifdef __AVX2__
+  if constexpr (avx2_batch<B>) {
+    if constexpr (sizeof(T) == 4) return _mm256_maskload_ps(x, lanes_below<T>(count));
+    else return _mm256_maskload_pd(x, lanes_below<T>(count));
+  }
+#endif
+  // (Fixed-count lane loops: std::copy_n with a run-time count becomes a call to memcpy.)
   alignas(64) T lanes[B::size];
   for (std::size_t i = 0; i < B::size; ++i) lanes[i] = i < count ? x[i] : T(0);
   return B::load_aligned(lanes);
 }
 
-/// x[0:count] = the first count lanes of b.
+/// x[0:count] = the first count lanes of b; x[count:] is never written.
 template <class B>
 void store_partial(const B& b, typename B::value_type* x, std::size_t count) {
-  alignas(64) typename B::value_type lanes[B::size];
+  using T = typename B::value_type;
+#ifdef __AVX512F__
+  if constexpr (avx512_batch<B>) {
+    if constexpr (sizeof(T) == 4) return _mm512_mask_storeu_ps(x, lanes_below(count), b);
+    else return _mm512_mask_storeu_pd(x, __mmask8(lanes_below(count)), b);
+  }
+#endif
+#ifdef __AVX2__
+  if constexpr (avx2_batch<B>) {
+    if constexpr (sizeof(T) == 4) return _mm256_maskstore_ps(x, lanes_below<T>(count), b);
+    else return _mm256_maskstore_pd(x, lanes_below<T>(count), b);
+  }
+#endif
+  alignas(64) T lanes[B::size];
   b.store_aligned(lanes);
   for (std::size_t i = 0; i < B::size; ++i)
     if (i < count) x[i] = lanes[i];
@@ -69,10 +119,23 @@ void store_partial(const B& b, typename B::value_type* x, std::size_t count) {
 /// b with the lanes from count on set to zero: a padded batch's terms, kept out of a sum.
 template <class B>
 B first_lanes(const B& b, std::size_t count) {
+  using T = typename B::value_type;
   if (count == B::size) return b;
-  alignas(64) typename B::value_type lanes[B::size];
+#ifdef __AVX512F__
+  if constexpr (avx512_batch<B>) {
+    if constexpr (sizeof(T) == 4) return _mm512_maskz_mov_ps(lanes_below(count), b);
+    else return _mm512_maskz_mov_pd(__mmask8(lanes_below(count)), b);
+  }
+#endif
+#ifdef __AVX2__
+  if constexpr (avx2_batch<B>) {
+    if constexpr (sizeof(T) == 4) return _mm256_and_ps(b, _mm256_castsi256_ps(lanes_below<T>(count)));
+    else return _mm256_and_pd(b, _mm256_castsi256_pd(lanes_below<T>(count)));
+  }
+#endif
+  alignas(64) T lanes[B::size];
   b.store_aligned(lanes);
-  std::fill(lanes + count, lanes + B::size, typename B::value_type(0));
+  std::fill(lanes + count, lanes + B::size, T(0));
   return B::load_aligned(lanes);
 }
 
@@ -167,22 +230,23 @@ B sums_of_lanes(const B* acc) {
   }
 }
 
-// c[0:V*W] = alpha * sum_k a[k * a_stride] * b[k * ldb + 0:V*W] (+ c when accumulating), with the
-// V column vectors in registers across all of k; `cols` < V*W pads the last vector (V = 1).
+// c[0:cols] = alpha * sum_k a[k * a_stride] * b[k * ldb + 0:cols] (+ c when accumulating), with the
+// V column vectors in registers across all of k; cols > (V - 1) * W, and a cols < V * W pads the
+// last vector.
 template <class B, std::size_t V>
 inline void row_block(typename B::value_type* c, const typename B::value_type* a, std::size_t a_stride,
                       const typename B::value_type* b, std::size_t ldb, std::size_t K, typename B::value_type alpha,
                       bool accumulate, std::size_t cols = V * B::size) {
   using T = typename B::value_type;
   constexpr std::size_t W = B::size;
+  const std::size_t last = cols - (V - 1) * W;  // the last vector's columns
   B sum[V];
   for (auto& s : sum) s = B(T(0));
   for (std::size_t k = 0; k < K; ++k) {
     B scale(a[k * a_stride]);
     const T* row = b + k * ldb;
-    if constexpr (V == 1) sum[0] = fma(scale, load_lanes<B>(row, cols), sum[0]);
-    else
-      for (std::size_t v = 0; v < V; ++v) sum[v] = fma(scale, B::load_unaligned(row + v * W), sum[v]);
+    for (std::size_t v = 0; v + 1 < V; ++v) sum[v] = fma(scale, B::load_unaligned(row + v * W), sum[v]);
+    sum[V - 1] = fma(scale, load_lanes<B>(row + (V - 1) * W, last), sum[V - 1]);
   }
   for (std::size_t v = 0; v < V; ++v) {
     const std::size_t count = std::min(W, cols - v * W);
@@ -236,28 +300,32 @@ std::size_t dots_with_rows(typename B::value_type* c, const typename B::value_ty
   return N;
 }
 
-/// Scores of G heads against one block of P cached keys stored transposed (row c of the block is
-/// coordinate c of its P keys): s[g * lds + 0:P] = alpha * sum_d q[g * Dh + d] * block[(g * Dh + d) * P
-/// + 0:P] for g < G. Each score is one FMA chain over d in order, whatever G is: broadcast-FMAs over
-/// consecutive keys, with no horizontal sums; G heads side by side keep G * P / W chains in flight.
+/// Scores of G heads against NB blocks of P cached keys, each stored transposed (row c of a block
+/// is coordinate c of its P keys) and block_stride apart: s[g * lds + b * P + 0:P] = alpha * sum_d
+/// q[g * Dh + d] * block[b * block_stride + (g * Dh + d) * P + 0:P] for g < G, b < NB. Each score is
+/// one FMA chain over d in order, whatever G and NB are: broadcast-FMAs over consecutive keys, with
+/// no horizontal sums; G heads and NB blocks side by side keep G * NB * P / W chains in flight.
 /// P must be a multiple of B::size.
-template <class B, std::size_t G, std::size_t P>
+template <class B, std::size_t G, std::size_t P, std::size_t NB = 1>
 inline void head_block_scores(typename B::value_type* s, std::size_t lds, const typename B::value_type* q,
-                              const typename B::value_type* block, std::size_t Dh, typename B::value_type alpha) {
+                              const typename B::value_type* block, std::size_t block_stride, std::size_t Dh,
+                              typename B::value_type alpha) {
   using T = typename B::value_type;
   constexpr std::size_t W = B::size, V = P / W;
   static_assert(P % W == 0, "a key block holds whole vectors");
-  B acc[G][V];
+  B acc[G][NB * V];
   for (auto& head : acc)
     for (auto& a : head) a = B(T(0));
   for (std::size_t d = 0; d < Dh; ++d)
     for (std::size_t g = 0; g < G; ++g) {
       B x(q[g * Dh + d]);
-      const T* row = block + (g * Dh + d) * P;
-      for (std::size_t v = 0; v < V; ++v) acc[g][v] = fma(x, B::load_unaligned(row + v * W), acc[g][v]);
+      for (std::size_t b = 0; b < NB; ++b) {
+        const T* row = block + b * block_stride + (g * Dh + d) * P;
+        for (std::size_t v = 0; v < V; ++v) acc[g][b * V + v] = fma(x, B::load_unaligned(row + v * W), acc[g][b * V + v]);
+      }
     }
   for (std::size_t g = 0; g < G; ++g)
-    for (std::size_t v = 0; v < V; ++v) (acc[g][v] * B(alpha)).store_unaligned(s + g * lds + v * W);
+    for (std::size_t u = 0; u < NB * V; ++u) (acc[g][u] * B(alpha)).store_unaligned(s + g * lds + u * W);
 }
 
 // c[0:V*W] for V vectors that start on a head boundary, VH vectors per head (V / VH heads, weights
@@ -379,36 +447,44 @@ void tile_product(typename B::value_type* c, std::size_t ldc, const typename B::
   for (; j + W <= N; j += W) tile_rows<B, 1>(c + j, ldc, a, a_row, a_col, b + j, ldb, M, K, alpha, accumulate);
 }
 
+/// c[0:N] (+)= a[0:K] B (K, N), B row-major with leading dimension ldb: blocks of as many column
+/// vectors as the registers hold beside the broadcast (16 of 32 registers, 8 of 16), then one block
+/// of the vectors left, its last one padded. Each pass reads whole rows of B in order (a decoding
+/// step streams its weights from L2), and every element is one FMA chain over k from zero.
+template <class B>
+void row_in_registers(typename B::value_type* c, const typename B::value_type* a, const typename B::value_type* b,
+                      std::size_t ldb, std::size_t K, std::size_t N, bool accumulate) {
+  using T = typename B::value_type;
+  constexpr std::size_t W = B::size, most = sizeof(B) >= 64 ? 16 : 8;
+  std::size_t j = 0;
+  for (; j + most * W <= N; j += most * W) row_block<B, most>(c + j, a, 1, b + j, ldb, K, T(1), accumulate);
+  if (j == N) return;
+  const std::size_t cols = N - j, vectors = (cols + W - 1) / W;
+  [&]<std::size_t... V>(std::index_sequence<V...>) {
+    ((vectors == V + 1 ? row_block<B, V + 1>(c + j, a, 1, b + j, ldb, K, T(1), accumulate, cols) : void()), ...);
+  }(std::make_index_sequence<most>{});
+}
+
 /// C (M, N) (+)= A (M, K) B (K, N), all row-major with leading dimensions, where every element of C
 /// is one FMA chain over k = 0..K-1 starting from zero (then + C when accumulating). The tiling
 /// (by M) and the SIMD width only decide which elements run side by side, never the order of an
 /// element's sum, so a row's result does not depend on M or on the rows that come with it: one
-/// sequence decoded alone gets the same bits as in a batch. Columns past the last whole vector go
-/// through the same batch arithmetic on a zero-padded copy of B's tail (a vocabulary of 65 leaves
-/// one): a (K, W) panel made once and then 6-row tiles, for K up to 256; row by row past that.
+/// sequence decoded alone gets the same bits as in a batch. Up to 5 rows go one by one through
+/// row_in_registers; more in 6-row tiles, where the columns past the last whole vector (a
+/// vocabulary of 65 leaves one) go through the same batch arithmetic on a zero-padded copy of B's
+/// tail: a (K, W) panel made once and then 6-row tiles, for K up to 256; row by row past that.
 template <class B>
 void row_stable_product(typename B::value_type* c, std::size_t ldc, const typename B::value_type* a, std::size_t lda,
                         const typename B::value_type* b, std::size_t ldb, std::size_t M, std::size_t N, std::size_t K,
                         bool accumulate) {
   using T = typename B::value_type;
   constexpr std::size_t W = B::size, wide = sizeof(B) >= 64 ? 4 : 2;  // tile_rows' vectors per 6-row tile
-  std::size_t j = 0;
-  if (M >= 6) {  // 6-row tiles: each column load feeds 6 rows
-    for (; j + wide * W <= N; j += wide * W)
-      tile_rows<B, wide>(c + j, ldc, a, lda, 1, b + j, ldb, M, K, T(1), accumulate);
-  } else {  // a few rows: wide column blocks keep enough independent chains in flight
-    for (std::size_t i = 0; i < M; ++i) {
-      std::size_t jj = j;
-      for (; jj + 8 * W <= N; jj += 8 * W)
-        tile_block<B, 1, 8>(c + i * ldc + jj, ldc, a + i * lda, lda, 1, b + jj, ldb, K, T(1), accumulate);
-      // 4 chains where 8 do not fit (64 columns at 16 lanes: the decoding model's projections).
-      for (; jj + 4 * W <= N; jj += 4 * W)
-        tile_block<B, 1, 4>(c + i * ldc + jj, ldc, a + i * lda, lda, 1, b + jj, ldb, K, T(1), accumulate);
-      for (; jj + 2 * W <= N; jj += 2 * W)
-        tile_block<B, 1, 2>(c + i * ldc + jj, ldc, a + i * lda, lda, 1, b + jj, ldb, K, T(1), accumulate);
-    }
-    j = N / (2 * W) * (2 * W);
+  if (M < 6) {  // a few rows: each row in as few passes over b as the registers allow
+    for (std::size_t i = 0; i < M; ++i) row_in_registers<B>(c + i * ldc, a + i * lda, b, ldb, K, N, accumulate);
+    return;
   }
+  std::size_t j = 0;  // 6-row tiles: each column load feeds 6 rows
+  for (; j + wide * W <= N; j += wide * W) tile_rows<B, wide>(c + j, ldc, a, lda, 1, b + j, ldb, M, K, T(1), accumulate);
   for (; j + W <= N; j += W) tile_rows<B, 1>(c + j, ldc, a, lda, 1, b + j, ldb, M, K, T(1), accumulate);
   if (j == N) return;
   const std::size_t rest = N - j;
@@ -435,17 +511,8 @@ void row_stable_product(typename B::value_type* c, std::size_t ldc, const typena
     }
     return;
   }
-  for (std::size_t i = 0; i < M; ++i) {
-    B sum(T(0));
-    for (std::size_t k = 0; k < K; ++k) {
-      alignas(64) T column[W] = {};
-      for (std::size_t t = 0; t < rest; ++t) column[t] = b[k * ldb + j + t];
-      sum = fma(B(a[i * lda + k]), B::load_aligned(column), sum);
-    }
-    alignas(64) T out[W];
-    sum.store_aligned(out);
-    for (std::size_t t = 0; t < rest; ++t) c[i * ldc + j + t] = accumulate ? out[t] + c[i * ldc + j + t] : out[t];
-  }
+  for (std::size_t i = 0; i < M; ++i)
+    row_block<B, 1>(c + i * ldc + j, a + i * lda, 1, b + j, ldb, K, T(1), accumulate, rest);
 }
 
 }  // namespace tapegrad::detail

@@ -53,6 +53,23 @@ template <class B> void check_primitives(Failures& f, std::string_view name, boo
     for (std::size_t i = 0; i < W; ++i)
       if (out[offset + i] != x[offset + i]) f.add("{}: load/store_unaligned at offset {}: lane {}", name, offset, i);
   }
+  // The partial vectors (masked instructions at AVX2 and AVX-512): lanes below count, zeros or
+  // untouched memory above it. The source holds exactly count elements (a sanitizer sees any read
+  // past them).
+  for (std::size_t count = 0; count <= W; ++count) {
+    std::vector<T> source(x + 1, x + 1 + count);
+    detail::load_partial<B>(source.data(), count).store_aligned(out);
+    for (std::size_t i = 0; i < W; ++i)
+      if (out[i] != (i < count ? x[1 + i] : T(0))) f.add("{}: load_partial count {}: lane {} is {}", name, count, i, out[i]);
+    detail::first_lanes(B::load_unaligned(x + 1), count).store_aligned(out);
+    for (std::size_t i = 0; i < W; ++i)
+      if (out[i] != (i < count ? x[1 + i] : T(0))) f.add("{}: first_lanes count {}: lane {} is {}", name, count, i, out[i]);
+    std::vector<T> target(W + 2, T(99));
+    detail::store_partial(B::load_unaligned(x + 1), target.data() + 1, count);
+    for (std::size_t i = 0; i < W + 2; ++i)
+      if (target[i] != (i >= 1 && i <= count ? x[i] : T(99)))
+        f.add("{}: store_partial count {}: element {} is {}", name, count, i, target[i]);
+  }
   B a = B::load_aligned(x), b = B::load_aligned(y), c = B::load_aligned(x + W);
   auto expect = [&](B got, const char* op, auto scalar) {
     got.store_aligned(out);
@@ -181,30 +198,36 @@ template <class B> void check_helpers(Failures& f, std::string_view name) {
         }
       }
 
-  // head_block_scores: G heads' scores over one block of 16 keys stored transposed, each an FMA
-  // chain over d (exact on integers), written to G rows of a wider scores buffer and nowhere else.
+  // head_block_scores: G heads' scores over NB blocks of 16 keys stored transposed (a block and a
+  // gap apart), each an FMA chain over d (exact on integers), written to G rows of a wider scores
+  // buffer and nowhere else.
   if constexpr (16 % W == 0) {
     constexpr std::size_t P = 16;
-    auto check_scores = [&](auto heads, std::size_t Dh) {
-      constexpr std::size_t G = decltype(heads)::value;
-      const std::size_t lds = P + 5;
-      const std::vector<T> q = small_ints<T>(G * Dh + 1, G + Dh), block = small_ints<T>(G * Dh * P + 1, G + 2 * Dh);
+    auto check_scores = [&](auto heads, auto blocks, std::size_t Dh) {
+      constexpr std::size_t G = decltype(heads)::value, NB = decltype(blocks)::value;
+      const std::size_t lds = NB * P + 5, stride = G * Dh * P + 3;
+      const std::vector<T> q = small_ints<T>(G * Dh + 1, G + Dh), block = small_ints<T>(NB * stride + 1, G + 2 * Dh);
       std::vector<T> s(G * lds, T(7)), want = s;
       const T alpha = T(0.25);
       for (std::size_t g = 0; g < G; ++g)
-        for (std::size_t t = 0; t < P; ++t) {
+        for (std::size_t t = 0; t < NB * P; ++t) {
           T sum = 0;
-          for (std::size_t d = 0; d < Dh; ++d) sum += q[1 + g * Dh + d] * block[1 + (g * Dh + d) * P + t];
+          for (std::size_t d = 0; d < Dh; ++d) sum += q[1 + g * Dh + d] * block[1 + t / P * stride + (g * Dh + d) * P + t % P];
           want[g * lds + t] = alpha * sum;
         }
-      detail::head_block_scores<B, G, P>(s.data(), lds, q.data() + 1, block.data() + 1, Dh, alpha);
+      detail::head_block_scores<B, G, P, NB>(s.data(), lds, q.data() + 1, block.data() + 1, stride, Dh, alpha);
       for (std::size_t i = 0; i < s.size(); ++i)
-        if (s[i] != want[i]) f.add("{}: head_block_scores G={} Dh={}: s[{}] = {}, want {}", name, G, Dh, i, s[i], want[i]);
+        if (s[i] != want[i])
+          f.add("{}: head_block_scores G={} NB={} Dh={}: s[{}] = {}, want {}", name, G, NB, Dh, i, s[i], want[i]);
     };
+    using one = std::integral_constant<std::size_t, 1>;
+    using two = std::integral_constant<std::size_t, 2>;
     for (std::size_t Dh : {std::size_t(0), std::size_t(1), std::size_t(3), std::size_t(16)}) {
-      check_scores(std::integral_constant<std::size_t, 1>{}, Dh);
-      check_scores(std::integral_constant<std::size_t, 2>{}, Dh);
-      check_scores(std::integral_constant<std::size_t, 5>{}, Dh);
+      check_scores(one{}, one{}, Dh);
+      check_scores(two{}, one{}, Dh);
+      check_scores(std::integral_constant<std::size_t, 4>{}, two{}, Dh);
+      check_scores(one{}, std::integral_constant<std::size_t, 3>{}, Dh);
+      check_scores(std::integral_constant<std::size_t, 5>{}, one{}, Dh);
     }
   }
 
