@@ -1,7 +1,7 @@
 // bench_dist: data-parallel training throughput on configs (a), (b), (c):
 // 2 ranks x 1 thread (MPI over shared memory, and over TCP on loopback: two simulated hosts)
 // against 1 process x 2 threads, on the same cores in the same run, and the time of the gradient
-// exchange (dist::GradientBuckets::reduce) per step and its share of the step.
+// exchange (distributed::GradientBuckets::reduce) per step and its share of the step.
 // Usage: bench_dist [--configs a,b,c] [--steps N] [--rounds R] [--out FILE]: starts itself as
 // workers (`bench_dist --worker CONFIG ...`, directly or under mpirun) and writes
 // bench/results/dist_cpu.json.
@@ -14,8 +14,8 @@
 
 #include "bench_common.h"
 #include "core/kernels.h"
-#include "dist/communicator.h"
-#include "dist/data_parallel.h"
+#include "distributed/communicator.h"
+#include "distributed/data_parallel.h"
 #include "train_common.h"
 
 using namespace tapegrad;
@@ -27,7 +27,7 @@ namespace {
 /// One worker: rank r computes rows [r B/N, (r+1) B/N) of the fixed batch, the gradients are
 /// summed over the ranks in buckets, then clip and AdamW. Rank 0 prints one JSON line.
 int worker(int argc, char** argv, const std::string& name, int threads, int steps) {
-  std::unique_ptr<dist::Communicator> comm = dist::make_communicator(argc, argv);
+  std::unique_ptr<distributed::Communicator> comm = distributed::make_communicator(argc, argv);
   const TrainConfig c = train_config(name);
   const std::size_t ranks = std::size_t(comm->size()), rows = c.batch / ranks, tokens = rows * c.seq_len;
   if (c.batch % ranks != 0) throw std::invalid_argument("batch of config " + name + " does not divide among ranks");
@@ -38,7 +38,7 @@ int worker(int argc, char** argv, const std::string& name, int threads, int step
   const Batch batch = random_batch(c);
   const auto inputs = std::span(batch.inputs).subspan(std::size_t(comm->rank()) * tokens, tokens);
   const auto targets = std::span(batch.targets).subspan(std::size_t(comm->rank()) * tokens, tokens);
-  dist::GradientBuckets buckets(params);
+  distributed::GradientBuckets buckets(params);
   std::vector<double> step_ms, comm_ms, wait_ms, exchange_only_ms;
   const int warmup = 3;
   for (int i = 0; i < warmup + steps; ++i) {
@@ -70,7 +70,7 @@ int worker(int argc, char** argv, const std::string& name, int threads, int step
   }
   optimizer.zero_grad();
   // The check before the figures count: every replica holds the same weights.
-  dist::check_same_parameters(*comm, params, "bench_dist");
+  distributed::check_same_parameters(*comm, params, "bench_dist");
   if (comm->rank() == 0) {
     const Stats step = stats_of(step_ms), exchange = stats_of(comm_ms);
     json out = {{"tokens_per_s", double(c.tokens()) / (step.median / 1e3)},
@@ -146,7 +146,7 @@ int main(int argc, char** argv) try {
     return 2;
   }
   if (!worker_config.empty()) return worker(argc, argv, worker_config, threads, steps);
-  if (!dist::built_with_mpi()) throw std::runtime_error("bench_dist needs a build with MPI (TAPEGRAD_MPI)");
+  if (!distributed::built_with_mpi()) throw std::runtime_error("bench_dist needs a build with MPI (TAPEGRAD_MPI)");
 
   for (const char* setting : {"OMPI_ALLOW_RUN_AS_ROOT=1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1",
                               "OMPI_MCA_rmaps_base_oversubscribe=1", "OMPI_MCA_btl_vader_single_copy_mechanism=none"})

@@ -7,7 +7,7 @@
 
 #include "common/program.h"
 #include "common/trainer.h"
-#include "dist/communicator.h"
+#include "distributed/communicator.h"
 
 using namespace tapegrad::examples;
 
@@ -73,7 +73,7 @@ int main(int argc, char** argv) {
                  "Metrics CSV (default: beside --out, <out>.metrics.csv; the loss curve "
                  "goes to <out>.loss.svg)");
 
-  std::unique_ptr<tapegrad::dist::Communicator> comm;  // MPI is finalized when it goes
+  std::unique_ptr<tapegrad::distributed::Communicator> comm;  // MPI is finalized when it goes
   bool failed_alone = false;
   const int status = run_program(app, argc, argv, [&] {
     auto given = [&](const char* flag, std::size_t value) {
@@ -96,7 +96,7 @@ int main(int argc, char** argv) {
     o.fail_save_at = seam("TAPEGRAD_TEST_FAIL_SAVE_AT_STEP");
     o.perturb_last_rank_at = seam("TAPEGRAD_TEST_PERTURB_LAST_RANK_AT_STEP");  // under mpirun
     // Under mpirun or srun, one rank of a data-parallel run; else a single process.
-    comm = tapegrad::dist::make_communicator(argc, argv);
+    comm = tapegrad::distributed::make_communicator(argc, argv);
     const auto& stop_signal = install_stop_handlers();
     try {
       return train(o, stop_signal, *comm) == TrainOutcome::interrupted ? 128 + interrupting_signal() : 0;

@@ -23,7 +23,7 @@
 #include "core/kernels.h"
 #include "core/ops.h"
 #include "core/safetensors.h"
-#include "dist/data_parallel.h"
+#include "distributed/data_parallel.h"
 #include "nn/checkpoint.h"
 #include "nn/checkpoint_metadata.h"
 #include "nn/language_model.h"
@@ -216,7 +216,7 @@ decltype(auto) agreed(F&& body) {
 
 /// Runs body on rank 0 only; its failure is sent to every rank, which all throw it (agreed).
 template <class F>
-void on_leader(dist::Communicator& comm, F&& body) {
+void on_leader(distributed::Communicator& comm, F&& body) {
   if (comm.size() == 1) return body();
   int status = 0;  // 0: done; 2: a UsageError; 1: another error
   std::string message;
@@ -229,9 +229,9 @@ void on_leader(dist::Communicator& comm, F&& body) {
       status = 1, message = e.what();
     }
   }
-  dist::broadcast_values(comm, std::span(&status, 1));
+  distributed::broadcast_values(comm, std::span(&status, 1));
   if (status == 0) return;
-  dist::broadcast_string(comm, message);
+  distributed::broadcast_string(comm, message);
   g_agreed_failure = true;
   if (status == 2) throw UsageError(message);
   throw std::runtime_error(message);
@@ -239,18 +239,18 @@ void on_leader(dist::Communicator& comm, F&& body) {
 
 /// Rank 0's run (after its setup) to every other rank: the parameters, the optimizer state, the
 /// step and the batch stream.
-void broadcast_state(dist::Communicator& comm, Run& run) {
+void broadcast_state(distributed::Communicator& comm, Run& run) {
   for (NamedParameter& p : run.params) {
     Tensor& value = p.var.mutable_value();
-    dist::broadcast_values(comm, std::span(value.data(), value.size()));
+    distributed::broadcast_values(comm, std::span(value.data(), value.size()));
   }
   optim::OptimizerState state = run.optimizer.state();
-  for (auto& t : state.tensors) dist::broadcast_values(comm, std::span(t.value.data(), t.value.size()));
-  dist::broadcast_values(comm, std::span(&state.step, 1));
+  for (auto& t : state.tensors) distributed::broadcast_values(comm, std::span(t.value.data(), t.value.size()));
+  distributed::broadcast_values(comm, std::span(&state.step, 1));
   if (comm.rank() != 0) run.optimizer.load_state(state);
-  dist::broadcast_values(comm, std::span(&run.step, 1));
+  distributed::broadcast_values(comm, std::span(&run.step, 1));
   std::string rng = run.batch_rng.state();
-  dist::broadcast_string(comm, rng);
+  distributed::broadcast_string(comm, rng);
   run.batch_rng.set_state(rng);
 }
 
@@ -344,7 +344,7 @@ bool failure_is_agreed() { return g_agreed_failure.load(); }
 int interrupting_signal() { return g_interrupting_signal; }
 
 TrainOutcome train(const TrainOptions& o, const std::atomic<int>& stop_signal) {
-  dist::SingleProcess one;
+  distributed::SingleProcess one;
   return train(o, stop_signal, one);
 }
 
@@ -435,11 +435,11 @@ void prepare_leader_run(const TrainOptions& o, std::int64_t decay_steps, const M
 
 /// With several ranks: rank 0 sends its text, its model's shape and its state; the other ranks
 /// build the same run from them (they need no copy of --data or --resume).
-void share_leader_run(const TrainOptions& o, std::int64_t decay_steps, dist::Communicator& comm, Setup& setup) {
-  dist::broadcast_string(comm, setup.text);
+void share_leader_run(const TrainOptions& o, std::int64_t decay_steps, distributed::Communicator& comm, Setup& setup) {
+  distributed::broadcast_string(comm, setup.text);
   std::array<std::uint64_t, kConfigFields> fields{};
   if (comm.rank() == 0) fields = config_fields(setup.run->model);
-  dist::broadcast_values(comm, std::span(fields));
+  distributed::broadcast_values(comm, std::span(fields));
   if (comm.rank() != 0) {
     TrainOptions shape = o;  // the model of rank 0, whether new or resumed
     shape.model = {fields[1], fields[2], fields[3], fields[4], fields[5], fields[0] ? "gpt2" : "rotary",
@@ -464,7 +464,7 @@ struct StepResult {
 /// on a signal, and the closing lines. Rank 0 alone validates, prints and writes files.
 class TrainingLoop {
  public:
-  TrainingLoop(const TrainOptions& o, std::int64_t decay_steps, dist::Communicator& comm, Run& run,
+  TrainingLoop(const TrainOptions& o, std::int64_t decay_steps, distributed::Communicator& comm, Run& run,
                MetricsLog& metrics)
       : o_(o),
         decay_steps_(decay_steps),
@@ -563,7 +563,7 @@ class TrainingLoop {
 
   /// Every rank checks that the replicas agree, then rank 0 writes; a failure reaches every rank.
   void save() {
-    if (ranks_ > 1) agreed([&] { dist::check_same_parameters(comm_, run_.params, fmt::format("step {}", run_.step)); });
+    if (ranks_ > 1) agreed([&] { distributed::check_same_parameters(comm_, run_.params, fmt::format("step {}", run_.step)); });
     on_leader(comm_, [&] { run_.save(); });
   }
 
@@ -612,7 +612,7 @@ class TrainingLoop {
       double loss;
       std::int64_t stop;
     };
-    const std::vector<Report> reports = dist::allgather_value(comm_, Report{loss, stop_signal.load()});
+    const std::vector<Report> reports = distributed::allgather_value(comm_, Report{loss, stop_signal.load()});
     double sum = 0;
     for (const Report& r : reports) sum += r.loss, stop_ = std::max<int>(stop_, int(r.stop));
     return sum;
@@ -697,13 +697,13 @@ class TrainingLoop {
 
   const TrainOptions& o_;
   const std::int64_t decay_steps_;
-  dist::Communicator& comm_;
+  distributed::Communicator& comm_;
   Run& run_;
   MetricsLog& metrics_;
   const std::size_t ranks_;
   const bool leader_;
   const std::size_t parts_, rows_;  // parts of the global batch (ranks x micro-batches), rows in each
-  std::optional<dist::GradientBuckets> buckets_;  // the sum of the parts' gradients, when there are several
+  std::optional<distributed::GradientBuckets> buckets_;  // the sum of the parts' gradients, when there are several
   const optim::LrSchedule schedule_;
   const float clip_;
   Progress progress_;
@@ -717,7 +717,7 @@ class TrainingLoop {
 
 }  // namespace
 
-TrainOutcome train(const TrainOptions& o, const std::atomic<int>& stop_signal, dist::Communicator& comm) {
+TrainOutcome train(const TrainOptions& o, const std::atomic<int>& stop_signal, distributed::Communicator& comm) {
   check_options(o, std::size_t(comm.size()));
   set_num_threads(o.threads);
   const std::int64_t decay_steps = o.decay();

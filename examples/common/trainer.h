@@ -9,7 +9,7 @@
 #include <optional>
 #include <string>
 
-#include "dist/communicator.h"
+#include "distributed/communicator.h"
 
 namespace tapegrad::examples {
 
@@ -63,11 +63,11 @@ enum class TrainOutcome { finished, interrupted };
 /// Progress and log lines go to stdout (the live line to stderr on a terminal).
 TrainOutcome train(const TrainOptions& options, const std::atomic<int>& stop_signal);
 /// The same, data-parallel over comm: every rank draws the same global batch
-/// and computes its batch / size rows; gradients are summed in rank order (dist/data_parallel.h),
+/// and computes its batch / size rows; gradients are summed in rank order (distributed/data_parallel.h),
 /// so the result equals one process with --micro-batches size. Rank 0 alone reads --data and
 /// --resume (and sends them), validates, writes the files and holds the lock; the loss check and
 /// signal stops are agreed, so every rank stops at the same step.
-TrainOutcome train(const TrainOptions& options, const std::atomic<int>& stop_signal, dist::Communicator& comm);
+TrainOutcome train(const TrainOptions& options, const std::atomic<int>& stop_signal, distributed::Communicator& comm);
 
 /// Whether the error train() threw was raised on every rank alike (a bad flag, a failure rank 0
 /// reported to all, a diverged loss): then only rank 0 need print it, and MPI can end normally;

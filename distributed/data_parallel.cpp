@@ -1,5 +1,5 @@
 // Gradient buckets and the replica check.
-#include "dist/data_parallel.h"
+#include "distributed/data_parallel.h"
 
 #include <fmt/format.h>
 
@@ -7,7 +7,7 @@
 #include <chrono>
 #include <stdexcept>
 
-namespace tapegrad::dist {
+namespace tapegrad::distributed {
 
 GradientBuckets::GradientBuckets(ParameterList params, std::size_t bucket_floats) : params_(std::move(params)) {
   for (std::size_t i = 0; i < params_.size(); ++i) {
@@ -86,4 +86,4 @@ void check_same_parameters(Communicator& comm, const ParameterList& params, cons
           when, r, hashes[r], hashes[0]));
 }
 
-}  // namespace tapegrad::dist
+}  // namespace tapegrad::distributed

@@ -12,12 +12,12 @@
 #include <sstream>
 #include <thread>
 
-#include "dist/communicator.h"
-#include "dist/data_parallel.h"
+#include "distributed/communicator.h"
+#include "distributed/data_parallel.h"
 #include "nn/checkpoint.h"
 #include "support/helpers.h"
 #include "support/programs.h"
-#include "tests/dist/mpi_runs.h"
+#include "tests/distributed/mpi_runs.h"
 
 using namespace tapegrad;
 using namespace tapegrad::test;
@@ -83,7 +83,7 @@ TEST_CASE("gradient buckets sum the parts in order and divide by their number, w
     grads.push_back({random_tensor({3, 4}, 10 + part), random_tensor({5}, 20 + part), random_tensor({2, 2}, 30 + part)});
   for (std::size_t bucket_floats : {1, 6, 100}) {
     CAPTURE(bucket_floats);
-    dist::GradientBuckets buckets(params, bucket_floats);
+    distributed::GradientBuckets buckets(params, bucket_floats);
     CHECK(buckets.floats() == 21);
     CHECK(buckets.bucket_count() == (bucket_floats == 100 ? 1 : bucket_floats == 6 ? 2 : 3));
     for (std::size_t part = 0; part < 3; ++part) {
@@ -93,7 +93,7 @@ TEST_CASE("gradient buckets sum the parts in order and divide by their number, w
       }
       buckets.accumulate();
     }
-    dist::SingleProcess one;
+    distributed::SingleProcess one;
     buckets.reduce(one, 3);
     for (std::size_t i = 0; i < params.size(); ++i)
       for (std::size_t k = 0; k < params[i].var.value().size(); ++k) {
@@ -102,45 +102,45 @@ TEST_CASE("gradient buckets sum the parts in order and divide by their number, w
         CHECK(params[i].var.grad()[k] == expected);
       }
   }
-  dist::GradientBuckets unused(params);
-  dist::SingleProcess one;
+  distributed::GradientBuckets unused(params);
+  distributed::SingleProcess one;
   CHECK_THROWS_WITH_AS(unused.reduce(one, 1), doctest::Contains("accumulate() the gradients first"), std::logic_error);
 }
 
 TEST_CASE("the replica hash changes with any parameter bit, and one process always agrees with itself") {
   ParameterList params = {{"a", parameter({2, 3})}, {"b", parameter({4})}};
-  const std::uint64_t before = dist::parameters_hash(params);
+  const std::uint64_t before = distributed::parameters_hash(params);
   params[1].var.mutable_value()[3] = -0.0f;  // differs from +0 in its sign bit only
-  CHECK(dist::parameters_hash(params) != before);
-  dist::SingleProcess one;
-  CHECK_NOTHROW(dist::check_same_parameters(one, params, "step 1"));
-  CHECK(dist::allgather_value(one, 42.5) == std::vector<double>{42.5});
+  CHECK(distributed::parameters_hash(params) != before);
+  distributed::SingleProcess one;
+  CHECK_NOTHROW(distributed::check_same_parameters(one, params, "step 1"));
+  CHECK(distributed::allgather_value(one, 42.5) == std::vector<double>{42.5});
 }
 
 TEST_CASE("a launcher reporting N processes that this build cannot join is refused, saying why") {
-  const dist::LaunchSize two{2, "OMPI_COMM_WORLD_SIZE=2"};
-  CHECK(!dist::launch_mismatch(std::nullopt, std::nullopt));
-  CHECK(!dist::launch_mismatch(dist::LaunchSize{1, "SLURM_NTASKS=1"}, std::nullopt));
-  CHECK(!dist::launch_mismatch(two, 2));
-  const std::optional<std::string> no_mpi = dist::launch_mismatch(two, std::nullopt);
+  const distributed::LaunchSize two{2, "OMPI_COMM_WORLD_SIZE=2"};
+  CHECK(!distributed::launch_mismatch(std::nullopt, std::nullopt));
+  CHECK(!distributed::launch_mismatch(distributed::LaunchSize{1, "SLURM_NTASKS=1"}, std::nullopt));
+  CHECK(!distributed::launch_mismatch(two, 2));
+  const std::optional<std::string> no_mpi = distributed::launch_mismatch(two, std::nullopt);
   REQUIRE(no_mpi);
   CHECK(test::contains(*no_mpi, "this build has no MPI"));
   CHECK(test::contains(*no_mpi, "one of 2 processes (OMPI_COMM_WORLD_SIZE=2)"));
-  const std::optional<std::string> apart = dist::launch_mismatch(dist::LaunchSize{4, "SLURM_NTASKS=4"}, 1);
+  const std::optional<std::string> apart = distributed::launch_mismatch(distributed::LaunchSize{4, "SLURM_NTASKS=4"}, 1);
   REQUIRE(apart);
   CHECK(test::contains(*apart, "but MPI sees 1"));
   CHECK(test::contains(*apart, "srun --mpi=pmix"));
 
   for (const char* name : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "SLURM_NTASKS"}) ::unsetenv(name);
-  CHECK(!dist::launch_size_from_environment());
+  CHECK(!distributed::launch_size_from_environment());
   ::setenv("SLURM_NTASKS", "3", 1);
   ::setenv("PMI_SIZE", "2", 1);
-  std::optional<dist::LaunchSize> launch = dist::launch_size_from_environment();
+  std::optional<distributed::LaunchSize> launch = distributed::launch_size_from_environment();
   REQUIRE(launch);
   CHECK(launch->size == 2);  // PMI_SIZE comes before SLURM_NTASKS
   CHECK(launch->variable == "PMI_SIZE=2");
   ::setenv("PMI_SIZE", "two", 1);
-  CHECK_THROWS_WITH(dist::launch_size_from_environment(), doctest::Contains("PMI_SIZE=two is not a process count"));
+  CHECK_THROWS_WITH(distributed::launch_size_from_environment(), doctest::Contains("PMI_SIZE=two is not a process count"));
   ::unsetenv("PMI_SIZE");
   ::unsetenv("SLURM_NTASKS");
 
@@ -150,7 +150,7 @@ TEST_CASE("a launcher reporting N processes that this build cannot join is refus
   Result r = run("train_char", tiny6(data, ckpt, 2), {"SLURM_NTASKS=2", "ASAN_OPTIONS=detect_leaks=0"});
   CHECK(r.status == 1);
   CHECK(one_error_line(r, "train_char"));
-  CHECK(test::contains(r.err, dist::built_with_mpi() ? "but MPI sees 1" : "this build has no MPI"));
+  CHECK(test::contains(r.err, distributed::built_with_mpi() ? "but MPI sees 1" : "this build has no MPI"));
   CHECK(!fs::exists(ckpt));
 }
 

@@ -1,4 +1,4 @@
-// Helpers for the tests that start train_char under mpirun (tests/dist/): the launch with the
+// Helpers for the tests that start train_char under mpirun (tests/distributed/): the launch with the
 // environment a container needs, a deadline on every run (a hang fails instead of stalling the
 // suite), the ranks of a running job, and the loud refusal to skip silently in CI.
 #pragma once

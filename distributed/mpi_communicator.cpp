@@ -1,7 +1,7 @@
 // Communicator over MPI_COMM_WORLD. ordered_sum is a reduce-scatter made of an alltoall of shards
 // and a local sum in rank order, then an allgather: an allreduce whose result does not depend on
 // MPI's algorithm or transport.
-#include "dist/mpi_communicator.h"
+#include "distributed/mpi_communicator.h"
 
 #include <fmt/format.h>
 #include <mpi.h>
@@ -11,7 +11,7 @@
 #include <limits>
 #include <stdexcept>
 
-namespace tapegrad::dist {
+namespace tapegrad::distributed {
 
 namespace {
 
@@ -113,4 +113,4 @@ std::unique_ptr<Communicator> make_mpi_communicator(int& argc, char**& argv) {
   return std::make_unique<MpiCommunicator>(argc, argv);
 }
 
-}  // namespace tapegrad::dist
+}  // namespace tapegrad::distributed

@@ -1,5 +1,5 @@
 // The one-process communicator, the launcher checks, and the choice between one process and MPI.
-#include "dist/communicator.h"
+#include "distributed/communicator.h"
 
 #include <fmt/format.h>
 
@@ -8,10 +8,10 @@
 #include <stdexcept>
 
 #if TAPEGRAD_HAVE_MPI
-#include "dist/mpi_communicator.h"
+#include "distributed/mpi_communicator.h"
 #endif
 
-namespace tapegrad::dist {
+namespace tapegrad::distributed {
 
 void SingleProcess::abort(int status) { std::_Exit(status); }
 
@@ -80,4 +80,4 @@ void broadcast_floats(Communicator& comm, std::vector<float>& values, int root) 
   broadcast_values(comm, std::span(values), root);
 }
 
-}  // namespace tapegrad::dist
+}  // namespace tapegrad::distributed

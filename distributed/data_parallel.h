@@ -9,9 +9,9 @@
 #include <vector>
 
 #include "core/parameter.h"
-#include "dist/communicator.h"
+#include "distributed/communicator.h"
 
-namespace tapegrad::dist {
+namespace tapegrad::distributed {
 
 /// The gradients of the parts of a step (ranks, micro-batches), summed in a fixed order in flat
 /// buckets of whole parameters, so that the sum does not depend on how the batch was split.
@@ -48,4 +48,4 @@ std::uint64_t parameters_hash(const ParameterList& params);
 /// ranks and hashes, when they differ (the replicas diverged: a bug or a faulty machine).
 void check_same_parameters(Communicator& comm, const ParameterList& params, const std::string& when);
 
-}  // namespace tapegrad::dist
+}  // namespace tapegrad::distributed

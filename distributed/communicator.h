@@ -1,6 +1,6 @@
 // The communicator of data-parallel training: rank, size, a sum of float buffers
 // across ranks in fixed rank order, broadcast, allgather and barrier. One process always; MPI
-// when the build found it (dist/mpi_communicator.cpp). core/, nn/ and optim/ never include this.
+// when the build found it (distributed/mpi_communicator.cpp). core/, nn/ and optim/ never include this.
 #pragma once
 
 #include <algorithm>
@@ -12,7 +12,7 @@
 #include <string>
 #include <vector>
 
-namespace tapegrad::dist {
+namespace tapegrad::distributed {
 
 /// What data-parallel training needs of a transport: this process's rank among size ranks and
 /// the collectives, each with a result that does not depend on the transport.
@@ -96,4 +96,4 @@ std::vector<T> allgather_value(Communicator& comm, const T& mine) {
   return out;
 }
 
-}  // namespace tapegrad::dist
+}  // namespace tapegrad::distributed
