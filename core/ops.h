@@ -112,14 +112,14 @@ Var operator-(const Var& x);                 ///< neg(x)
 // Over every element -> shape [], or over one axis (keepdim keeps it with size 1). max sends the
 // gradient to the first maximum (torch.max(x, dim).values) and saves its index.
 Var sum(const Var& x);                                      ///< The sum of every element -> []
-Var mean(const Var& x);                                     ///< The mean of every element -> []
+Var mean(const Var& x);                                     ///< The mean of every element -> [] (sum, then scale)
 Var max(const Var& x);                                      ///< The largest element -> []; saves its index
 Var sum(const Var& x, int axis, bool keepdim = false);      ///< The sum along axis
 Var mean(const Var& x, int axis, bool keepdim = false);     ///< The mean along axis
 Var max(const Var& x, int axis, bool keepdim = false);      ///< The largest along axis; saves the indices
 
 // ---- Views and shapes (copies: a Tensor is always contiguous) --------------------------------
-/// The same values under another shape with as many elements; one size may be -1 (inferred).
+/// The same values under another shape with as many elements (every size given; view infers one).
 Var reshape(const Var& x, Shape shape);
 /// reshape with signed sizes (torch.Tensor.view): one size may be -1 (inferred).
 Var view(const Var& x, std::vector<std::int64_t> shape);

@@ -1,9 +1,11 @@
-// Uses an installed tapegrad: one training step of a small decoder and a few greedy tokens.
-// Prints "ok" and exits 0 when the loss is finite and generation produced what was asked.
+// Uses an installed tapegrad: one training step of a small decoder and a few greedy tokens, and
+// the custom op of docs/custom-ops.md with its checks. Prints "ok" and exits 0 when the loss is
+// finite, generation produced what was asked and every check of the custom op passed.
 #include <cmath>
 #include <cstdio>
 
 #include "core/tape.h"
+#include "custom_op.h"
 #include "nn/generate.h"
 #include "nn/rotary_decoder.h"
 #include "nn/tokenizer.h"
@@ -22,7 +24,9 @@ int main() {
   tape.backward(loss);
   optimizer.step();
   nn::Generation out = nn::generate(model, tokenizer.encode("he"), {.max_new = 5, .sampling = {.temperature = 0.0f}});
-  const bool ok = std::isfinite(loss.value().item()) && out.tokens.size() == 5;
+  std::vector<std::string> failures = custom_op_example::check_cubic();
+  for (const std::string& failure : failures) std::printf("custom op: %s\n", failure.c_str());
+  const bool ok = std::isfinite(loss.value().item()) && out.tokens.size() == 5 && failures.empty();
   std::printf("%s: loss %.4f, generated \"%s\"\n", ok ? "ok" : "FAILED", loss.value().item(),
               tokenizer.decode(out.tokens).c_str());
   return ok ? 0 : 1;
