@@ -173,16 +173,28 @@ AxisSplit split_at_axis(const Shape& shape, std::size_t axis) {
 }
 
 Op::Op(const char* name, std::initializer_list<Var> inputs)
-    : name_(name), tape_(tape_for(name, inputs, [](const Var& v) -> const Node& { return v.node(); })) {}
+    : name_(name), tape_(tape_for(name, inputs, [](const Var& v) -> const Node& { return v.node(); })) {
+  record_versions(std::span(inputs.begin(), inputs.size()));
+}
 
 Op::Op(const char* name, const std::vector<Var>& inputs)
-    : name_(name), tape_(tape_for(name, inputs, [](const Var& v) -> const Node& { return v.node(); })) {}
+    : name_(name), tape_(tape_for(name, inputs, [](const Var& v) -> const Node& { return v.node(); })) {
+  record_versions(inputs);
+}
+
+void Op::record_versions(std::span<const Var> inputs) {
+  if (!tape_) return;  // nothing will be recorded, nothing checked
+  inputs_.reserve(inputs.size());
+  for (const Var& v : inputs) inputs_.emplace_back(v);
+}
 
 Var Op::finish(Tensor value, Backward backward, std::size_t saved_bytes) {
   auto out = std::make_shared<Node>();
   out->value = std::move(value);
   if (tape_)
-    tape_->record(out, [backward = std::move(backward)](Node& o) { backward(o.grad, o.value); }, saved_bytes);
+    tape_->record(
+        name_, std::move(inputs_), out, [backward = std::move(backward)](Node& o) { backward(o.grad, o.value); },
+        saved_bytes);
   return Var(out);
 }
 

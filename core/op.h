@@ -20,12 +20,14 @@
 // Rules for a backward: only accumulate (+=) into the gradients of inputs (grad_ptr returns null
 // for an input that needs none), or write (=) a whole gradient through a fresh grad_target; never
 // record on the tape; never change what was saved. Capture inputs by value (a Var is a shared
-// handle) and save only what the backward reads.
+// handle) and save only what the backward reads. The inputs' versions are recorded here, so a
+// backward whose input was since changed in place (Var::mutable_value) is refused by the tape.
 #pragma once
 
 #include <cstddef>
 #include <functional>
 #include <initializer_list>
+#include <span>
 #include <vector>
 
 #include "core/tape.h"
@@ -112,8 +114,11 @@ class Op {
   Var finish(Tensor value, Backward backward, std::size_t saved_bytes = 0);
 
  private:
+  void record_versions(std::span<const Var> inputs);
+
   const char* name_;
   Tape* tape_ = nullptr;
+  std::vector<RecordedInput> inputs_;  // their versions, checked before the backward runs
 };
 
 }  // namespace tapegrad

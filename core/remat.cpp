@@ -14,7 +14,7 @@ Var rematerialize(Block block, const Var& x) {
     NoGradScope no_grad;
     out->value = std::move(block(x, nullptr).node().value);
   }
-  tape->record(out, [block = std::move(block), x](Node& o) {
+  tape->record("rematerialize", {RecordedInput(x)}, out, [block = std::move(block), x](Node& o) {
     Var input(x.value(), /*requires_grad=*/true);
     Tape nested;
     Var y = block(input, &o.value);

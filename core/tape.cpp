@@ -4,6 +4,7 @@
 #include <fmt/format.h>
 
 #include <stdexcept>
+#include <string>
 
 namespace tapegrad {
 
@@ -25,6 +26,8 @@ Node& Var::gradient_node() const {
 }
 const Node& Var::node() const { return gradient_node(); }
 Node& Var::node() { return gradient_node(); }
+
+RecordedInput::RecordedInput(const Var& x) : node(x.node_), version(x.node().version) {}
 
 Tensor& Var::mutable_value() {
   ++node().version;
@@ -58,14 +61,15 @@ Tape::~Tape() {
 
 Tape* Tape::current() { return g_current; }
 
-void Tape::record(const std::shared_ptr<Node>& out, Backward backward, std::size_t saved_bytes) {
+void Tape::record(const char* name, std::vector<RecordedInput> inputs, const std::shared_ptr<Node>& out,
+                  Backward backward, std::size_t saved_bytes) {
   out->requires_grad = true;
   out->is_leaf = false;
   out->tape = state_;
   out->epoch = state_->epoch;
   state_->spent = false;
   bytes_ += out->value.bytes() + saved_bytes;
-  entries_.push_back({out, std::move(backward)});
+  entries_.push_back({out, std::move(backward), name, std::move(inputs), out->version});
 }
 
 void Tape::backward(const Var& loss) {
@@ -95,13 +99,39 @@ void Tape::backward(const Var& out, const Tensor& seed) {
   // activations and intermediate gradients are freed progressively, as PyTorch does.
   for (auto it = entries_.rbegin(); it != entries_.rend(); ++it) {
     Node& node = *it->out;
-    if (!node.grad.empty()) it->backward(node);
+    if (!node.grad.empty()) {
+      check_unchanged(*it);
+      it->backward(node);
+    }
     if (&node != &root) node.grad = Tensor();
     it->backward = nullptr;
     it->out.reset();
   }
   clear();
   state_->spent = true;
+}
+
+// One counter compare per input: an input whose node has died was saved by no backward.
+void Tape::check_unchanged(const Entry& entry) {
+  std::string changed;
+  for (std::size_t i = 0; i < entry.inputs.size() && changed.empty(); ++i) {
+    const RecordedInput& input = entry.inputs[i];
+    std::shared_ptr<const Node> n = input.node.lock();
+    if (n && n->version != input.version)
+      changed = fmt::format("input {} of shape {} was changed in place (version {} -> {})", i,
+                            to_string(n->value.shape()), input.version, n->version);
+  }
+  if (changed.empty() && entry.out->version != entry.out_version)
+    changed = fmt::format("output of shape {} was changed in place (version {} -> {})",
+                          to_string(entry.out->value.shape()), entry.out_version, entry.out->version);
+  if (changed.empty()) return;
+  std::string message = fmt::format(
+      "Tape::backward: {}'s {} after {} was recorded, and its backward needs the value it read; change it after "
+      "backward (as optimizers do), or give {} a copy (this backward's gradients are partial)",
+      entry.name, changed, entry.name, entry.name);
+  clear();  // the entries after this one have run: this backward cannot resume
+  state_->spent = true;
+  throw std::logic_error(message);
 }
 
 void Tape::clear() {

@@ -26,7 +26,19 @@ struct Node {
   bool is_leaf = true;         ///< made by the user (a parameter, an input), not by an op
   std::shared_ptr<TapeState> tape;  ///< the tape that produced it (null for leaves)
   std::uint64_t epoch = 0;          ///< the tape's epoch when it was produced
-  std::uint64_t version = 0;        ///< bumped whenever the value is changed in place (optimizer steps)
+  std::uint64_t version = 0;        ///< bumped by every in-place change (Var::mutable_value)
+};
+
+class Var;
+
+/// A value as a tape entry saw it when it was recorded: its node, not kept alive, and its version
+/// then. Before the entry's backward runs, the tape checks that a node still alive has the same
+/// version (PyTorch's saved-variable check): a backward must read the values its forward read.
+struct RecordedInput {
+  /// x's node and current version.
+  explicit RecordedInput(const Var& x);
+  std::weak_ptr<const Node> node;  ///< a dead node needs no check: no backward saved it
+  std::uint64_t version;           ///< its version when the entry was recorded
 };
 
 /// A value in the autodiff graph: a shared handle to a Node (copies share it), as a
@@ -39,7 +51,8 @@ class Var {
   explicit Var(Tensor value, bool requires_grad = false);
 
   const Tensor& value() const { return node().value; }  ///< The value.
-  /// For in-place updates (optimizers, loading): bumps the version so KV caches notice.
+  /// For in-place updates (optimizers, loading): bumps the version, so that KV caches notice and
+  /// a backward that needs the old value refuses to run.
   Tensor& mutable_value();
   const Shape& shape() const { return node().value.shape(); }  ///< The value's shape.
   bool requires_grad() const { return node().requires_grad; }   ///< Whether backward computes its gradient.
@@ -60,7 +73,7 @@ class Var {
 
   /// The storage behind this handle, read-only.
   const Node& node() const;
-  /// The storage behind this handle, for in-place changes (loading, tests).
+  /// The storage behind this handle; writing its value bypasses the version (use mutable_value()).
   Node& node();
   /// A handle to an existing node (what Op::finish returns).
   explicit Var(std::shared_ptr<Node> node) : node_(std::move(node)) {}
@@ -71,6 +84,7 @@ class Var {
   friend Tensor* grad_if_needed(const Var& x);
   friend struct GradTarget grad_target(const Var& x);
   friend class Tape;
+  friend struct RecordedInput;
   Node& gradient_node() const;
 
   std::shared_ptr<Node> node_;
@@ -87,6 +101,8 @@ class Tape {
 
   /// Seeds d loss = 1 (loss must have one element) and runs every entry's backward in reverse.
   /// Afterwards the tape is spent: its entries are freed and a second backward is an error.
+  /// Throws std::logic_error, and leaves the tape spent, when an entry's input or output was
+  /// changed in place since it was recorded (see RecordedInput).
   void backward(const Var& loss);
   /// Same with an explicit seed of out's shape (used by rematerialised blocks).
   void backward(const Var& out, const Tensor& seed);
@@ -103,9 +119,11 @@ class Tape {
 
   /// An entry's backward: adds out.grad's contribution into the gradients of its inputs.
   using Backward = std::function<void(Node& out)>;
-  /// Appends an entry: backward(out) runs when gradient reaches out. Ops record through Op
-  /// (core/op.h), which calls this; remat (core/remat.h) records its one entry per block here.
-  void record(const std::shared_ptr<Node>& out, Backward backward, std::size_t saved_bytes);
+  /// Appends an entry of op `name` (a string literal) reading inputs: backward(out) runs when
+  /// gradient reaches out. Ops record through Op (core/op.h), which calls this; remat
+  /// (core/remat.h) records its one entry per block here.
+  void record(const char* name, std::vector<RecordedInput> inputs, const std::shared_ptr<Node>& out,
+              Backward backward, std::size_t saved_bytes);
   /// What the values made on this tape share with it, to detect a cleared or spent tape.
   const std::shared_ptr<TapeState>& state() const { return state_; }
 
@@ -113,7 +131,11 @@ class Tape {
   struct Entry {
     std::shared_ptr<Node> out;
     Backward backward;
+    const char* name;
+    std::vector<RecordedInput> inputs;
+    std::uint64_t out_version;  // the output is checked too: a backward may read it (exp, softmax)
   };
+  void check_unchanged(const Entry& entry);
   std::vector<Entry> entries_;
   std::size_t bytes_ = 0;
   std::shared_ptr<TapeState> state_;
