@@ -2,6 +2,8 @@
 // registered in this file alone, trains, saves, loads by its name and decodes like the built-in ones.
 #include <doctest/doctest.h>
 
+#include <unistd.h>
+
 #include <filesystem>
 #include <fstream>
 #include <iterator>
@@ -111,7 +113,8 @@ const bool one_block_registered =
     (register_architecture(make_architecture<OneBlock>("one_block", &one_block_config, &one_block_metadata)), true);
 
 std::string temp_path(const std::string& name) {
-  auto dir = std::filesystem::temp_directory_path() / "tapegrad_test_architecture_registry";
+  // One folder per process: the SIMD levels run side by side, and their files differ in the last bits.
+  auto dir = std::filesystem::temp_directory_path() / ("tapegrad_test_architecture_registry_" + std::to_string(getpid()));
   std::filesystem::create_directories(dir);
   return (dir / name).string();
 }

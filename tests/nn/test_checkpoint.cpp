@@ -1,4 +1,5 @@
 #include <doctest/doctest.h>
+#include <unistd.h>
 
 #include <cmath>
 #include <filesystem>
@@ -15,7 +16,8 @@ using namespace tapegrad::nn;
 
 namespace {
 std::string temp_path(const std::string& name) {
-  auto dir = std::filesystem::temp_directory_path() / "tapegrad_test_checkpoint";
+  // One folder per process: the SIMD levels run side by side, and their files differ in the last bits.
+  auto dir = std::filesystem::temp_directory_path() / ("tapegrad_test_checkpoint_" + std::to_string(getpid()));
   std::filesystem::create_directories(dir);
   return (dir / name).string();
 }
