@@ -13,7 +13,7 @@
 
 #include "core/random.h"
 #include "core/tape.h"
-#include "nn/language_model.h"
+#include "nn/architecture.h"
 #include "optim/adamw.h"
 #include "optim/clip.h"
 
@@ -22,7 +22,7 @@ namespace tapegrad::bench {
 struct TrainConfig {
   std::string name;  // "a", "b", "c", "d", "a-gpt2"
   std::size_t vocab = 65, d_model = 0, n_heads = 0, n_blocks = 0, seq_len = 0, batch = 0;
-  std::string arch = "rotary";  // or "gpt2"
+  std::string arch = "rotary";  // a registered architecture (nn/architecture.h)
   std::size_t d_ff() const { return 4 * d_model; }
   std::size_t head_dim() const { return d_model / n_heads; }
   std::size_t tokens() const { return batch * seq_len; }
@@ -84,10 +84,15 @@ inline Batch random_batch(const TrainConfig& c, std::uint64_t seed = 1234) {
   return b;
 }
 
-/// The config's model, seed 0.
+/// The config's model, seed 0, built by its registered architecture.
 inline nn::LanguageModel make_model(const TrainConfig& c, bool remat) {
-  if (c.arch == "gpt2") return nn::gpt2(c.vocab, c.d_model, c.n_heads, c.n_blocks, c.seq_len, c.d_ff(), 0.0f, remat);
-  return nn::rotary_decoder(c.vocab, c.d_model, c.n_heads, c.n_blocks, c.seq_len, c.d_ff(), remat);
+  return nn::find_architecture(c.arch).make({.vocab = c.vocab,
+                                             .d_model = c.d_model,
+                                             .n_heads = c.n_heads,
+                                             .n_blocks = c.n_blocks,
+                                             .max_len = c.seq_len,
+                                             .d_ff = c.d_ff(),
+                                             .remat = remat});
 }
 
 /// A model (seed 0 initialisation), its AdamW and a fixed batch; step() is one training step.

@@ -34,7 +34,7 @@ int main(int argc, char** argv) {
     if (checkpoint.empty()) throw UsageError("--checkpoint is required");
     if (data.empty()) throw UsageError("--data is required");
     if (app.count("--limit") && limit < 2) throw UsageError(fmt::format("--limit must be at least 2, got {}", limit));
-    nn::LoadedModelCheckpoint ckpt = nn::load_model_checkpoint(checkpoint);  // either arch
+    nn::LoadedModelCheckpoint ckpt = nn::load_model_checkpoint(checkpoint);  // any registered arch
     std::vector<std::int32_t> ids = encode_file(data, ckpt.tokenizer, limit);
     if (ids.size() < 2)
       throw std::runtime_error(fmt::format("{}: {} character; at least 2 are needed to predict one", data, ids.size()));

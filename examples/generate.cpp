@@ -1,4 +1,4 @@
-// generate: text from a train_char checkpoint of either architecture. One sample streams: standard
+// generate: text from a train_char checkpoint of any registered architecture. One sample streams: standard
 // output carries the prompt and then each generated character as it comes. --num-samples N
 // decodes N samples as one batch (sample i is what --seed S+i alone gives) and prints them one
 // after another, each followed by a line "---", or with --jsonl one JSON object per line. Notes
@@ -59,7 +59,7 @@ int main(int argc, char** argv) {
       throw UsageError(e.what());
     }
     options.use_cache = !no_cache;
-    nn::LoadedModelCheckpoint ckpt = nn::load_model_checkpoint(checkpoint);  // either arch
+    nn::LoadedModelCheckpoint ckpt = nn::load_model_checkpoint(checkpoint);  // any registered arch
     const nn::CharTokenizer& tokenizer = ckpt.tokenizer;
     if (!app.count("--prompt")) {
       const std::string vocab = tokenizer.vocab();

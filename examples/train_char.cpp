@@ -1,5 +1,7 @@
-// train_char: trains a char-level rotary decoder or gpt2 on a text file. Flags become a
-// TrainOptions; the run itself lives in examples/common/trainer.
+// train_char: trains a char-level model of a registered architecture (rotary, gpt2) on a text
+// file. Flags become a TrainOptions; the run itself lives in examples/common/trainer.
+#include <fmt/ranges.h>
+
 #include <cstdint>
 #include <cstdlib>
 #include <memory>
@@ -8,6 +10,7 @@
 #include "common/program.h"
 #include "common/trainer.h"
 #include "distributed/communicator.h"
+#include "nn/architecture.h"
 
 using namespace tapegrad::examples;
 
@@ -25,9 +28,9 @@ int main(int argc, char** argv) {
   app.add_option("--data", o.data, "Training text, UTF-8 (default: the DATA environment variable)")->envname("DATA");
   app.add_option("--out", o.out, "Checkpoint written atomically (periodically, at the end, on Ctrl-C)")
       ->capture_default_str();
-  app.add_option("--arch", arch, "Architecture: rotary (RoPE, RMSNorm, SwiGLU) or gpt2 (GPT-2); a resume takes the "
-                 "checkpoint's")
-      ->check(CLI::IsMember({"rotary", "gpt2"}))
+  app.add_option("--arch", arch,
+                 fmt::format("Architecture, one of: {} (docs/architecture.md); a resume takes the checkpoint's",
+                             fmt::join(tapegrad::nn::architecture_names(), ", ")))
       ->capture_default_str();
   app.add_option("--dropout", dropout, "Dropout probability in training (embeddings, attention, residual branches)")
       ->check(CLI::Range(0.0f, 0.99f))

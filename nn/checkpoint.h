@@ -24,13 +24,15 @@ struct CheckpointExtras {
 };
 
 /// What every model checkpoint writer shares: checks that the tokenizer has `vocab` characters,
-/// adds the extras' metadata to `metadata` (whose keys are reserved) and their "optim." tensors to
-/// `params`, and writes it all atomically to path.
+/// adds "vocab" (its characters in id order), "format_version" and the extras' metadata to
+/// `metadata` (whose keys are reserved) and their "optim." tensors to `params`, and writes it all
+/// atomically to path.
 void write_checkpoint_file(const std::string& path, const ParameterList& params, std::size_t vocab,
                            const CharTokenizer& tokenizer, std::map<std::string, std::string> metadata,
                            const CheckpointExtras& extras);
 
-/// Writes the model, its vocabulary and extras atomically to path (temporary file, fsync, rename).
+/// Writes the model, its vocabulary and extras atomically to path (temporary file, fsync, rename),
+/// with no "arch" key (save_model_checkpoint writes arch = "rotary"; both read alike).
 void save_checkpoint(const std::string& path, const RotaryDecoder& model, const CharTokenizer& tokenizer,
                      const CheckpointExtras& extras = {});
 
@@ -45,7 +47,8 @@ struct LoadedCheckpoint {
 /// Reads and checks everything: the file layout (core/safetensors), the metadata (every key
 /// present, integers in range, a vocabulary of vocab_size characters), every parameter present
 /// with its exact shape, no unknown tensor, and every value finite. Errors name the file and the
-/// problem.
+/// problem. load_model_checkpoint (nn/language_model.h) does the reading; a file of another
+/// architecture is refused.
 LoadedCheckpoint load_checkpoint(const std::string& path, bool remat = false);
 
 }  // namespace tapegrad::nn

@@ -7,6 +7,7 @@
 
 #include "core/ops.h"
 #include "core/random.h"
+#include "nn/architecture.h"
 
 namespace tapegrad::nn {
 
@@ -126,6 +127,30 @@ Gpt2 gpt2(std::size_t vocab, std::size_t d_model, std::size_t n_heads, std::size
   config.remat = remat;
   config.seed = seed;
   return Gpt2(config);
+}
+
+Metadata gpt2_config_metadata(const Gpt2Config& c) {
+  return {{"vocab_size", std::to_string(c.vocab)},
+          {"d_model", std::to_string(c.d_model)},
+          {"n_heads", std::to_string(c.n_heads)},
+          {"n_blocks", std::to_string(c.n_blocks)},
+          {"max_len", std::to_string(c.max_len)},
+          {"d_ff", std::to_string(c.ffn_dim())},
+          {"norm_eps", fmt::format("{}", c.norm_eps)},
+          {"dropout", fmt::format("{}", c.dropout)}};
+}
+
+Gpt2Config gpt2_config_from_metadata(const Metadata& metadata) {
+  Gpt2Config config;
+  read_model_sizes(metadata, config);
+  config.norm_eps = float(metadata_positive(metadata, "norm_eps"));
+  config.dropout = metadata.count("dropout") ? float(metadata_probability(metadata, "dropout")) : 0.0f;
+  return config;
+}
+
+// Listed in nn/architecture.cpp.
+Architecture gpt2_architecture() {
+  return make_architecture<Gpt2>("gpt2", &gpt2_config_from_metadata, &gpt2_config_metadata);
 }
 
 }  // namespace tapegrad::nn

@@ -14,6 +14,7 @@
 #include <span>
 #include <vector>
 
+#include "nn/checkpoint_metadata.h"
 #include "nn/decoder_model.h"
 
 namespace tapegrad::nn {
@@ -90,6 +91,13 @@ class Gpt2 : public Module, public DecoderModel<Gpt2> {
   Gpt2(const Gpt2Config& config, Rng&& rng);
   Gpt2Config config_;
 };
+
+/// The config as checkpoint metadata: vocab_size, d_model, n_heads, n_blocks, max_len, d_ff,
+/// norm_eps and dropout.
+Metadata gpt2_config_metadata(const Gpt2Config& config);
+/// The config that gpt2_config_metadata wrote (dropout 0 when absent; remat false, seed 0);
+/// throws std::runtime_error naming a missing or bad key.
+Gpt2Config gpt2_config_from_metadata(const Metadata& metadata);
 
 /// gpt2(65, 64, 4, 2, 256) has 120,640 parameters.
 Gpt2 gpt2(std::size_t vocab, std::size_t d_model, std::size_t n_heads, std::size_t n_blocks, std::size_t max_len,

@@ -1,19 +1,24 @@
-// LanguageModel: one of the architectures the programs train, generate with and evaluate,
-// chosen by name ("rotary": nn/rotary_decoder.h; "gpt2": nn/gpt2.h) and recorded in the
-// checkpoint's "arch" metadata (a file without it is "rotary").
+// LanguageModel: any registered architecture (nn/architecture.h) behind one interface, for the
+// programs that train, generate with and evaluate a model chosen by name; and the checkpoints
+// that record that name in their "arch" metadata (a file without it is "rotary").
 #pragma once
 
+#include <fmt/format.h>
+
 #include <map>
+#include <memory>
 #include <string>
-#include <variant>
+#include <span>
+#include <type_traits>
+#include <typeindex>
+#include <vector>
 
 #include "nn/checkpoint.h"
-#include "nn/gpt2.h"
-#include "nn/rotary_decoder.h"
+#include "nn/kv_cache.h"
 
 namespace tapegrad::nn {
 
-/// A RotaryDecoder or a Gpt2 behind one interface (the calls go to the model held).
+/// A model of any architecture (a DecoderModel and a Module), the calls going to the model held.
 class LanguageModel {
  public:
   /// What generate needs of config().
@@ -22,51 +27,118 @@ class LanguageModel {
     std::size_t vocab = 0, max_len = 0;
     /// @}
   };
-  LanguageModel(RotaryDecoder model) : model_(std::move(model)) {}  ///< Holds a rotary decoder.
-  LanguageModel(Gpt2 model) : model_(std::move(model)) {}           ///< Holds a GPT-2.
+  /// Holds model (a RotaryDecoder, a Gpt2, or any class with the DecoderModel interface).
+  template <class Model>
+    requires(!std::is_same_v<std::remove_cvref_t<Model>, LanguageModel>)
+  LanguageModel(Model model) : held_(std::make_unique<Held<Model>>(std::move(model))) {}
 
-  /// "rotary" or "gpt2".
+  /// The registered name of the held model's architecture ("rotary", "gpt2", ...); throws
+  /// std::logic_error if its class is not registered.
   std::string arch() const;
+  /// The class of the model held (the key of its Architecture).
+  std::type_index model_type() const { return held_->type(); }
   /// ids (B*T, row-major) -> logits (B, T, vocab).
-  Var forward(std::span<const std::int32_t> ids, std::size_t batch, std::size_t seq_len) const;
+  Var forward(std::span<const std::int32_t> ids, std::size_t batch, std::size_t seq_len) const {
+    return held_->forward(ids, batch, seq_len);
+  }
   /// Mean next-token cross-entropy of forward(inputs) against targets, both (B*T).
   Var loss(std::span<const std::int32_t> inputs, std::span<const std::int32_t> targets, std::size_t batch,
-           std::size_t seq_len) const;
-  ParameterList params() const;      ///< The model's parameters with their names.
-  std::size_t num_params() const;    ///< The number of trainable values.
-  Sizes config() const;              ///< The vocabulary size and max_len.
-  void set_training(bool on);        ///< Training or evaluation mode (dropout).
+           std::size_t seq_len) const {
+    return held_->loss(inputs, targets, batch, seq_len);
+  }
+  ParameterList params() const { return held_->params(); }       ///< The model's parameters with their names.
+  std::size_t num_params() const { return held_->num_params(); }  ///< The number of trainable values.
+  Sizes config() const { return held_->sizes(); }                 ///< The vocabulary size and max_len.
+  void set_training(bool on) { held_->set_training(on); }         ///< Training or evaluation mode (dropout).
   /// The step the dropout streams of the next forward derive from.
-  void set_dropout_step(std::uint64_t step);
-  /// "RotaryDecoder(...)" or "Gpt2(...)".
-  std::string describe() const;
+  void set_dropout_step(std::uint64_t step) { held_->set_dropout_step(step); }
+  /// The model as fmt prints it ("RotaryDecoder(...)", "Gpt2(...)"), or its arch and size.
+  std::string describe() const { return held_->describe(*this); }
 
   /// Decoding through a KV cache, as each architecture's DecoderModel offers it.
   using Cache = KVCache;
   /// A cache for `sequences` sequences, bound to this model.
-  KVCache make_cache(std::size_t sequences = 1) const;
+  KVCache make_cache(std::size_t sequences = 1) const { return held_->make_cache(sequences); }
   /// Appends tokens to one sequence of the cache; returns their logits (T, vocab).
-  Tensor prefill(std::span<const std::int32_t> tokens, KVCache& cache, std::size_t sequence = 0) const;
+  Tensor prefill(std::span<const std::int32_t> tokens, KVCache& cache, std::size_t sequence = 0) const {
+    return held_->prefill(tokens, cache, sequence);
+  }
   /// Appends prompts[s] to sequence s in one pass; returns every appended token's logits.
-  Tensor prefill(std::span<const std::vector<std::int32_t>> prompts, KVCache& cache) const;
+  Tensor prefill(std::span<const std::vector<std::int32_t>> prompts, KVCache& cache) const {
+    return held_->prefill(prompts, cache);
+  }
   /// One token for each sequence; returns the logits (sequences, vocab), dropped sequences' rows NaN.
-  std::span<const float> step(std::span<const std::int32_t> tokens, KVCache& cache) const;
+  std::span<const float> step(std::span<const std::int32_t> tokens, KVCache& cache) const {
+    return held_->step(tokens, cache);
+  }
   /// step() of a one-sequence cache: the logits (vocab) of its next position.
-  std::span<const float> step(std::int32_t token, KVCache& cache) const;
+  std::span<const float> step(std::int32_t token, KVCache& cache) const { return step(std::span(&token, 1), cache); }
 
-  /// The model itself, for what only one architecture has (null if it is the other).
-  RotaryDecoder* rotary() { return std::get_if<RotaryDecoder>(&model_); }
-  const RotaryDecoder* rotary() const { return std::get_if<RotaryDecoder>(&model_); }  ///< rotary(), read-only.
-  Gpt2* gpt2() { return std::get_if<Gpt2>(&model_); }                                  ///< The Gpt2, or null.
-  const Gpt2* gpt2() const { return std::get_if<Gpt2>(&model_); }                      ///< gpt2(), read-only.
+  /// The model itself if it is a Model (for what only one architecture has), else null.
+  template <class Model> Model* as() {
+    auto* held = dynamic_cast<Held<Model>*>(held_.get());
+    return held ? &held->model : nullptr;
+  }
+  /// as(), read-only.
+  template <class Model> const Model* as() const { return const_cast<LanguageModel*>(this)->as<Model>(); }
 
  private:
-  std::variant<RotaryDecoder, Gpt2> model_;
+  // The interface every held model offers (type erasure: Held<Model> forwards to the model).
+  struct Base {
+    virtual ~Base() = default;
+    virtual std::type_index type() const = 0;
+    virtual Var forward(std::span<const std::int32_t> ids, std::size_t batch, std::size_t seq_len) const = 0;
+    virtual Var loss(std::span<const std::int32_t> inputs, std::span<const std::int32_t> targets, std::size_t batch,
+                     std::size_t seq_len) const = 0;
+    virtual ParameterList params() const = 0;
+    virtual std::size_t num_params() const = 0;
+    virtual Sizes sizes() const = 0;
+    virtual void set_training(bool on) = 0;
+    virtual void set_dropout_step(std::uint64_t step) = 0;
+    virtual std::string describe(const LanguageModel& self) const = 0;
+    virtual KVCache make_cache(std::size_t sequences) const = 0;
+    virtual Tensor prefill(std::span<const std::int32_t> tokens, KVCache& cache, std::size_t sequence) const = 0;
+    virtual Tensor prefill(std::span<const std::vector<std::int32_t>> prompts, KVCache& cache) const = 0;
+    virtual std::span<const float> step(std::span<const std::int32_t> tokens, KVCache& cache) const = 0;
+  };
+  template <class Model>
+  struct Held final : Base {
+    explicit Held(Model m) : model(std::move(m)) {}
+    std::type_index type() const override { return typeid(Model); }
+    Var forward(std::span<const std::int32_t> ids, std::size_t batch, std::size_t seq_len) const override {
+      return model.forward(ids, batch, seq_len);
+    }
+    Var loss(std::span<const std::int32_t> inputs, std::span<const std::int32_t> targets, std::size_t batch,
+             std::size_t seq_len) const override {
+      return model.loss(inputs, targets, batch, seq_len);
+    }
+    ParameterList params() const override { return model.params(); }
+    std::size_t num_params() const override { return model.num_params(); }
+    Sizes sizes() const override { return {model.config().vocab, model.config().max_len}; }
+    void set_training(bool on) override { model.train(on); }
+    void set_dropout_step(std::uint64_t step) override { model.dropout_step = step; }
+    std::string describe(const LanguageModel& self) const override {
+      if constexpr (fmt::is_formattable<Model>::value) return fmt::format("{}", model);
+      else return fmt::format("{}({} parameters)", self.arch(), model.num_params());
+    }
+    KVCache make_cache(std::size_t sequences) const override { return model.make_cache(sequences); }
+    Tensor prefill(std::span<const std::int32_t> tokens, KVCache& cache, std::size_t sequence) const override {
+      return model.prefill(tokens, cache, sequence);
+    }
+    Tensor prefill(std::span<const std::vector<std::int32_t>> prompts, KVCache& cache) const override {
+      return model.prefill(prompts, cache);
+    }
+    std::span<const float> step(std::span<const std::int32_t> tokens, KVCache& cache) const override {
+      return model.step(tokens, cache);
+    }
+    Model model;
+  };
+  std::unique_ptr<Base> held_;
 };
 
-/// save_checkpoint for either architecture: the rotary decoder's file is unchanged (plus
-/// arch = "rotary"); a gpt2 file has the tensor names of Gpt2::params(), arch = "gpt2", its sizes,
-/// norm_eps, dropout, and the vocabulary.
+/// Writes any registered model, its vocabulary and extras atomically (nn/checkpoint.h): the
+/// tensor names of model.params(), and the metadata of its architecture's to_metadata plus
+/// arch, vocab and format_version.
 void save_model_checkpoint(const std::string& path, const LanguageModel& model, const CharTokenizer& tokenizer,
                            const CheckpointExtras& extras = {});
 
@@ -78,9 +150,9 @@ struct LoadedModelCheckpoint {
   std::map<std::string, std::string> metadata;  ///< the file's metadata, every key
 };
 
-/// load_checkpoint for either architecture, by the file's "arch" (absent: "rotary"), with the
-/// same checks: every parameter present with its exact shape, no unknown tensor, finite values,
-/// metadata in range. Errors name the file and the problem.
+/// Reads a checkpoint of any registered architecture, by the file's "arch" (absent: "rotary"),
+/// with every check of load_checkpoint: metadata in range, every parameter present with its exact
+/// shape, no unknown tensor, finite values. Errors name the file and the problem.
 LoadedModelCheckpoint load_model_checkpoint(const std::string& path, bool remat = false);
 
 }  // namespace tapegrad::nn

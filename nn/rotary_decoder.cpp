@@ -6,6 +6,7 @@
 
 #include "core/ops.h"
 #include "core/random.h"
+#include "nn/architecture.h"
 
 namespace tapegrad::nn {
 
@@ -134,6 +135,33 @@ RotaryDecoder rotary_decoder(std::size_t vocab, std::size_t d_model, std::size_t
   config.remat = remat;
   config.seed = seed;
   return RotaryDecoder(config);
+}
+
+Metadata decoder_config_metadata(const DecoderConfig& c) {
+  Metadata metadata = {{"vocab_size", std::to_string(c.vocab)},
+                       {"d_model", std::to_string(c.d_model)},
+                       {"n_heads", std::to_string(c.n_heads)},
+                       {"n_blocks", std::to_string(c.n_blocks)},
+                       {"max_len", std::to_string(c.max_len)},
+                       {"d_ff", std::to_string(c.ffn_dim())},
+                       {"norm_eps", fmt::format("{}", c.norm_eps)},
+                       {"rope_theta", fmt::format("{}", c.rope_theta)}};
+  if (c.dropout > 0) metadata["dropout"] = fmt::format("{}", c.dropout);  // absent: 0, as in the first files
+  return metadata;
+}
+
+DecoderConfig decoder_config_from_metadata(const Metadata& metadata) {
+  DecoderConfig config;
+  read_model_sizes(metadata, config);
+  config.norm_eps = float(metadata_positive(metadata, "norm_eps"));
+  config.rope_theta = metadata_positive(metadata, "rope_theta");
+  if (metadata.count("dropout")) config.dropout = float(metadata_probability(metadata, "dropout"));
+  return config;
+}
+
+// Listed in nn/architecture.cpp.
+Architecture rotary_architecture() {
+  return make_architecture<RotaryDecoder>("rotary", &decoder_config_from_metadata, &decoder_config_metadata);
 }
 
 }  // namespace tapegrad::nn

@@ -10,6 +10,7 @@
 #include <optional>
 #include <vector>
 
+#include "nn/checkpoint_metadata.h"
 #include "nn/decoder_model.h"
 
 namespace tapegrad::nn {
@@ -87,6 +88,13 @@ class RotaryDecoder : public Module, public DecoderModel<RotaryDecoder> {
   RotaryDecoder(const DecoderConfig& config, Rng&& rng);
   DecoderConfig config_;
 };
+
+/// The config as checkpoint metadata: vocab_size, d_model, n_heads, n_blocks, max_len, d_ff,
+/// norm_eps, rope_theta, and dropout when it is not 0.
+Metadata decoder_config_metadata(const DecoderConfig& config);
+/// The config that decoder_config_metadata wrote (dropout 0 when absent; remat false, seed 0);
+/// throws std::runtime_error naming a missing or bad key.
+DecoderConfig decoder_config_from_metadata(const Metadata& metadata);
 
 /// rotary_decoder(65, 64, 4, 2, 256) has 139,777 parameters.
 RotaryDecoder rotary_decoder(std::size_t vocab, std::size_t d_model, std::size_t n_heads, std::size_t n_blocks,

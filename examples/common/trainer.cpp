@@ -24,6 +24,7 @@
 #include "core/ops.h"
 #include "core/safetensors.h"
 #include "distributed/data_parallel.h"
+#include "nn/architecture.h"
 #include "nn/checkpoint.h"
 #include "nn/checkpoint_metadata.h"
 #include "nn/language_model.h"
@@ -70,43 +71,22 @@ void check_flag(const char* flag, const std::optional<std::size_t>& given, std::
                     flag, *given, path, flag, saved));
 }
 
-template <class Config>
-void validate_model(const Config& config) {
+/// A new model of o.model's --arch (default "rotary", any registered name) and sizes.
+nn::LanguageModel new_model(const TrainOptions& o, std::size_t vocab) {
+  const nn::ModelShape shape{.vocab = vocab,
+                             .d_model = o.model.d_model.value_or(64),
+                             .n_heads = o.model.heads.value_or(4),
+                             .n_blocks = o.model.blocks.value_or(2),
+                             .max_len = o.model.max_len.value_or(256),
+                             .d_ff = o.model.d_ff,
+                             .dropout = o.model.dropout.value_or(0.0f),
+                             .remat = o.remat,
+                             .seed = o.seed};
   try {
-    config.validate();
-  } catch (const std::invalid_argument& e) {
+    return nn::find_architecture(o.model.arch.value_or("rotary"), "--arch").make(shape);
+  } catch (const std::invalid_argument& e) {  // an unknown --arch, or sizes the architecture refuses
     throw UsageError(e.what());
   }
-}
-
-/// A new model of o.model's --arch ("rotary" or "gpt2") and sizes.
-nn::LanguageModel new_model(const TrainOptions& o, std::size_t vocab) {
-  const std::string arch = o.model.arch.value_or("rotary");
-  if (arch == "gpt2") {
-    nn::Gpt2Config config{.vocab = vocab,
-                          .d_model = o.model.d_model.value_or(64),
-                          .n_heads = o.model.heads.value_or(4),
-                          .n_blocks = o.model.blocks.value_or(2),
-                          .max_len = o.model.max_len.value_or(256),
-                          .d_ff = o.model.d_ff,
-                          .dropout = o.model.dropout.value_or(0.0f),
-                          .remat = o.remat,
-                          .seed = o.seed};
-    validate_model(config);
-    return nn::Gpt2(config);
-  }
-  if (arch != "rotary") throw UsageError(fmt::format("--arch {} is not one of rotary, gpt2", arch));
-  nn::DecoderConfig config{.vocab = vocab,
-                           .d_model = o.model.d_model.value_or(64),
-                           .n_heads = o.model.heads.value_or(4),
-                           .n_blocks = o.model.blocks.value_or(2),
-                           .max_len = o.model.max_len.value_or(256),
-                           .d_ff = o.model.d_ff,
-                           .remat = o.remat,
-                           .seed = o.seed,
-                           .dropout = o.model.dropout.value_or(0.0f)};
-  validate_model(config);
-  return nn::RotaryDecoder(config);
 }
 
 /// The live state of one run.
@@ -275,15 +255,13 @@ extern "C" void on_stop_signal(int signal) {
   g_stop_signal.store(signal);
 }
 
-/// What the other ranks need to build rank 0's model: arch (1: gpt2), d_model, heads, blocks,
+/// What the other ranks need to build rank 0's model besides its arch: d_model, heads, blocks,
 /// max_len, d_ff, the dropout's bits and the seed (the root of the dropout streams).
-constexpr int kConfigFields = 8;
-std::array<std::uint64_t, kConfigFields> config_fields(const nn::LanguageModel& model) {
-  auto fields = [](const auto& c, std::uint64_t gpt2) {
-    return std::array<std::uint64_t, kConfigFields>{gpt2,      c.d_model, c.n_heads, c.n_blocks, c.max_len, c.ffn_dim(),
-                                                    std::bit_cast<std::uint32_t>(c.dropout), c.seed};
-  };
-  return model.gpt2() ? fields(model.gpt2()->config(), 1) : fields(model.rotary()->config(), 0);
+constexpr int kShapeFields = 7;
+std::array<std::uint64_t, kShapeFields> shape_fields(const nn::LanguageModel& model) {
+  const nn::ModelShape s = nn::find_architecture(model.arch()).shape(model);
+  return {s.d_model, s.n_heads, s.n_blocks, s.max_len, s.d_ff.value_or(0), std::bit_cast<std::uint32_t>(s.dropout),
+          s.seed};
 }
 
 }  // namespace
@@ -317,6 +295,11 @@ void TrainOptions::validate() const {
   require(eval_every >= 0, fmt::format("--eval-every must be >= 0 (0: only at the end), got {}", eval_every));
   require(eval_batches >= 1, fmt::format("--eval-batches must be at least 1, got {}", eval_batches));
   require(save_every >= 0, fmt::format("--save-every must be >= 0 (0: only at the end), got {}", save_every));
+  try {
+    if (model.arch) nn::find_architecture(*model.arch, "--arch");
+  } catch (const std::invalid_argument& e) {
+    throw UsageError(e.what());
+  }
   for (const auto& [flag, value] : {std::pair{"d-model", model.d_model},
                                     {"heads", model.heads},
                                     {"blocks", model.blocks},
@@ -393,8 +376,7 @@ void prepare_leader_run(const TrainOptions& o, std::int64_t decay_steps, const M
     check_flag("blocks", o.model.blocks, meta_size("n_blocks"), o.resume);
     check_flag("max-len", o.model.max_len, meta_size("max_len"), o.resume);
     check_flag("d-ff", o.model.d_ff, meta_size("d_ff"), o.resume);
-    const float saved_dropout =
-        ckpt->model.gpt2() ? ckpt->model.gpt2()->config().dropout : ckpt->model.rotary()->config().dropout;
+    const float saved_dropout = nn::find_architecture(arch).shape(ckpt->model).dropout;
     if (o.model.dropout && *o.model.dropout != saved_dropout)
       throw UsageError(fmt::format("--dropout {} disagrees with --resume {}, whose model has dropout {} (drop the flag)",
                                    *o.model.dropout, o.resume, saved_dropout));
@@ -437,14 +419,16 @@ void prepare_leader_run(const TrainOptions& o, std::int64_t decay_steps, const M
 /// build the same run from them (they need no copy of --data or --resume).
 void share_leader_run(const TrainOptions& o, std::int64_t decay_steps, distributed::Communicator& comm, Setup& setup) {
   distributed::broadcast_string(comm, setup.text);
-  std::array<std::uint64_t, kConfigFields> fields{};
-  if (comm.rank() == 0) fields = config_fields(setup.run->model);
+  std::string arch;
+  std::array<std::uint64_t, kShapeFields> fields{};
+  if (comm.rank() == 0) arch = setup.run->model.arch(), fields = shape_fields(setup.run->model);
+  distributed::broadcast_string(comm, arch);
   distributed::broadcast_values(comm, std::span(fields));
   if (comm.rank() != 0) {
     TrainOptions shape = o;  // the model of rank 0, whether new or resumed
-    shape.model = {fields[1], fields[2], fields[3], fields[4], fields[5], fields[0] ? "gpt2" : "rotary",
-                   std::bit_cast<float>(std::uint32_t(fields[6]))};
-    shape.seed = fields[7];
+    shape.model = {fields[0], fields[1], fields[2], fields[3], fields[4] ? std::optional(fields[4]) : std::nullopt, arch,
+                   std::bit_cast<float>(std::uint32_t(fields[5]))};
+    shape.seed = fields[6];
     Corpus corpus = corpus_from_bytes(o.data, setup.text);
     nn::LanguageModel model = new_model(shape, corpus.tokenizer.size());
     setup.run.emplace(o, decay_steps, std::move(corpus), std::move(model));
@@ -629,9 +613,9 @@ class TrainingLoop {
     const Batch batch = sample_batch(run_.corpus.train(), o_.batch, o_.seq, run_.batch_rng);
     const auto started = std::chrono::steady_clock::now();
     if (o_.inject_nan_at && *o_.inject_nan_at == run_.step + 1) {
-      // A NaN that reaches every logit: the head bias, or gpt2's final norm bias (tied head).
-      Var& poisoned = run_.model.rotary() ? run_.model.rotary()->head.bias : run_.model.gpt2()->norm.bias;
-      poisoned.mutable_value()[0] = std::numeric_limits<float>::quiet_NaN();
+      // A NaN that reaches every logit: the last parameter, which feeds the logits directly in
+      // the built-in architectures (rotary's head bias, gpt2's final norm bias before its tied head).
+      run_.params.back().var.mutable_value()[0] = std::numeric_limits<float>::quiet_NaN();
     }
     // The masks of a step depend on it alone: resume is exact, and every part (rank or
     // micro-batch) draws the same masks for its rows whatever the split.

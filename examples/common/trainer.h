@@ -17,7 +17,7 @@ namespace tapegrad::examples {
 /// the checkpoint's value on --resume, where a given value must agree with the checkpoint).
 struct ModelFlags {
   std::optional<std::size_t> d_model, heads, blocks, max_len, d_ff;
-  std::optional<std::string> arch;  // "rotary" (default) or "gpt2"
+  std::optional<std::string> arch;  // a registered architecture (nn/architecture.h); default "rotary"
   std::optional<float> dropout;     // default 0
 };
 

@@ -1,4 +1,5 @@
 #include <doctest/doctest.h>
+#include <unistd.h>
 
 #include <cmath>
 #include <filesystem>
@@ -6,6 +7,7 @@
 #include "core/safetensors.h"
 #include "nn/checkpoint.h"
 #include "nn/generate.h"
+#include "nn/gpt2.h"
 #include "nn/language_model.h"
 #include "support/helpers.h"
 
@@ -14,7 +16,8 @@ using namespace tapegrad::nn;
 
 namespace {
 std::string temp_path(const std::string& name) {
-  auto dir = std::filesystem::temp_directory_path() / "tapegrad_test_checkpoint";
+  // One folder per process: the SIMD levels run side by side, and their files differ in the last bits.
+  auto dir = std::filesystem::temp_directory_path() / ("tapegrad_test_checkpoint_" + std::to_string(getpid()));
   std::filesystem::create_directories(dir);
   return (dir / name).string();
 }
@@ -120,8 +123,8 @@ TEST_CASE("a gpt2 checkpoint round-trips through load_model_checkpoint, and its 
   std::string good = temp_path("gpt2.safetensors"), bad = temp_path("gpt2_bad.safetensors");
   save_model_checkpoint(good, LanguageModel(gpt2(4, 8, 2, 1, 8)), tok);  // dropout 0 is written as "0"
   LoadedModelCheckpoint loaded = load_model_checkpoint(good);
-  REQUIRE(loaded.model.gpt2() != nullptr);
-  CHECK(loaded.model.gpt2()->config().dropout == 0.0f);
+  REQUIRE(loaded.model.as<Gpt2>() != nullptr);
+  CHECK(loaded.model.as<Gpt2>()->config().dropout == 0.0f);
   auto refused = [&](auto edit) {
     rewrite(good, bad, edit);
     return test::error_of([&] { load_model_checkpoint(bad); });
@@ -133,5 +136,5 @@ TEST_CASE("a gpt2 checkpoint round-trips through load_model_checkpoint, and its 
   CHECK(refused([](T&, M& m) { m["norm_eps"] = "0"; }) == bad + ": metadata 'norm_eps' = '0' is not a positive number");
   CHECK(refused([](T&, M& m) { m["dropout"] = "1"; }) == bad + ": metadata 'dropout' = '1' is not a number in [0, 1)");
   rewrite(good, bad, [](T&, M& m) { m["dropout"] = "0.25"; });
-  CHECK(load_model_checkpoint(bad).model.gpt2()->config().dropout == 0.25f);
+  CHECK(load_model_checkpoint(bad).model.as<Gpt2>()->config().dropout == 0.25f);
 }
