@@ -99,9 +99,28 @@ void release_cached_storage() { storage_cache().trim(); }
 
 void StorageDeleter::operator()(float* p) const { storage_cache().release(p, bytes); }
 
+static thread_local TensorAllocationLimit* active_limit = nullptr;
+
+TensorAllocationLimit::TensorAllocationLimit(std::size_t bytes, std::string what) : limit_(bytes), what_(std::move(what)) {
+  if (active_limit) throw std::logic_error("TensorAllocationLimit: a limit is already active on this thread");
+  active_limit = this;
+}
+TensorAllocationLimit::~TensorAllocationLimit() { active_limit = nullptr; }
+
+void TensorAllocationLimit::charge(std::size_t bytes) {
+  TensorAllocationLimit* limit = active_limit;
+  if (!limit) return;
+  if (bytes > limit->limit_ - limit->used_)
+    throw std::length_error(fmt::format("{}: tensors of {} bytes and {} more would pass the limit of {} bytes",
+                                        limit->what_, limit->used_, bytes, limit->limit_));
+  limit->used_ += bytes;
+}
+
 static std::unique_ptr<float[], StorageDeleter> allocate(std::size_t count) {
   if (count == 0) return {nullptr, StorageDeleter{0}};
+  if (count > (std::size_t(-1) - 64) / sizeof(float)) throw std::length_error(fmt::format("Tensor: {} elements", count));
   std::size_t bytes = StorageCache::rounded(count);
+  TensorAllocationLimit::charge(bytes);
   return {storage_cache().allocate(bytes), StorageDeleter{bytes}};
 }
 

@@ -81,6 +81,24 @@ class Tensor {
   std::unique_ptr<float[], StorageDeleter> data_;
 };
 
+/// Within its lifetime, the tensors this thread allocates may take at most `bytes` in all; the one
+/// that would pass it throws std::length_error with `what` and the sizes. For objects built from
+/// sizes nobody vouches for: a model whose sizes come from a forged checkpoint is refused before
+/// it allocates more than its file holds. Limits do not nest.
+class TensorAllocationLimit {
+ public:
+  TensorAllocationLimit(std::size_t bytes, std::string what);
+  ~TensorAllocationLimit();
+  TensorAllocationLimit(const TensorAllocationLimit&) = delete;
+  TensorAllocationLimit& operator=(const TensorAllocationLimit&) = delete;
+  /// Counts `bytes` more, or throws if they pass the limit of this thread's active limit (if any).
+  static void charge(std::size_t bytes);
+
+ private:
+  std::size_t limit_, used_ = 0;
+  std::string what_;
+};
+
 /// Bytes of freed tensor storage kept for reuse.
 std::size_t cached_storage_bytes();
 /// Hands the cached storage back to the system.

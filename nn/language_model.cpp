@@ -81,7 +81,15 @@ LoadedModelCheckpoint load_model_checkpoint(const std::string& path, bool remat)
     auto it = meta.find("arch");  // absent in the files of the time before gpt2
     const Architecture& arch = find_architecture(it == meta.end() ? "rotary" : it->second, "metadata arch");
     check_format_version(meta, kCheckpointFormatVersion);
-    LanguageModel model = arch.from_metadata(meta, remat);
+    // The sizes come from the file: the model may take no more than its tensors hold (twice, for
+    // what building it allocates besides), so forged sizes fail before a large allocation.
+    std::size_t file_bytes = 0;
+    for (const auto& [name, tensor] : file.tensors) file_bytes += tensor.bytes();
+    LanguageModel model = [&] {
+      TensorAllocationLimit limit(2 * file_bytes + (1 << 20), "the sizes in the metadata describe a model larger "
+                                                              "than the file's tensors");
+      return arch.from_metadata(meta, remat);
+    }();
     CharTokenizer tokenizer = CharTokenizer::from_vocab(metadata_text(meta, "vocab"));
     if (tokenizer.size() != model.config().vocab)
       throw std::runtime_error(fmt::format("the vocabulary has {} characters but vocab_size is {}", tokenizer.size(),

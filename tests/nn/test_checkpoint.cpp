@@ -84,6 +84,10 @@ TEST_CASE("checkpoints whose content disagrees with their metadata are refused, 
   CHECK(refused([](T&, M& m) { m["d_model"] = "8x"; }) == bad + ": metadata 'd_model' = '8x' is not an integer in [0, 2147483648]");
   CHECK(refused([](T&, M& m) { m["d_model"] = "16"; }) ==
         bad + ": the metadata describes 2740 parameters but the file holds 1116 values");
+  // Sizes far past the file's tensors fail as the model is built, before a large allocation
+  // (d_model 10^6 would ask for 4 TB per projection).
+  CHECK(test::contains(refused([](T&, M& m) { m["d_model"] = "1000000"; }),
+                       "the sizes in the metadata describe a model larger than the file's tensors"));
   CHECK(test::contains(refused([](T&, M& m) { m["n_heads"] = "3"; }), "d_model 8 is not divisible by n_heads 3"));
   // Found by fuzzing: a forged max_len would size the RoPE table in gigabytes.
   CHECK(test::contains(refused([](T&, M& m) { m["max_len"] = "2147483648"; }), "max_len 2147483648 exceeds the supported"));
