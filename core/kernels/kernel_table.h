@@ -28,7 +28,7 @@ template <class T> const KernelTable<T>& active_table();
 /// Whether a table has every kernel of the list (each level's table.cpp asserts it at compile time).
 template <class T> constexpr bool has_every_kernel(const KernelTable<T>& table) {
   return true
-#define TAPEGRAD_KERNEL(Return, name, parameters, arguments) &&table.name != nullptr
+#define TAPEGRAD_KERNEL(Return, name, parameters, arguments) && table.name != nullptr
 #include "core/kernel_list.h"
       ;
 }

@@ -1,9 +1,10 @@
-// Private to the kernels: opened by every core/kernels/*.cpp. Those files are compiled once per SIMD
-// level (core/kernels/kernel_table.h); CMakeLists.txt names the level in TAPEGRAD_SIMD_LEVEL and
-// sets its compiler flags, so xsimd::batch<T> is that level's widest batch. Builds with the tests
-// compile them once more as the level emulated16, with TAPEGRAD_EMULATED_BATCH, on an emulated
-// 64-byte batch (AVX-512's 16 floats), so that the 16-lane paths of every kernel run on any AVX2
-// machine. Kernels call fma, exp, hadd and max unqualified, so that either batch type finds its own.
+// Private to the kernels: opened by every core/kernels/*.cpp. Those files are compiled once per
+// SIMD level (core/kernels/kernel_table.h); CMakeLists.txt names the level in TAPEGRAD_SIMD_LEVEL
+// and sets its compiler flags, so xsimd::batch<T> is that level's widest batch. Builds with the
+// tests compile them once more as the level emulated16, with TAPEGRAD_EMULATED_BATCH, on an
+// emulated 64-byte batch (AVX-512's 16 floats), so that the 16-lane paths of every kernel run on
+// any AVX2 machine. Kernels call fma, exp, hadd and max unqualified, so that either batch type
+// finds its own.
 #pragma once
 
 #include <xsimd/xsimd.hpp>
@@ -35,4 +36,3 @@ using xsimd::max;
 #include "core/kernel_list.h"
 
 }  // namespace tapegrad::kernels::TAPEGRAD_SIMD_LEVEL
-
