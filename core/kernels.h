@@ -1,8 +1,8 @@
 // The math of the model, forward and backward side by side, as plain functions on raw row-major
 // buffers (llm.c style). Training (core/ops) and inference (nn/kv_cache) call these same
 // functions. Templates on T are instantiated for float (the framework) and double (the
-// gradient checks in tests/core). Backward kernels accumulate (+=) into every gradient they get;
-// a null gradient pointer means "not needed".
+// gradient checks in tests/core). The SIMD kernels are named in one list, core/kernel_list.h;
+// the products composed from them are declared here.
 #pragma once
 
 #include <cstddef>
@@ -48,7 +48,37 @@ struct AttentionShape {
 /// (4, 8 and 16 floats), so that the layout does not depend on the level in use.
 inline constexpr std::size_t key_block = 16;
 
-#include "core/kernel_functions.h"
+// ---- the SIMD kernels (core/kernel_list.h) ---------------------------------------------------
+
+#define TAPEGRAD_KERNEL(Return, name, parameters, arguments) template <class T> Return name parameters;
+#include "core/kernel_list.h"
+
+// ---- matrix products composed from gemm ------------------------------------------------------
+// Backward adds into every gradient it gets (a null pointer: not needed); with overwrite_dx
+// (overwrite_dr), dx (dr) is written instead, its old values not read, as in core/kernel_list.h.
+
+/// y = x w; x (M, K), w (K, N) -> y (M, N).
+template <class T>
+void matmul_forward(T* y, const T* x, const T* w, std::size_t M, std::size_t K, std::size_t N);
+/// dx += dy w^T (M, K); dw += x^T dy (K, N).
+template <class T>
+void matmul_backward(T* dx, T* dw, const T* dy, const T* x, const T* w, std::size_t M, std::size_t K,
+                     std::size_t N, bool overwrite_dx = false);
+/// y = r + x w, the residual add folded into the matmul (one gemm with beta = 1); r and y (M, N)
+/// may be the same buffer.
+template <class T>
+void add_matmul_forward(T* y, const T* r, const T* x, const T* w, std::size_t M, std::size_t K, std::size_t N);
+/// dr += dy; then as matmul_backward.
+template <class T>
+void add_matmul_backward(T* dr, T* dx, T* dw, const T* dy, const T* x, const T* w, std::size_t M, std::size_t K,
+                         std::size_t N, bool overwrite_dr = false, bool overwrite_dx = false);
+/// y (M, N) = x w + b on every row: y starts as the bias rows, then one gemm with beta = 1.
+template <class T>
+void linear_forward(T* y, const T* x, const T* w, const T* b, std::size_t M, std::size_t K, std::size_t N);
+/// dx += dy w^T; dw += x^T dy; db += sum over rows of dy (in row order). Any pointer may be null.
+template <class T>
+void linear_backward(T* dx, T* dw, T* db, const T* dy, const T* x, const T* w, std::size_t M, std::size_t K,
+                     std::size_t N, bool overwrite_dx = false);
 
 }  // namespace kernels
 }  // namespace tapegrad

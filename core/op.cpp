@@ -59,12 +59,12 @@ GradTarget grad_target(const Var& x, std::initializer_list<Var> others) {
 }
 
 bool overwrite_all(std::initializer_list<GradTarget> targets, std::size_t size) {
-  bool all_fresh = true;
-  for (const GradTarget& g : targets) all_fresh = all_fresh && (!g.data || g.fresh);
-  if (!all_fresh)  // a buffer taken fresh holds no values yet: zero it to add into
+  bool all_overwrite = true;
+  for (const GradTarget& g : targets) all_overwrite = all_overwrite && (!g.data || g.overwrite);
+  if (!all_overwrite)  // an overwrite target's buffer holds no values yet: zero it to add into
     for (const GradTarget& g : targets)
-      if (g.fresh) std::fill_n(g.data, size, 0.0f);
-  return all_fresh;
+      if (g.overwrite) std::fill_n(g.data, size, 0.0f);
+  return all_overwrite;
 }
 
 float* grad_ptr(const Var& x) {

@@ -18,10 +18,11 @@
 //   }
 //
 // Rules for a backward: only accumulate (+=) into the gradients of inputs (grad_ptr returns null
-// for an input that needs none), or write (=) a whole gradient through a fresh grad_target; never
-// record on the tape; never change what was saved. Capture inputs by value (a Var is a shared
-// handle) and save only what the backward reads. The inputs' versions are recorded here, so a
-// backward whose input was since changed in place (Var::mutable_value) is refused by the tape.
+// for an input that needs none), or write (=) a whole gradient through a grad_target that says
+// overwrite; never record on the tape; never change what was saved. Capture inputs by value (a Var
+// is a shared handle) and save only what the backward reads. The inputs' versions are recorded
+// here, so a backward whose input was since changed in place (Var::mutable_value) is refused by
+// the tape.
 #pragma once
 
 #include <cstddef>
@@ -50,18 +51,18 @@ struct GradTarget {
   float* data = nullptr;  ///< the gradient buffer, or null when the input needs no gradient
   /// No gradient has reached the input yet: the buffer holds no values (it is not zero-filled),
   /// and the kernel must write (=) every element rather than add. Otherwise it adds, as to grad_ptr.
-  bool fresh = false;
+  bool overwrite = false;
 };
-/// x's gradient for a kernel that writes it whole: a fresh buffer skips the zero-fill and the
+/// x's gradient for a kernel that writes it whole: an overwrite target skips the zero-fill and the
 /// read of those zeros (the first gradient of every activation). Take it just before the kernel
-/// that writes it: a second call for the same input is no longer fresh.
+/// that writes it: a second call for the same input adds.
 GradTarget grad_target(const Var& x);
 /// grad_target(x) when x is none of the op's other inputs; otherwise an adding target (never
-/// fresh), since the same buffer then also takes those inputs' gradients.
+/// overwrite), since the same buffer then also takes those inputs' gradients.
 GradTarget grad_target(const Var& x, std::initializer_list<Var> others);
 /// One overwrite flag for a kernel that writes several inputs' gradients of `size` floats at once:
-/// true when every target that is there is fresh; otherwise the fresh ones are zero-filled and
-/// false is returned, so that the kernel adds into all of them.
+/// true when every target that is there says overwrite; otherwise those that do are zero-filled
+/// and false is returned, so that the kernel adds into all of them.
 bool overwrite_all(std::initializer_list<GradTarget> targets, std::size_t size);
 /// n's gradient as a raw pointer for kernels (zeros on first use), or null when n needs none.
 float* grad_ptr(Node& n);

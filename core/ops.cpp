@@ -132,12 +132,12 @@ Var add_matmul(const Var& r, const Var& x, const Var& w, const Tensor* known_y) 
     float* dw = grad_ptr(w);
     if (bias) {
       kernels::linear_backward(dx.data, dw, grad_ptr(r), dy.data(), x.value().data(), w.value().data(), M, K, N,
-                               dx.fresh);
+                               dx.overwrite);
       return;
     }
     const GradTarget dr = grad_target(r, {x, w});
     kernels::add_matmul_backward(dr.data, dx.data, dw, dy.data(), x.value().data(), w.value().data(), M, K, N,
-                                 dr.fresh, dx.fresh);
+                                 dr.overwrite, dx.overwrite);
   });
 }
 
@@ -212,11 +212,11 @@ Var rope(const Var& x, std::shared_ptr<const kernels::RopeTable<float>> table, s
   Op op("rope", {x});
   Tensor y = Tensor::uninitialized(s);
   kernels::rope_forward(y.data(), x.value().data(), *table, batch, seq_len, n_heads, head_dim, offset);
-  // the rotation is orthogonal: dx += R(-angle) dy (written when dx is fresh)
+  // the rotation is orthogonal: dx += R(-angle) dy (written with overwrite)
   return op.finish(std::move(y), [x, table, batch, seq_len, n_heads, head_dim, offset](const Tensor& dy,
                                                                                         const Tensor&) {
     if (const GradTarget dx = grad_target(x); dx.data)
-      kernels::rope_backward(dx.data, dy.data(), *table, batch, seq_len, n_heads, head_dim, offset, dx.fresh);
+      kernels::rope_backward(dx.data, dy.data(), *table, batch, seq_len, n_heads, head_dim, offset, dx.overwrite);
   });
 }
 
@@ -235,7 +235,7 @@ Var swiglu(const Var& a, const Var& b) {
   Op op("swiglu", {a, b});
   Tensor y = Tensor::uninitialized(a.shape());
   kernels::swiglu_forward(y.data(), a.value().data(), b.value().data(), a.value().size());
-  // da += dy * b * silu'(a); db += dy * silu(a) (written when both are fresh)
+  // da += dy * b * silu'(a); db += dy * silu(a) (written when both say overwrite)
   return op.finish(std::move(y), [a, b](const Tensor& dy, const Tensor&) {
     const GradTarget da = grad_target(a, {b}), db = grad_target(b, {a});
     kernels::swiglu_backward(da.data, db.data, dy.data(), a.value().data(), b.value().data(), dy.size(),

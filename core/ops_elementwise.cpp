@@ -103,7 +103,7 @@ Var gelu(const Var& x, bool approximate_tanh) {
     std::size_t bytes = op.recording() ? sig.bytes() : 0;
     return op.finish(std::move(y), [x, sig = std::move(sig)](const Tensor& dy, const Tensor&) {
       if (GradTarget dx = grad_target(x); dx.data)
-        kernels::gelu_tanh_backward(dx.data, dy.data(), x.value().data(), sig.data(), dy.size(), dx.fresh);
+        kernels::gelu_tanh_backward(dx.data, dy.data(), x.value().data(), sig.data(), dy.size(), dx.overwrite);
     }, bytes);
   }
   return unary("gelu", x, [](float v) { return float(0.5 * v * (1 + std::erf(v * inv_sqrt2))); },

@@ -1,5 +1,5 @@
 // The kernel thread setting. BLAS runs single-threaded; large products are split across OpenMP
-// threads by the kernels themselves (core/kernels_matmul.cpp).
+// threads by the kernels themselves (core/kernels/matmul.cpp).
 #include <cblas.h>
 #include <omp.h>
 

@@ -1,6 +1,6 @@
 // Checks of the SIMD primitives the kernels rely on and of the width-generic helpers of
-// core/simd_helpers.h, each against a plain scalar loop. Templates on the batch type B: the
-// per-level objects (simd_checks_level.cpp) run them on xsimd's batches as compiled for each SIMD
+// core/kernels/simd_helpers.h, each against a plain scalar loop. Templates on the batch type B:
+// the per-level objects (simd_checks_level.cpp) run them on xsimd's batches as compiled for each SIMD
 // level, test_simd.cpp on emulated batches of any width. They return failure messages rather
 // than use doctest, so that no test-framework code is compiled with a level's flags.
 //
@@ -16,7 +16,7 @@
 #include <string>
 #include <vector>
 
-#include "core/simd_helpers.h"
+#include "core/kernels/simd_helpers.h"
 
 namespace tapegrad::simd_checks {
 
@@ -106,7 +106,7 @@ template <class B> void check_primitives(Failures& f, std::string_view name, boo
   }
 }
 
-// Every helper of core/simd_helpers.h against a scalar loop, for sizes 0 to 3W + 1 (9W + 1 where
+// Every helper of core/kernels/simd_helpers.h against a scalar loop, for sizes 0 to 3W + 1 (9W + 1 where
 // the helper has blocks of up to 8W), unaligned pointers, and the strides the kernels pass.
 template <class B> void check_helpers(Failures& f, std::string_view name) {
   using T = typename B::value_type;

@@ -9,12 +9,14 @@
 #include <cstring>
 #include <limits>
 #include <filesystem>
+#include <fstream>
+#include <regex>
 
-#include "core/kernel_table.h"
+#include "core/kernels/kernel_table.h"
 #include "core/kernels.h"
 #include "core/simd.h"
 #include "support/helpers.h"
-#include "core/emulated_batch.h"
+#include "core/kernels/emulated_batch.h"
 #include "tests/core/simd_checks.h"
 
 using namespace tapegrad;
@@ -68,7 +70,7 @@ TEST_CASE("the xsimd primitives and the SIMD helpers match scalar loops at every
 }
 
 TEST_CASE("the SIMD helpers match scalar loops on emulated batches of 2 to 32 lanes") {
-  using testing::EmulatedBatch;
+  using kernels::EmulatedBatch;
   simd_checks::Failures f;
   simd_checks::check_helpers<EmulatedBatch<float, 16>>(f, "float x16");  // AVX-512's width
   simd_checks::check_helpers<EmulatedBatch<double, 8>>(f, "double x8");
@@ -251,6 +253,33 @@ TEST_CASE("every kernel gives the same results at every level and at 16 emulated
       out.insert(out.end(), cached_last.begin(), cached_last.end());
       return widen(out);
     });
+}
+
+TEST_CASE("every level's table has every kernel of core/kernel_list.h") {
+  for (SimdLevel level : testable_simd_levels()) {
+    LevelGuard guard;
+    set_simd_level(level);
+    std::string level_name(simd_level_name(level));
+    CAPTURE(level_name);
+    const kernels::KernelTable<float>& table = kernels::active_table<float>();
+#define TAPEGRAD_KERNEL(Return, name, parameters, arguments) CHECK_MESSAGE((table.name != nullptr), #name);
+#include "core/kernel_list.h"
+    CHECK(kernels::has_every_kernel(kernels::active_table<double>()));
+  }
+}
+
+TEST_CASE("the kernels' folder includes only core/ headers, never a test's") {
+  // Its files are compiled into the library at every level: a test header there would ship in it.
+  const std::regex quoted_include(R"re(^\s*#\s*include\s*"([^"]*)")re");
+  std::size_t files = 0;
+  for (const auto& entry : std::filesystem::directory_iterator(TAPEGRAD_SOURCE_DIR "/core/kernels")) {
+    std::ifstream in(entry.path());
+    ++files;
+    for (std::string line; std::getline(in, line);)
+      if (std::smatch m; std::regex_search(line, m, quoted_include))
+        CHECK_MESSAGE(m[1].str().starts_with("core/"), entry.path().filename().string() << ": " << line);
+  }
+  CHECK(files > 0);
 }
 
 TEST_CASE("each level's prelinked objects define global symbols only in that level's namespace") {

@@ -1,11 +1,11 @@
 // Row-wise kernels: embedding, RMSNorm, LayerNorm, RoPE and cross-entropy. Loops over contiguous
 // rows, rows spread over threads; cross-row sums (dw, dtable) run serially in row order so results
 // are identical for every thread count. Within a row, the last partial vector is padded (the rule
-// of core/simd_helpers.h): a row's result depends on that row alone.
+// of core/kernels/simd_helpers.h): a row's result depends on that row alone.
 #include <cmath>
 #include <numbers>
 
-#include "core/kernel_level.h"
+#include "core/kernels/level.h"
 
 namespace tapegrad::kernels::TAPEGRAD_SIMD_LEVEL {
 
@@ -14,6 +14,7 @@ namespace tapegrad::kernels::TAPEGRAD_SIMD_LEVEL {
 template <class T> void embedding_forward(T* y, const T* table, const std::int32_t* ids, std::size_t n, std::size_t dim) {
   detail::parallel_for(n, dim, [&](std::size_t i) { std::copy_n(table + std::size_t(ids[i]) * dim, dim, y + i * dim); });
 }
+TAPEGRAD_INSTANTIATE_KERNEL(embedding_forward)
 
 template <class T>
 void embedding_backward(T* dtable, const T* dy, const std::int32_t* ids, std::size_t n, std::size_t dim) {
@@ -23,6 +24,7 @@ void embedding_backward(T* dtable, const T* dy, const std::int32_t* ids, std::si
     for (std::size_t j = 0; j < dim; ++j) row[j] += g[j];
   }
 }
+TAPEGRAD_INSTANTIATE_KERNEL(embedding_backward)
 
 // The sum over a row of dim of term(j, count) for the vector at j, count = min(W, dim - j) (its
 // padding lanes are dropped): vector v into accumulator v % 2, then one horizontal sum.
@@ -54,6 +56,7 @@ void rms_norm_forward(T* y, T* rstd, const T* x, const T* w, std::size_t rows, s
     for (std::size_t j = 0; j < dim; ++j) yr[j] = xr[j] * s * w[j];
   });
 }
+TAPEGRAD_INSTANTIATE_KERNEL(rms_norm_forward)
 
 // y_j = x_j r w_j, r = (mean(x^2) + eps)^(-1/2), dr/dx_j = -r^3 x_j / D.
 // With g = dy * w: dx_j = r g_j - x_j r^3 sum_k(g_k x_k) / D;  dw_j = sum over rows of dy_j x_j r.
@@ -80,6 +83,7 @@ void rms_norm_backward(T* dx, T* dw, const T* dy, const T* x, const T* w, const 
       return dy[r * dim + j] * x[r * dim + j] * rstd[r];
     });
 }
+TAPEGRAD_INSTANTIATE_KERNEL(rms_norm_backward)
 
 // ---- LayerNorm ----
 
@@ -107,6 +111,7 @@ void layer_norm_forward(T* y, T* mean, T* rstd, const T* x, const T* w, const T*
     }
   });
 }
+TAPEGRAD_INSTANTIATE_KERNEL(layer_norm_forward)
 
 // xhat = (x - mean) rstd, g = dy w: dx = rstd (g - mean(g) - xhat mean(g xhat)); dw = sum over rows
 // of dy xhat; db = sum over rows of dy.
@@ -139,6 +144,7 @@ void layer_norm_backward(T* dx, T* dw, T* db, const T* dy, const T* x, const T* 
     });
   if (db) detail::column_sums(db, rows, dim, 1, [=](std::size_t r, std::size_t j) { return dy[r * dim + j]; });
 }
+TAPEGRAD_INSTANTIATE_KERNEL(layer_norm_backward)
 
 // ---- RoPE ----
 
@@ -186,12 +192,14 @@ void rope_forward(T* y, const T* x, const RopeTable<T>& table, std::size_t batch
                   std::size_t n_heads, std::size_t head_dim, std::size_t offset) {
   rope_apply(y, x, table, batch, seq_len, n_heads, head_dim, offset, T(1), false);
 }
+TAPEGRAD_INSTANTIATE_KERNEL(rope_forward)
 
 template <class T>
 void rope_backward(T* dx, const T* dy, const RopeTable<T>& table, std::size_t batch, std::size_t seq_len,
                    std::size_t n_heads, std::size_t head_dim, std::size_t offset, bool overwrite) {
   rope_apply(dx, dy, table, batch, seq_len, n_heads, head_dim, offset, T(-1), !overwrite);
 }
+TAPEGRAD_INSTANTIATE_KERNEL(rope_backward)
 
 // ---- cross-entropy ----
 
@@ -206,6 +214,7 @@ T cross_entropy_forward(T* lse, const T* logits, const std::int32_t* targets, st
   for (std::size_t r = 0; r < n; ++r) total += double(lse[r]) - double(logits[r * vocab + std::size_t(targets[r])]);
   return T(total / double(n));
 }
+TAPEGRAD_INSTANTIATE_KERNEL(cross_entropy_forward)
 
 // loss = mean_r (lse_r - x_{r,t_r}); d loss / d x_{r,j} = (softmax_{r,j} - [j == t_r]) / N.
 template <class T>
@@ -225,23 +234,6 @@ void cross_entropy_backward(T* dlogits, T dloss, const T* logits, const T* lse, 
     dr[targets[r]] -= g;
   });
 }
-
-#define TAPEGRAD_INSTANTIATE(T)                                                                                  \
-  template void embedding_forward<T>(T*, const T*, const std::int32_t*, std::size_t, std::size_t);              \
-  template void embedding_backward<T>(T*, const T*, const std::int32_t*, std::size_t, std::size_t);             \
-  template void rms_norm_forward<T>(T*, T*, const T*, const T*, std::size_t, std::size_t, T);                   \
-  template void layer_norm_forward<T>(T*, T*, T*, const T*, const T*, const T*, std::size_t, std::size_t, T);    \
-  template void layer_norm_backward<T>(T*, T*, T*, const T*, const T*, const T*, const T*, const T*, std::size_t, \
-                                       std::size_t);                   \
-  template void rms_norm_backward<T>(T*, T*, const T*, const T*, const T*, const T*, std::size_t, std::size_t); \
-  template void rope_forward<T>(T*, const T*, const RopeTable<T>&, std::size_t, std::size_t, std::size_t,        \
-                                std::size_t, std::size_t);                                                       \
-  template void rope_backward<T>(T*, const T*, const RopeTable<T>&, std::size_t, std::size_t, std::size_t,       \
-                                 std::size_t, std::size_t, bool);                                                \
-  template T cross_entropy_forward<T>(T*, const T*, const std::int32_t*, std::size_t, std::size_t);             \
-  template void cross_entropy_backward<T>(T*, T, const T*, const T*, const std::int32_t*, std::size_t, std::size_t);
-TAPEGRAD_INSTANTIATE(float)
-TAPEGRAD_INSTANTIATE(double)
-#undef TAPEGRAD_INSTANTIATE
+TAPEGRAD_INSTANTIATE_KERNEL(cross_entropy_backward)
 
 }  // namespace tapegrad::kernels::TAPEGRAD_SIMD_LEVEL

@@ -1,8 +1,8 @@
-// Private to core/: width-generic SIMD helpers for row kernels. Each is a template on the batch
-// type B (xsimd::batch<T, Arch>, or the emulated wide batch of the tests), so the same code runs
-// at 2, 4, 8 and 16 lanes. They use only loads, stores, lane-wise arithmetic, fma, max, exp and
-// hadd (the sum of one batch's lanes); tests/core/test_simd.cpp checks each of those primitives and
-// each helper against a scalar loop at every level. fma, max, exp and hadd are called
+// Private to core/kernels/: width-generic SIMD helpers for row kernels. Each is a template on the
+// batch type B (xsimd::batch<T, Arch>, or the emulated wide batch of the tests), so the same code
+// runs at 2, 4, 8 and 16 lanes. They use only loads, stores, lane-wise arithmetic, fma, max, exp
+// and hadd (the sum of one batch's lanes); tests/core/test_simd.cpp checks each of those primitives
+// and each helper against a scalar loop at every level. fma, max, exp and hadd are called
 // unqualified so that a test batch type supplies its own by argument-dependent lookup.
 //
 // The rule every kernel follows: an element (or a row) is computed by the same instructions

@@ -4,12 +4,15 @@
 // memory is O(T) per head. Head h of a row is columns [h*Dh, (h+1)*Dh) of the (.., H*Dh) tensors.
 // Each (batch, head) pair runs on one thread, in a fixed order: results do not depend on the
 // thread count.
+#include <fmt/format.h>
+
 #include <cmath>
 #include <limits>
 #include <numeric>
+#include <stdexcept>
 #include <vector>
 
-#include "core/kernel_level.h"
+#include "core/kernels/level.h"
 
 namespace tapegrad::kernels::TAPEGRAD_SIMD_LEVEL {
 
@@ -136,10 +139,19 @@ void attention_rows(T* oh, T* lse, const T* qh, const T* kh, const T* vh, const 
   }
 }
 
+// Before any thread starts: an exception cannot leave an OpenMP region.
+void check_shape(const AttentionShape& s) {
+  if (s.q_offset + s.q_len > s.kv_len)
+    throw std::invalid_argument(fmt::format("attention: q_offset + q_len exceeds kv_len; got q_offset {}, q_len {}, "
+                                            "kv_len {}",
+                                            s.q_offset, s.q_len, s.kv_len));
+}
+
 }  // namespace
 
 template <class T>
 void attention_forward(T* out, T* lse, const T* q, const T* k, const T* v, const AttentionShape& s) {
+  check_shape(s);
   const std::size_t D = s.model_dim(), Dh = s.head_dim, Tq = s.q_len;
   constexpr std::size_t W = Batch<T>::size;
   const std::size_t keys = s.q_offset + Tq;  // keys any query sees; later ones (up to kv_len) are not read
@@ -208,6 +220,7 @@ void attention_forward(T* out, T* lse, const T* q, const T* k, const T* v, const
     }
   });
 }
+TAPEGRAD_INSTANTIATE_KERNEL(attention_forward)
 
 // With P_ij = exp(s_ij - lse_i) recomputed per tile, dP = dout v^T and
 // delta_i = sum_j P_ij dP_ij = dout_i . out_i (FlashAttention-2):
@@ -218,6 +231,7 @@ void attention_forward(T* out, T* lse, const T* q, const T* k, const T* v, const
 template <class T>
 void attention_backward(T* dq, T* dk, T* dv, const T* dout, const T* out, const T* lse, const T* q, const T* k,
                         const T* v, const AttentionShape& s, bool overwrite) {
+  check_shape(s);
   const std::size_t D = s.model_dim(), Dh = s.head_dim, Tq = s.q_len;
   constexpr std::size_t W = Batch<T>::size;
   const std::size_t Dp = round_up(Dh, W), keys = s.q_offset + Tq, ld_t = transposed_ld<T>(keys);
@@ -297,13 +311,6 @@ void attention_backward(T* dq, T* dk, T* dv, const T* dout, const T* out, const 
     if (dq) add_rows(dq + hv.q_row0 * D + hv.col0, D, dq_acc.data(), Dp, Tq, Dh, overwrite);
   });
 }
-
-template void attention_forward<float>(float*, float*, const float*, const float*, const float*, const AttentionShape&);
-template void attention_forward<double>(double*, double*, const double*, const double*, const double*,
-                                        const AttentionShape&);
-template void attention_backward<float>(float*, float*, float*, const float*, const float*, const float*,
-                                        const float*, const float*, const float*, const AttentionShape&, bool);
-template void attention_backward<double>(double*, double*, double*, const double*, const double*, const double*,
-                                         const double*, const double*, const double*, const AttentionShape&, bool);
+TAPEGRAD_INSTANTIATE_KERNEL(attention_backward)
 
 }  // namespace tapegrad::kernels::TAPEGRAD_SIMD_LEVEL

@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "core/blas_core.h"
-#include "core/kernel_level.h"
+#include "core/kernels/level.h"
 
 
 namespace tapegrad::kernels::TAPEGRAD_SIMD_LEVEL {
@@ -224,6 +224,7 @@ void packed_gemm(bool trans_a, bool trans_b, std::size_t M, std::size_t N, std::
                    column_block(B, trans_b, n0, ldb), ldb, beta, C + m0 * ldc + n0, ldc);
   });
 }
+TAPEGRAD_INSTANTIATE_KERNEL(packed_gemm)
 
 template <class T>
 void gemm(bool trans_a, bool trans_b, std::size_t M, std::size_t N, std::size_t K, T alpha, const T* A,
@@ -240,22 +241,12 @@ void gemm(bool trans_a, bool trans_b, std::size_t M, std::size_t N, std::size_t 
               column_block(B, trans_b, n0, ldb), int(ldb), beta, C + m0 * ldc + n0, int(ldc));
   });
 }
+TAPEGRAD_INSTANTIATE_KERNEL(gemm)
 
 template <class T>
 void row_stable_matmul(T* y, const T* x, const T* w, std::size_t M, std::size_t K, std::size_t N, bool accumulate) {
   detail::row_stable_product<Batch<T>>(y, N, x, K, w, N, M, N, K, accumulate);
 }
-
-template void row_stable_matmul<float>(float*, const float*, const float*, std::size_t, std::size_t, std::size_t, bool);
-template void row_stable_matmul<double>(double*, const double*, const double*, std::size_t, std::size_t, std::size_t,
-                                        bool);
-template void packed_gemm<float>(bool, bool, std::size_t, std::size_t, std::size_t, float, const float*, std::size_t,
-                                 const float*, std::size_t, float, float*, std::size_t);
-template void packed_gemm<double>(bool, bool, std::size_t, std::size_t, std::size_t, double, const double*,
-                                  std::size_t, const double*, std::size_t, double, double*, std::size_t);
-template void gemm<float>(bool, bool, std::size_t, std::size_t, std::size_t, float, const float*, std::size_t,
-                          const float*, std::size_t, float, float*, std::size_t);
-template void gemm<double>(bool, bool, std::size_t, std::size_t, std::size_t, double, const double*, std::size_t,
-                           const double*, std::size_t, double, double*, std::size_t);
+TAPEGRAD_INSTANTIATE_KERNEL(row_stable_matmul)
 
 }  // namespace tapegrad::kernels::TAPEGRAD_SIMD_LEVEL

@@ -1,12 +1,12 @@
 // Elementwise kernels: one formula per kernel, on SIMD batches, and blocks of the array on threads
-// when it is large. The last, partial batch runs the same formula on copies padded with zeros (the
-// rule of core/simd_helpers.h), so each output element depends only on the same index of the
-// inputs: never on where it falls in the array, the array's length or the thread count.
+// when it is large. The last, partial batch runs the same formula on copies padded with zeros
+// (the rule of core/kernels/simd_helpers.h), so each output element depends only on the same index
+// of the inputs: never on where it falls in the array, the array's length or the thread count.
 #include <cmath>
 #include <type_traits>
 #include <utility>
 
-#include "core/kernel_level.h"
+#include "core/kernels/level.h"
 
 namespace tapegrad::kernels::TAPEGRAD_SIMD_LEVEL {
 
@@ -61,6 +61,7 @@ template <class T> void add_forward(T* y, const T* a, const T* b, std::size_t n)
       },
       y, a, b);
 }
+TAPEGRAD_INSTANTIATE_KERNEL(add_forward)
 template <class T> void accumulate(T* dst, const T* src, std::size_t n) {
   using B = Batch<T>;
   simd_map<T>(
@@ -70,6 +71,7 @@ template <class T> void accumulate(T* dst, const T* src, std::size_t n) {
       },
       dst, src);
 }
+TAPEGRAD_INSTANTIATE_KERNEL(accumulate)
 template <class T> void mul_forward(T* y, const T* a, const T* b, std::size_t n) {
   using B = Batch<T>;
   simd_map<T>(
@@ -79,6 +81,7 @@ template <class T> void mul_forward(T* y, const T* a, const T* b, std::size_t n)
       },
       y, a, b);
 }
+TAPEGRAD_INSTANTIATE_KERNEL(mul_forward)
 template <class T> void mul_backward(T* da, T* db, const T* dy, const T* a, const T* b, std::size_t n) {
   using B = Batch<T>;
   simd_map<T>(
@@ -90,11 +93,13 @@ template <class T> void mul_backward(T* da, T* db, const T* dy, const T* a, cons
       },
       da, db, dy, a, b);
 }
+TAPEGRAD_INSTANTIATE_KERNEL(mul_backward)
 template <class T> void scale_forward(T* y, const T* x, T s, std::size_t n) {
   using B = Batch<T>;
   simd_map<T>(
       n, 1, [s](std::size_t i, T* y, const T* x) { (B(s) * B::load_unaligned(x + i)).store_unaligned(y + i); }, y, x);
 }
+TAPEGRAD_INSTANTIATE_KERNEL(scale_forward)
 template <class T> void scale_backward(T* dx, const T* dy, T s, std::size_t n) {
   using B = Batch<T>;
   simd_map<T>(
@@ -104,15 +109,18 @@ template <class T> void scale_backward(T* dx, const T* dy, T s, std::size_t n) {
       },
       dx, dy);
 }
+TAPEGRAD_INSTANTIATE_KERNEL(scale_backward)
 
 template <class T> void add_bias_forward(T* y, const T* x, const T* bias, std::size_t rows, std::size_t cols) {
   detail::parallel_for(rows, cols, [&](std::size_t r) { add_forward(y + r * cols, x + r * cols, bias, cols); });
 }
+TAPEGRAD_INSTANTIATE_KERNEL(add_bias_forward)
 template <class T> void add_bias_backward(T* dx, T* dbias, const T* dy, std::size_t rows, std::size_t cols) {
   if (dx) accumulate(dx, dy, rows * cols);
   if (dbias)
     detail::column_sums(dbias, rows, cols, 1, [dy, cols](std::size_t r, std::size_t j) { return dy[r * cols + j]; });
 }
+TAPEGRAD_INSTANTIATE_KERNEL(add_bias_backward)
 
 // silu(a) = a * s, s = sigmoid(a) = 1 / (1 + exp(-a)).
 template <class T> static Batch<T> sigmoid(Batch<T> a) { return T(1) / (T(1) + exp(-a)); }
@@ -127,6 +135,7 @@ template <class T> void silu_forward(T* y, const T* a, std::size_t n) {
       },
       y, a);
 }
+TAPEGRAD_INSTANTIATE_KERNEL(silu_forward)
 
 // d silu / da = s + a s (1 - s) = s (1 + a (1 - s)).
 template <class T> void silu_backward(T* da, const T* dy, const T* a, std::size_t n) {
@@ -140,6 +149,7 @@ template <class T> void silu_backward(T* da, const T* dy, const T* a, std::size_
       },
       da, dy, a);
 }
+TAPEGRAD_INSTANTIATE_KERNEL(silu_backward)
 
 template <class T> void swiglu_forward(T* y, const T* a, const T* b, std::size_t n) {
   using B = Batch<T>;
@@ -151,6 +161,7 @@ template <class T> void swiglu_forward(T* y, const T* a, const T* b, std::size_t
       },
       y, a, b);
 }
+TAPEGRAD_INSTANTIATE_KERNEL(swiglu_forward)
 
 // y = silu(a) b: da += dy b silu'(a); db += dy silu(a).
 template <class T>
@@ -168,6 +179,7 @@ void swiglu_backward(T* da, T* db, const T* dy, const T* a, const T* b, std::siz
       },
       da, db, dy, a, b);
 }
+TAPEGRAD_INSTANTIATE_KERNEL(swiglu_backward)
 
 // gelu_tanh(x) = x s, s = sigmoid(2 c u), u = x + k x^3 (c = sqrt(2 / pi), k = 0.044715):
 // d/dx = s + x s (1 - s) 2 c (1 + 3 k x^2).
@@ -185,6 +197,7 @@ template <class T> void gelu_tanh_forward(T* y, T* s, const T* x, std::size_t n)
       },
       y, s, x);
 }
+TAPEGRAD_INSTANTIATE_KERNEL(gelu_tanh_forward)
 
 template <class T>
 void gelu_tanh_backward(T* dx, const T* dy, const T* x, const T* s, std::size_t n, bool overwrite) {
@@ -199,24 +212,6 @@ void gelu_tanh_backward(T* dx, const T* dy, const T* x, const T* s, std::size_t 
       },
       dx, dy, x, s);
 }
-
-#define TAPEGRAD_INSTANTIATE(T)                                                                    \
-  template void add_forward<T>(T*, const T*, const T*, std::size_t);                               \
-  template void accumulate<T>(T*, const T*, std::size_t);                                          \
-  template void mul_forward<T>(T*, const T*, const T*, std::size_t);                               \
-  template void mul_backward<T>(T*, T*, const T*, const T*, const T*, std::size_t);                \
-  template void scale_forward<T>(T*, const T*, T, std::size_t);                                    \
-  template void scale_backward<T>(T*, const T*, T, std::size_t);                                   \
-  template void add_bias_forward<T>(T*, const T*, const T*, std::size_t, std::size_t);             \
-  template void add_bias_backward<T>(T*, T*, const T*, std::size_t, std::size_t);                  \
-  template void silu_forward<T>(T*, const T*, std::size_t);                                        \
-  template void silu_backward<T>(T*, const T*, const T*, std::size_t);                             \
-  template void swiglu_forward<T>(T*, const T*, const T*, std::size_t);                            \
-  template void swiglu_backward<T>(T*, T*, const T*, const T*, const T*, std::size_t, bool);       \
-  template void gelu_tanh_forward<T>(T*, T*, const T*, std::size_t);                                              \
-  template void gelu_tanh_backward<T>(T*, const T*, const T*, const T*, std::size_t, bool);
-TAPEGRAD_INSTANTIATE(float)
-TAPEGRAD_INSTANTIATE(double)
-#undef TAPEGRAD_INSTANTIATE
+TAPEGRAD_INSTANTIATE_KERNEL(gelu_tanh_backward)
 
 }  // namespace tapegrad::kernels::TAPEGRAD_SIMD_LEVEL

@@ -2,17 +2,24 @@
 // cache keeps keys in blocks of key_block positions stored transposed, so a head's scores over a
 // block are broadcast-FMAs over consecutive keys with no horizontal sums; a softmax per head; then
 // each value row is read once and added into every head's output at once.
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <stdexcept>
 #include <type_traits>
 
-#include "core/kernel_level.h"
+#include "core/kernels/level.h"
 
 namespace tapegrad::kernels::TAPEGRAD_SIMD_LEVEL {
 
 template <class T>
 void cached_attention_forward(T* out, const T* q, const T* keys, const T* values, const AttentionShape& s, T* scratch) {
+  if (s.batch != 1 || s.q_offset + s.q_len > s.kv_len)
+    throw std::invalid_argument(fmt::format("cached_attention: one sequence with q_offset + q_len <= kv_len; got batch "
+                                            "{}, q_offset {}, q_len {}, kv_len {}",
+                                            s.batch, s.q_offset, s.q_len, s.kv_len));
   using B = Batch<T>;
   constexpr std::size_t W = B::size, G = W / 2 > 0 ? W / 2 : 1;  // G heads at once: 8 chains of FMAs
   static_assert(key_block % W == 0, "a key block holds whole vectors at every SIMD width");
@@ -63,10 +70,6 @@ void cached_attention_forward(T* out, const T* q, const T* keys, const T* values
     }
   }
 }
-
-template void cached_attention_forward<float>(float*, const float*, const float*, const float*, const AttentionShape&,
-                                              float*);
-template void cached_attention_forward<double>(double*, const double*, const double*, const double*,
-                                               const AttentionShape&, double*);
+TAPEGRAD_INSTANTIATE_KERNEL(cached_attention_forward)
 
 }  // namespace tapegrad::kernels::TAPEGRAD_SIMD_LEVEL

@@ -1,8 +1,8 @@
-// A SIMD batch emulated with plain lanes: the batch of the emulated16 test level (16 floats, AVX-512's
-// width; core/kernel_level.h), and of the tests that run the width-generic helpers of
-// core/simd_helpers.h at other widths. Each lane is computed as scalar code would, so a kernel's
-// lane-order, tail or position mistake at 16 lanes shows on any AVX2 machine (the level is compiled
-// for AVX2 with FMA; the helper tests compile it for any x86-64).
+// A SIMD batch emulated with plain lanes: the batch of the emulated16 test level (16 floats,
+// AVX-512's width; core/kernels/level.h), and of the tests that run the width-generic helpers of
+// core/kernels/simd_helpers.h at other widths. Each lane is computed as scalar code would, so a
+// kernel's lane-order, tail or position mistake at 16 lanes shows on any AVX2 machine (the level is
+// compiled for AVX2 with FMA; the helper tests compile it for any x86-64).
 #pragma once
 
 #include <cmath>
@@ -10,7 +10,7 @@
 #include <cstdint>
 #include <stdexcept>
 
-namespace tapegrad::testing {
+namespace tapegrad::kernels {
 
 template <class T, std::size_t N> struct EmulatedBatch {
   using value_type = T;
@@ -79,4 +79,4 @@ template <class T, std::size_t N> struct EmulatedBatch {
   }
 };
 
-}  // namespace tapegrad::testing
+}  // namespace tapegrad::kernels
