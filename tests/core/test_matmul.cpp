@@ -1,4 +1,5 @@
 #include <doctest/doctest.h>
+#include <fmt/format.h>
 
 #include <cmath>
 
@@ -277,8 +278,8 @@ TEST_CASE("gemm hands OpenBLAS no product when its kernels are narrower than the
   CHECK(blas_serves("Prescott", SimdLevel::sse2, false));  // the right kernels for an SSE-only CPU
   // On this machine: where the BLAS does not serve the level, gemm's products are packed_gemm's,
   // bit for bit, also the forms it would otherwise give the BLAS (X^T dY; 256 columns at beta 1).
-  MESSAGE("OpenBLAS core " << blas_core_name() << (blas_serves(simd_level()) ? " serves " : " does not serve ")
-                           << "level " << simd_level_name(simd_level()));
+  MESSAGE(fmt::format("OpenBLAS core {} {} level {}", blas_core_name(),
+                      blas_serves(simd_level()) ? "serves" : "does not serve", simd_level_name(simd_level())));
   if (!blas_serves(simd_level())) {
     CHECK(contains(blas_mismatch_warning(), blas_core_name()));
     const std::size_t M = 96, N = 256, K = 80;
