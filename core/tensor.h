@@ -87,8 +87,9 @@ class Tensor {
 /// it allocates more than its file holds. Limits do not nest.
 class TensorAllocationLimit {
  public:
+  /// Starts the limit of `bytes` on this thread; `what` opens the message of a refusal.
   TensorAllocationLimit(std::size_t bytes, std::string what);
-  ~TensorAllocationLimit();
+  ~TensorAllocationLimit();  ///< Ends the limit.
   TensorAllocationLimit(const TensorAllocationLimit&) = delete;
   TensorAllocationLimit& operator=(const TensorAllocationLimit&) = delete;
   /// Counts `bytes` more, or throws if they pass the limit of this thread's active limit (if any).
