@@ -50,19 +50,18 @@ class OneBlock : public Module, public DecoderModel<OneBlock> {
     });
     return p.linear(out, head);
   }
-  void collect_params(const std::string& prefix, ParameterList& out) const override {
-    embed.collect_params(prefix + "embed.", out);
-    attn_norm.collect_params(prefix + "attn_norm.", out);
-    for (const auto& [name, layer] : {std::pair{"wq.", &wq}, {"wk.", &wk}, {"wv.", &wv}, {"wo.", &wo}})
-      layer->collect_params(prefix + name, out);
-    ffn_norm.collect_params(prefix + "ffn_norm.", out);
-    w1.collect_params(prefix + "w1.", out);
-    w2.collect_params(prefix + "w2.", out);
-    head.collect_params(prefix + "head.", out);
-  }
-  void set_training(bool on) override {
-    Module::set_training(on);
-    drop.set_training(on);
+  void members(Members& m) override {
+    m("embed", embed);
+    m("attn_norm", attn_norm);
+    m("wq", wq);
+    m("wk", wk);
+    m("wv", wv);
+    m("wo", wo);
+    m("ffn_norm", ffn_norm);
+    m("w1", w1);
+    m("w2", w2);
+    m("head", head);
+    m("drop", drop);
   }
   const OneBlockConfig& config() const { return config_; }
   std::uint64_t dropout_step = 0;
