@@ -42,7 +42,7 @@ Gpt2Block::Gpt2Block(const Gpt2Config& c, float init_std, float out_std, Rng& rn
       resid_drop(c.dropout) {}
 
 // Dropout masks, when active, in a fixed order: probabilities, attention branch, MLP branch.
-template <class P>
+template <ModelPass P>
 typename P::Value Gpt2Block::run(P& p, const typename P::Value& x) const {
   auto a = p.layer_norm(x, ln1);
   auto q = p.linear(a, wq);
@@ -85,7 +85,7 @@ Gpt2::Gpt2(const Gpt2Config& config, Rng&& rng)
   for (std::size_t i = 0; i < config.n_blocks; ++i) blocks.emplace_back(config_, 0.02f, out_std, rng);
 }
 
-template <class P>
+template <ModelPass P>
 typename P::Value Gpt2::run(P& p) const {
   auto tokens = p.embed(embed);
   auto x = p.dropout(p.add(tokens, p.positions(pos)), embed_drop);
@@ -96,6 +96,7 @@ typename P::Value Gpt2::run(P& p) const {
 }
 template Var Gpt2::run<TapePass>(TapePass&) const;
 template Rows Gpt2::run<CachePass>(CachePass&) const;
+template ModelPassArchetype::Value Gpt2::run<ModelPassArchetype>(ModelPassArchetype&) const;
 
 void Gpt2::members(Members& m) {
   m("embed", embed);

@@ -53,7 +53,7 @@ DecoderBlock::DecoderBlock(const DecoderConfig& c, std::shared_ptr<const kernels
       drop(c.dropout) {}
 
 // Dropout masks, when active, in a fixed order: probabilities, attention branch, FFN branch.
-template <class P>
+template <ModelPass P>
 typename P::Value DecoderBlock::run(P& p, const typename P::Value& x) const {
   auto a = p.rms_norm(x, attn_norm);
   auto q = p.rope(p.linear(a, wq), rope, n_heads);
@@ -95,7 +95,7 @@ RotaryDecoder::RotaryDecoder(const DecoderConfig& config, Rng&& rng)
   for (std::size_t i = 0; i < config.n_blocks; ++i) blocks.emplace_back(config_, rope, 0.02f, out_std, rng);
 }
 
-template <class P>
+template <ModelPass P>
 typename P::Value RotaryDecoder::run(P& p) const {
   auto x = p.dropout(p.embed(embed), embed_drop);
   for (std::size_t i = 0; i < blocks.size(); ++i)
@@ -105,6 +105,7 @@ typename P::Value RotaryDecoder::run(P& p) const {
 }
 template Var RotaryDecoder::run<TapePass>(TapePass&) const;
 template Rows RotaryDecoder::run<CachePass>(CachePass&) const;
+template ModelPassArchetype::Value RotaryDecoder::run<ModelPassArchetype>(ModelPassArchetype&) const;
 
 void RotaryDecoder::members(Members& m) {
   m("embed", embed);

@@ -42,7 +42,7 @@ class DecoderBlock : public Module {
   DecoderBlock(const DecoderConfig& config, std::shared_ptr<const kernels::RopeTable<float>> rope, float init_std,
                float out_std, Rng& rng);
   /// The block's one description (x: (B, T, D) on the tape, or rows in a cache pass).
-  template <class P> typename P::Value run(P& p, const typename P::Value& x) const;
+  template <ModelPass P> typename P::Value run(P& p, const typename P::Value& x) const;
   void members(Members& m) override;
 
   std::size_t n_heads;                                    ///< attention heads
@@ -67,7 +67,7 @@ class RotaryDecoder : public Module, public DecoderModel<RotaryDecoder> {
   explicit RotaryDecoder(const DecoderConfig& config);
 
   /// The model's one description: token ids (in the pass) -> logits.
-  template <class P> typename P::Value run(P& p) const;
+  template <ModelPass P> typename P::Value run(P& p) const;
 
   void members(Members& m) override;
   const DecoderConfig& config() const { return config_; }  ///< The configuration, d_ff filled in.

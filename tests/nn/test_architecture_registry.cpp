@@ -37,7 +37,7 @@ class OneBlock : public Module, public DecoderModel<OneBlock> {
  public:
   explicit OneBlock(const OneBlockConfig& config) : OneBlock(config, Rng(config.seed)) {}
 
-  template <class P> typename P::Value run(P& p) const {
+  template <ModelPass P> typename P::Value run(P& p) const {
     auto x = p.embed(embed);
     auto out = p.block(x, config_.remat, dropout_seed(config_.seed, dropout_step, 1), [this](auto& bp, const auto& h0) {
       auto a = bp.rms_norm(h0, attn_norm);
@@ -88,6 +88,8 @@ class OneBlock : public Module, public DecoderModel<OneBlock> {
   Linear w1, w2, head;
   Dropout drop;
 };
+// The description uses the ops of ModelPass and nothing else (nn/model_pass.h).
+template ModelPassArchetype::Value OneBlock::run<ModelPassArchetype>(ModelPassArchetype&) const;
 
 OneBlockConfig one_block_config(const Metadata& metadata) {
   OneBlockConfig c;
