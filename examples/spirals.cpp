@@ -30,10 +30,10 @@ struct Mlp : nn::Module {
   nn::Linear l1, l2, l3;
   explicit Mlp(Rng& rng) : l1(2, 64, true, 1.0f, rng), l2(64, 64, true, 0.15f, rng), l3(64, 2, true, 0.15f, rng) {}
   Var forward(const Var& x) const { return l3.forward(tanh(l2.forward(tanh(l1.forward(x))))); }
-  void collect_params(const std::string& prefix, ParameterList& out) const override {
-    l1.collect_params(prefix + "l1.", out);
-    l2.collect_params(prefix + "l2.", out);
-    l3.collect_params(prefix + "l3.", out);
+  void members(nn::Members& m) override {
+    m("l1", l1);
+    m("l2", l2);
+    m("l3", l3);
   }
 };
 

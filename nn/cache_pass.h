@@ -15,12 +15,8 @@
 #include <span>
 
 #include "core/kernels.h"
-#include "nn/dropout.h"
-#include "nn/embedding.h"
 #include "nn/kv_cache.h"
-#include "nn/layer_norm.h"
-#include "nn/linear.h"
-#include "nn/rms_norm.h"
+#include "nn/model_pass.h"
 
 namespace tapegrad::nn {
 
@@ -42,7 +38,7 @@ class CachePass {
   /// A pass over `runs` (checked by check_decode), its buffers taken from `scratch`.
   CachePass(KVCache& cache, std::span<const Run> runs, KVCache::Scratch& scratch);
 
-  // The ops of a description (nn/tape_pass.h has the same, on the tape).
+  // The ops of ModelPass (nn/model_pass.h), as kernel calls on rows.
   Rows embed(const Embedding& table);                        ///< The tokens' rows of the table.
   Rows positions(const Embedding& table);                    ///< The rows of the tokens' positions.
   Rows add(const Rows& a, const Rows& b);                    ///< a + b.
@@ -82,6 +78,7 @@ class CachePass {
   KVCache::Scratch& scratch_;
   std::size_t rows_ = 0, layer_ = 0;
 };
+static_assert(ModelPass<CachePass>);
 
 /// What a model's decoding call asks for: runs of tokens, and where their logits go.
 struct DecodeRequest {

@@ -1,10 +1,10 @@
 // DecoderModel<Model>: what a decoder-only language model gets from its one description
 // (Note [One description], nn/tape_pass.h): forward and loss on the tape, and decoding through a
 // KV cache of one sequence or many. Model derives from it (and from Module) and provides:
-//   template <class P> typename P::Value run(P& p) const;  // the description: ids -> logits
+//   template <ModelPass P> typename P::Value run(P& p) const;  // the description: ids -> logits
 //   config(): vocab, d_model, n_blocks, max_len, seed     // one attention of width d_model per block
 //   dropout_step                                           // the training step (dropout streams)
-// run<TapePass> and run<CachePass> are instantiated where run is defined.
+// run<TapePass>, run<CachePass> and run<ModelPassArchetype> are instantiated where run is defined.
 #pragma once
 
 #include <fmt/format.h>

@@ -16,7 +16,7 @@ class Dropout : public Module {
   /// per step and per block, so that remat re-draws the very same mask).
   Var forward(const Var& x, Rng& rng) const { return dropout(x, p, training() && p > 0, rng); }
   bool active() const { return training() && p > 0; }  ///< Whether forward draws a mask.
-  void collect_params(const std::string&, ParameterList&) const override {}
+  void members(Members&) override {}  ///< None: no parameters, no children.
 
   float p;  ///< the probability of zeroing an element
 };

@@ -14,8 +14,6 @@ Var Embedding::forward(std::span<const std::int32_t> ids, std::size_t batch, std
   return reshape(embedding(weight, ids), {batch, seq_len, weight.shape()[1]});
 }
 
-void Embedding::collect_params(const std::string& prefix, ParameterList& out) const {
-  out.push_back({prefix + "weight", weight});
-}
+void Embedding::members(Members& m) { m("weight", weight); }
 
 }  // namespace tapegrad::nn

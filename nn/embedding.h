@@ -18,7 +18,7 @@ class Embedding : public Module {
   Embedding(std::size_t vocab, std::size_t dim, float init_std, Rng& rng);
   /// ids (B*T) -> (B, T, D); throws naming an id >= vocab.
   Var forward(std::span<const std::int32_t> ids, std::size_t batch, std::size_t seq_len) const;
-  void collect_params(const std::string& prefix, ParameterList& out) const override;
+  void members(Members& m) override;
 
   Var weight;  ///< (V, D)
 };

@@ -42,7 +42,7 @@ Gpt2Block::Gpt2Block(const Gpt2Config& c, float init_std, float out_std, Rng& rn
       resid_drop(c.dropout) {}
 
 // Dropout masks, when active, in a fixed order: probabilities, attention branch, MLP branch.
-template <class P>
+template <ModelPass P>
 typename P::Value Gpt2Block::run(P& p, const typename P::Value& x) const {
   auto a = p.layer_norm(x, ln1);
   auto q = p.linear(a, wq);
@@ -53,21 +53,17 @@ typename P::Value Gpt2Block::run(P& p, const typename P::Value& x) const {
   return p.output_residual(h, m, w2, resid_drop);
 }
 
-void Gpt2Block::collect_params(const std::string& prefix, ParameterList& out) const {
-  ln1.collect_params(prefix + "ln1.", out);
-  wq.collect_params(prefix + "attn.wq.", out);
-  wk.collect_params(prefix + "attn.wk.", out);
-  wv.collect_params(prefix + "attn.wv.", out);
-  wo.collect_params(prefix + "attn.wo.", out);
-  ln2.collect_params(prefix + "ln2.", out);
-  w1.collect_params(prefix + "mlp.w1.", out);
-  w2.collect_params(prefix + "mlp.w2.", out);
-}
-
-void Gpt2Block::set_training(bool on) {
-  Module::set_training(on);
-  attn_drop.set_training(on);
-  resid_drop.set_training(on);
+void Gpt2Block::members(Members& m) {
+  m("ln1", ln1);
+  m("attn.wq", wq);
+  m("attn.wk", wk);
+  m("attn.wv", wv);
+  m("attn.wo", wo);
+  m("attn_drop", attn_drop);
+  m("ln2", ln2);
+  m("mlp.w1", w1);
+  m("mlp.w2", w2);
+  m("resid_drop", resid_drop);
 }
 
 static Rng validated_init_rng(const Gpt2Config& config) {
@@ -89,7 +85,7 @@ Gpt2::Gpt2(const Gpt2Config& config, Rng&& rng)
   for (std::size_t i = 0; i < config.n_blocks; ++i) blocks.emplace_back(config_, 0.02f, out_std, rng);
 }
 
-template <class P>
+template <ModelPass P>
 typename P::Value Gpt2::run(P& p) const {
   auto tokens = p.embed(embed);
   auto x = p.dropout(p.add(tokens, p.positions(pos)), embed_drop);
@@ -100,18 +96,14 @@ typename P::Value Gpt2::run(P& p) const {
 }
 template Var Gpt2::run<TapePass>(TapePass&) const;
 template Rows Gpt2::run<CachePass>(CachePass&) const;
+template ModelPassArchetype::Value Gpt2::run<ModelPassArchetype>(ModelPassArchetype&) const;
 
-void Gpt2::collect_params(const std::string& prefix, ParameterList& out) const {
-  embed.collect_params(prefix + "embed.", out);
-  pos.collect_params(prefix + "pos.", out);
-  for (std::size_t i = 0; i < blocks.size(); ++i) blocks[i].collect_params(fmt::format("{}blocks.{}.", prefix, i), out);
-  norm.collect_params(prefix + "norm.", out);
-}
-
-void Gpt2::set_training(bool on) {
-  Module::set_training(on);
-  for (auto& b : blocks) b.set_training(on);
-  embed_drop.set_training(on);
+void Gpt2::members(Members& m) {
+  m("embed", embed);
+  m("pos", pos);
+  m("embed_drop", embed_drop);
+  m("blocks", blocks);
+  m("norm", norm);
 }
 
 Gpt2 gpt2(std::size_t vocab, std::size_t d_model, std::size_t n_heads, std::size_t n_blocks, std::size_t max_len,

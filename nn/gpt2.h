@@ -44,9 +44,8 @@ class Gpt2Block : public Module {
   /// Projections ~ N(0, init_std^2), the residual outputs Wo and W2 ~ N(0, out_std^2), biases zero.
   Gpt2Block(const Gpt2Config& config, float init_std, float out_std, Rng& rng);
   /// The block's one description (x: (B, T, D) on the tape, or rows in a cache pass).
-  template <class P> typename P::Value run(P& p, const typename P::Value& x) const;
-  void collect_params(const std::string& prefix, ParameterList& out) const override;
-  void set_training(bool on) override;
+  template <ModelPass P> typename P::Value run(P& p, const typename P::Value& x) const;
+  void members(Members& m) override;
 
   std::size_t n_heads;  ///< attention heads
   LayerNorm ln1;        ///< before attention
@@ -70,10 +69,9 @@ class Gpt2 : public Module, public DecoderModel<Gpt2> {
   explicit Gpt2(const Gpt2Config& config);
 
   /// The model's one description: token ids (in the pass) -> logits.
-  template <class P> typename P::Value run(P& p) const;
+  template <ModelPass P> typename P::Value run(P& p) const;
 
-  void collect_params(const std::string& prefix, ParameterList& out) const override;
-  void set_training(bool on) override;
+  void members(Members& m) override;
   const Gpt2Config& config() const { return config_; }  ///< The configuration, d_ff filled in.
 
   /// The dropout streams of the next forward derive from (seed, dropout_step, block): set it

@@ -11,9 +11,9 @@ LayerNorm::LayerNorm(std::size_t dim, float eps_) : weight(parameter({dim})), bi
 
 Var LayerNorm::forward(const Var& x) const { return layer_norm(x, weight, bias, eps); }
 
-void LayerNorm::collect_params(const std::string& prefix, ParameterList& out) const {
-  out.push_back({prefix + "weight", weight});
-  out.push_back({prefix + "bias", bias});
+void LayerNorm::members(Members& m) {
+  m("weight", weight);
+  m("bias", bias);
 }
 
 }  // namespace tapegrad::nn

@@ -12,7 +12,7 @@ class LayerNorm : public Module {
   explicit LayerNorm(std::size_t dim, float eps = 1e-5f);
   /// x (.., D) -> (.., D)
   Var forward(const Var& x) const;
-  void collect_params(const std::string& prefix, ParameterList& out) const override;
+  void members(Members& m) override;
 
   Var weight;  ///< (D), starts at ones
   Var bias;    ///< (D), starts at zeros

@@ -15,9 +15,9 @@ Var Linear::forward(const Var& x) const {
   return bias.defined() ? add_matmul(bias, x, weight) : matmul(x, weight);
 }
 
-void Linear::collect_params(const std::string& prefix, ParameterList& out) const {
-  out.push_back({prefix + "weight", weight});
-  if (bias.defined()) out.push_back({prefix + "bias", bias});
+void Linear::members(Members& m) {
+  m("weight", weight);
+  m("bias", bias);  // skipped when the layer has none
 }
 
 }  // namespace tapegrad::nn

@@ -16,7 +16,7 @@ class Linear : public Module {
   Linear(std::size_t in, std::size_t out, bool bias, float init_std, Rng& rng);
   /// x (.., in) -> (.., out).
   Var forward(const Var& x) const;
-  void collect_params(const std::string& prefix, ParameterList& out) const override;
+  void members(Members& m) override;
 
   std::size_t in() const { return weight.shape()[0]; }   ///< The input size.
   std::size_t out() const { return weight.shape()[1]; }  ///< The output size.

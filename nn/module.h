@@ -1,39 +1,56 @@
-// Module: something with named parameters. Modules compose core ops and write no backward of
-// their own; their parameters are leaves that optimizers update in place.
+// Module: something with named parameters and child modules, each named once, in members().
+// params(), train() / eval() and save / load (nn/module_io.h) all walk members(), so that no
+// module can list a child in one place and forget it in another. Modules compose core ops and
+// write no backward of their own; their parameters are leaves that optimizers update in place.
 #pragma once
 
+#include <concepts>
 #include <cstddef>
 #include <string>
+#include <string_view>
+#include <vector>
 
 #include "core/parameter.h"
 
 namespace tapegrad::nn {
 
-/// The base of every layer and model: named parameters and a training/evaluation mode.
+class Module;
+
+/// What Module::members() calls, once per member and in a fixed order: m("weight", weight) for a
+/// parameter (an undefined Var, such as an absent bias, is skipped), m("attn.wq", wq) for a child
+/// module, m("blocks", blocks) for a vector of children ("blocks.0", "blocks.1", ...).
+class Members {
+ public:
+  virtual void operator()(std::string_view name, Var& parameter) = 0;  ///< A parameter.
+  virtual void operator()(std::string_view name, Module& child) = 0;    ///< A child module.
+  /// Each child under name.index.
+  template <std::derived_from<Module> Child>
+  void operator()(std::string_view name, std::vector<Child>& children) {
+    for (std::size_t i = 0; i < children.size(); ++i) (*this)(std::string(name) + "." + std::to_string(i), children[i]);
+  }
+
+ protected:
+  ~Members() = default;
+};
+
+/// The base of every layer and model: named parameters and children, and a training/evaluation mode.
 class Module {
  public:
   virtual ~Module() = default;
-  /// Every parameter with its dotted name ("blocks.0.attn.wq.weight"), in a fixed order.
-  ParameterList params() const {
-    ParameterList out;
-    collect_params("", out);
-    return out;
-  }
-  /// The number of trainable values (every parameter's size, added up).
-  std::size_t num_params() const {
-    std::size_t n = 0;
-    for (const auto& p : params()) n += p.var.value().size();
-    return n;
-  }
-  /// Appends this module's parameters, their names prefixed by prefix ("blocks.0.").
-  virtual void collect_params(const std::string& prefix, ParameterList& out) const = 0;
+  /// Names every parameter and child module once, in a fixed order (checkpoints store the names,
+  /// optimizer states follow the order): m("weight", weight); m("drop", drop); ...
+  virtual void members(Members& m) = 0;
 
-  /// Training mode (the default) or evaluation mode, as torch's train() / eval(): it switches
-  /// dropout. A module with children passes the mode on to them in set_training.
-  void train(bool on = true) { set_training(on); }
-  void eval() { set_training(false); }              ///< Evaluation mode: dropout off.
-  bool training() const { return training_; }       ///< Whether the module is in training mode.
-  virtual void set_training(bool on) { training_ = on; }  ///< Sets the mode (and the children's).
+  /// Every parameter with its dotted name ("blocks.0.attn.wq.weight"), in members() order.
+  ParameterList params() const;
+  /// The number of trainable values (every parameter's size, added up).
+  std::size_t num_params() const;
+
+  /// Training mode (the default) or evaluation mode, as torch's train() / eval(), for this module
+  /// and every module under it: it switches dropout.
+  void train(bool on = true);
+  void eval() { train(false); }                 ///< Evaluation mode: dropout off.
+  bool training() const { return training_; }  ///< Whether the module is in training mode.
 
  private:
   bool training_ = true;

@@ -9,8 +9,6 @@ RMSNorm::RMSNorm(std::size_t dim, float eps_) : weight(parameter({dim})), eps(ep
 
 Var RMSNorm::forward(const Var& x) const { return rms_norm(x, weight, eps); }
 
-void RMSNorm::collect_params(const std::string& prefix, ParameterList& out) const {
-  out.push_back({prefix + "weight", weight});
-}
+void RMSNorm::members(Members& m) { m("weight", weight); }
 
 }  // namespace tapegrad::nn

@@ -11,7 +11,7 @@ class RMSNorm : public Module {
   /// Normalises vectors of size dim; eps is added to the mean square.
   explicit RMSNorm(std::size_t dim, float eps = 1e-5f);
   Var forward(const Var& x) const;  ///< (.., D) -> (.., D)
-  void collect_params(const std::string& prefix, ParameterList& out) const override;
+  void members(Members& m) override;
 
   Var weight;  ///< (D)
   float eps;  ///< added to the mean square

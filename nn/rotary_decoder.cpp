@@ -53,7 +53,7 @@ DecoderBlock::DecoderBlock(const DecoderConfig& c, std::shared_ptr<const kernels
       drop(c.dropout) {}
 
 // Dropout masks, when active, in a fixed order: probabilities, attention branch, FFN branch.
-template <class P>
+template <ModelPass P>
 typename P::Value DecoderBlock::run(P& p, const typename P::Value& x) const {
   auto a = p.rms_norm(x, attn_norm);
   auto q = p.rope(p.linear(a, wq), rope, n_heads);
@@ -66,21 +66,17 @@ typename P::Value DecoderBlock::run(P& p, const typename P::Value& x) const {
   return p.output_residual(h, p.swiglu(gate, up), w2, drop);
 }
 
-void DecoderBlock::set_training(bool on) {
-  Module::set_training(on);
-  drop.set_training(on);
-}
-
-void DecoderBlock::collect_params(const std::string& prefix, ParameterList& out) const {
-  attn_norm.collect_params(prefix + "attn_norm.", out);
-  wq.collect_params(prefix + "attn.wq.", out);
-  wk.collect_params(prefix + "attn.wk.", out);
-  wv.collect_params(prefix + "attn.wv.", out);
-  wo.collect_params(prefix + "attn.wo.", out);
-  ffn_norm.collect_params(prefix + "ffn_norm.", out);
-  w1.collect_params(prefix + "ffn.w1.", out);
-  w3.collect_params(prefix + "ffn.w3.", out);
-  w2.collect_params(prefix + "ffn.w2.", out);
+void DecoderBlock::members(Members& m) {
+  m("attn_norm", attn_norm);
+  m("attn.wq", wq);
+  m("attn.wk", wk);
+  m("attn.wv", wv);
+  m("attn.wo", wo);
+  m("ffn_norm", ffn_norm);
+  m("ffn.w1", w1);
+  m("ffn.w3", w3);
+  m("ffn.w2", w2);
+  m("drop", drop);
 }
 
 RotaryDecoder::RotaryDecoder(const DecoderConfig& config) : RotaryDecoder(config, validated_init_rng(config)) {}
@@ -99,7 +95,7 @@ RotaryDecoder::RotaryDecoder(const DecoderConfig& config, Rng&& rng)
   for (std::size_t i = 0; i < config.n_blocks; ++i) blocks.emplace_back(config_, rope, 0.02f, out_std, rng);
 }
 
-template <class P>
+template <ModelPass P>
 typename P::Value RotaryDecoder::run(P& p) const {
   auto x = p.dropout(p.embed(embed), embed_drop);
   for (std::size_t i = 0; i < blocks.size(); ++i)
@@ -109,18 +105,14 @@ typename P::Value RotaryDecoder::run(P& p) const {
 }
 template Var RotaryDecoder::run<TapePass>(TapePass&) const;
 template Rows RotaryDecoder::run<CachePass>(CachePass&) const;
+template ModelPassArchetype::Value RotaryDecoder::run<ModelPassArchetype>(ModelPassArchetype&) const;
 
-void RotaryDecoder::set_training(bool on) {
-  Module::set_training(on);
-  for (auto& b : blocks) b.set_training(on);
-  embed_drop.set_training(on);
-}
-
-void RotaryDecoder::collect_params(const std::string& prefix, ParameterList& out) const {
-  embed.collect_params(prefix + "embed.", out);
-  for (std::size_t i = 0; i < blocks.size(); ++i) blocks[i].collect_params(fmt::format("{}blocks.{}.", prefix, i), out);
-  norm.collect_params(prefix + "norm.", out);
-  head.collect_params(prefix + "head.", out);
+void RotaryDecoder::members(Members& m) {
+  m("embed", embed);
+  m("embed_drop", embed_drop);
+  m("blocks", blocks);
+  m("norm", norm);
+  m("head", head);
 }
 
 RotaryDecoder rotary_decoder(std::size_t vocab, std::size_t d_model, std::size_t n_heads, std::size_t n_blocks,

@@ -42,9 +42,8 @@ class DecoderBlock : public Module {
   DecoderBlock(const DecoderConfig& config, std::shared_ptr<const kernels::RopeTable<float>> rope, float init_std,
                float out_std, Rng& rng);
   /// The block's one description (x: (B, T, D) on the tape, or rows in a cache pass).
-  template <class P> typename P::Value run(P& p, const typename P::Value& x) const;
-  void set_training(bool on) override;
-  void collect_params(const std::string& prefix, ParameterList& out) const override;
+  template <ModelPass P> typename P::Value run(P& p, const typename P::Value& x) const;
+  void members(Members& m) override;
 
   std::size_t n_heads;                                    ///< attention heads
   std::shared_ptr<const kernels::RopeTable<float>> rope;  ///< the RoPE table, shared by every block
@@ -68,10 +67,9 @@ class RotaryDecoder : public Module, public DecoderModel<RotaryDecoder> {
   explicit RotaryDecoder(const DecoderConfig& config);
 
   /// The model's one description: token ids (in the pass) -> logits.
-  template <class P> typename P::Value run(P& p) const;
+  template <ModelPass P> typename P::Value run(P& p) const;
 
-  void collect_params(const std::string& prefix, ParameterList& out) const override;
-  void set_training(bool on) override;
+  void members(Members& m) override;
   const DecoderConfig& config() const { return config_; }  ///< The configuration, d_ff filled in.
 
   /// The dropout streams of the next forward derive from (seed, dropout_step, block): set it

@@ -3,17 +3,19 @@
 // Note [One description]
 // A model is described once, as a member template over the pass that runs it:
 //
-//   template <class P> typename P::Value run(P& p) const;
+//   template <ModelPass P> typename P::Value run(P& p) const;
 //
-// written with the ops below (embed, linear, attention, residual, ...) and, for each block,
-// p.block(x, remat, dropout_seed, describe_block). TapePass (this file) records the public ops on
-// the tape (values are Vars): that is the training forward, with remat and dropout. CachePass
-// (nn/cache_pass.h) runs the same ops as kernel calls on rows through a KVCache: that is prefill
-// and the cached step, for one sequence or many. DecoderModel (nn/decoder_model.h) derives
-// forward, loss, make_cache, prefill and step from run(), so a new architecture gets all of them,
-// the KV cache included, by writing run() once. Write each op's result into a named local rather
-// than nesting two ops as arguments of a third: C++ leaves the order of arguments unspecified,
-// and the tape's order decides the bits of the gradients.
+// written with the ops of the ModelPass concept (nn/model_pass.h: embed, linear, attention,
+// residual, ...) and, for each block, p.block(x, remat, dropout_seed, describe_block). Each model
+// also instantiates run on ModelPassArchetype, so that an op the concept lacks does not compile.
+// TapePass (this file) records the public ops on the tape (values are Vars): that is the
+// training forward, with remat and dropout. CachePass (nn/cache_pass.h) runs the same ops as
+// kernel calls on rows through a KVCache: that is prefill and the cached step, for one sequence
+// or many. DecoderModel (nn/decoder_model.h) derives forward, loss, make_cache, prefill and step
+// from run(), so a new architecture gets all of them, the KV cache included, by writing run()
+// once. Write each op's result into a named local rather than nesting two ops as arguments of a
+// third: C++ leaves the order of arguments unspecified, and the tape's order decides the bits of
+// the gradients.
 #pragma once
 
 #include <cstdint>
@@ -23,11 +25,7 @@
 #include "core/kernels.h"
 #include "core/random.h"
 #include "core/remat.h"
-#include "nn/dropout.h"
-#include "nn/embedding.h"
-#include "nn/layer_norm.h"
-#include "nn/linear.h"
-#include "nn/rms_norm.h"
+#include "nn/model_pass.h"
 
 namespace tapegrad::nn {
 
@@ -82,5 +80,6 @@ class TapePass {
   Rng rng_;
   const Tensor* known_output_ = nullptr;
 };
+static_assert(ModelPass<TapePass>);
 
 }  // namespace tapegrad::nn

@@ -37,7 +37,7 @@ class OneBlock : public Module, public DecoderModel<OneBlock> {
  public:
   explicit OneBlock(const OneBlockConfig& config) : OneBlock(config, Rng(config.seed)) {}
 
-  template <class P> typename P::Value run(P& p) const {
+  template <ModelPass P> typename P::Value run(P& p) const {
     auto x = p.embed(embed);
     auto out = p.block(x, config_.remat, dropout_seed(config_.seed, dropout_step, 1), [this](auto& bp, const auto& h0) {
       auto a = bp.rms_norm(h0, attn_norm);
@@ -50,19 +50,18 @@ class OneBlock : public Module, public DecoderModel<OneBlock> {
     });
     return p.linear(out, head);
   }
-  void collect_params(const std::string& prefix, ParameterList& out) const override {
-    embed.collect_params(prefix + "embed.", out);
-    attn_norm.collect_params(prefix + "attn_norm.", out);
-    for (const auto& [name, layer] : {std::pair{"wq.", &wq}, {"wk.", &wk}, {"wv.", &wv}, {"wo.", &wo}})
-      layer->collect_params(prefix + name, out);
-    ffn_norm.collect_params(prefix + "ffn_norm.", out);
-    w1.collect_params(prefix + "w1.", out);
-    w2.collect_params(prefix + "w2.", out);
-    head.collect_params(prefix + "head.", out);
-  }
-  void set_training(bool on) override {
-    Module::set_training(on);
-    drop.set_training(on);
+  void members(Members& m) override {
+    m("embed", embed);
+    m("attn_norm", attn_norm);
+    m("wq", wq);
+    m("wk", wk);
+    m("wv", wv);
+    m("wo", wo);
+    m("ffn_norm", ffn_norm);
+    m("w1", w1);
+    m("w2", w2);
+    m("head", head);
+    m("drop", drop);
   }
   const OneBlockConfig& config() const { return config_; }
   std::uint64_t dropout_step = 0;
@@ -89,6 +88,8 @@ class OneBlock : public Module, public DecoderModel<OneBlock> {
   Linear w1, w2, head;
   Dropout drop;
 };
+// The description uses the ops of ModelPass and nothing else (nn/model_pass.h).
+template ModelPassArchetype::Value OneBlock::run<ModelPassArchetype>(ModelPassArchetype&) const;
 
 OneBlockConfig one_block_config(const Metadata& metadata) {
   OneBlockConfig c;

@@ -16,9 +16,9 @@ namespace {
 struct Mlp : nn::Module {
   nn::Linear l1, l2;
   Mlp(Rng& rng) : l1(3, 5, true, 0.5f, rng), l2(5, 2, true, 0.5f, rng) {}
-  void collect_params(const std::string& prefix, ParameterList& out) const override {
-    l1.collect_params(prefix + "l1.", out);
-    l2.collect_params(prefix + "l2.", out);
+  void members(nn::Members& m) override {
+    m("l1", l1);
+    m("l2", l2);
   }
 };
 
