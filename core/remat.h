@@ -29,7 +29,7 @@ namespace tapegrad {
 // it is still exact.
 //
 // A block with randomness (dropout) must take it from a seed fixed outside the block (nn::Gpt2Block
-// and nn::DecoderBlock capture a per-step, per-block seed and build their Rng inside), so that
+// and nn::RotaryDecoderBlock capture a per-step, per-block seed and build their Rng inside), so that
 // the re-run draws the very same masks and the gradients stay bit-identical.
 /// A block: y = block(x, known_output), where known_output, if given, is y from the first run.
 using Block = std::function<Var(const Var& x, const Tensor* known_output)>;

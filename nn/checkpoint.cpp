@@ -33,7 +33,7 @@ void write_checkpoint_file(const std::string& path, const ParameterList& params,
 
 void save_checkpoint(const std::string& path, const RotaryDecoder& model, const CharTokenizer& tokenizer,
                      const CheckpointExtras& extras) {
-  write_checkpoint_file(path, model.params(), model.config().vocab, tokenizer, decoder_config_metadata(model.config()),
+  write_checkpoint_file(path, model.params(), model.config().vocab, tokenizer, rotary_decoder_config_metadata(model.config()),
                         extras);
 }
 

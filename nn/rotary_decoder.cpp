@@ -10,7 +10,7 @@
 
 namespace tapegrad::nn {
 
-void DecoderConfig::validate() const {
+void RotaryDecoderConfig::validate() const {
   auto fail = [&](const std::string& why) {
     throw std::invalid_argument(fmt::format("rotary_decoder(vocab={}, d_model={}, n_heads={}, n_blocks={}, max_len={}, d_ff={}): {}",
                                             vocab, d_model, n_heads, n_blocks, max_len, ffn_dim(), why));
@@ -32,12 +32,12 @@ void DecoderConfig::validate() const {
 }
 
 // Validation runs before any parameter is allocated.
-static Rng validated_init_rng(const DecoderConfig& config) {
+static Rng validated_init_rng(const RotaryDecoderConfig& config) {
   config.validate();
   return Rng(config.seed);
 }
 
-DecoderBlock::DecoderBlock(const DecoderConfig& c, std::shared_ptr<const kernels::RopeTable<float>> rope_table,
+RotaryDecoderBlock::RotaryDecoderBlock(const RotaryDecoderConfig& c, std::shared_ptr<const kernels::RopeTable<float>> rope_table,
                            float init_std, float out_std, Rng& rng)
     : n_heads(c.n_heads),
       rope(std::move(rope_table)),
@@ -54,7 +54,7 @@ DecoderBlock::DecoderBlock(const DecoderConfig& c, std::shared_ptr<const kernels
 
 // Dropout masks, when active, in a fixed order: probabilities, attention branch, FFN branch.
 template <ModelPass P>
-typename P::Value DecoderBlock::run(P& p, const typename P::Value& x) const {
+typename P::Value RotaryDecoderBlock::run(P& p, const typename P::Value& x) const {
   auto a = p.rms_norm(x, attn_norm);
   auto q = p.rope(p.linear(a, wq), rope, n_heads);
   auto k = p.rope(p.linear(a, wk), rope, n_heads);
@@ -66,7 +66,7 @@ typename P::Value DecoderBlock::run(P& p, const typename P::Value& x) const {
   return p.output_residual(h, p.swiglu(gate, up), w2, drop);
 }
 
-void DecoderBlock::members(Members& m) {
+void RotaryDecoderBlock::members(Members& m) {
   m("attn_norm", attn_norm);
   m("attn.wq", wq);
   m("attn.wk", wk);
@@ -79,9 +79,9 @@ void DecoderBlock::members(Members& m) {
   m("drop", drop);
 }
 
-RotaryDecoder::RotaryDecoder(const DecoderConfig& config) : RotaryDecoder(config, validated_init_rng(config)) {}
+RotaryDecoder::RotaryDecoder(const RotaryDecoderConfig& config) : RotaryDecoder(config, validated_init_rng(config)) {}
 
-RotaryDecoder::RotaryDecoder(const DecoderConfig& config, Rng&& rng)
+RotaryDecoder::RotaryDecoder(const RotaryDecoderConfig& config, Rng&& rng)
     : embed(config.vocab, config.d_model, 0.02f, rng),
       norm(config.d_model, config.norm_eps),
       head(config.d_model, config.vocab, true, 0.02f, rng),
@@ -117,7 +117,7 @@ void RotaryDecoder::members(Members& m) {
 
 RotaryDecoder rotary_decoder(std::size_t vocab, std::size_t d_model, std::size_t n_heads, std::size_t n_blocks,
                              std::size_t max_len, std::optional<std::size_t> d_ff, bool remat, std::uint64_t seed) {
-  DecoderConfig config;
+  RotaryDecoderConfig config;
   config.vocab = vocab;
   config.d_model = d_model;
   config.n_heads = n_heads;
@@ -129,7 +129,7 @@ RotaryDecoder rotary_decoder(std::size_t vocab, std::size_t d_model, std::size_t
   return RotaryDecoder(config);
 }
 
-Metadata decoder_config_metadata(const DecoderConfig& c) {
+Metadata rotary_decoder_config_metadata(const RotaryDecoderConfig& c) {
   Metadata metadata = {{"vocab_size", std::to_string(c.vocab)},
                        {"d_model", std::to_string(c.d_model)},
                        {"n_heads", std::to_string(c.n_heads)},
@@ -142,8 +142,8 @@ Metadata decoder_config_metadata(const DecoderConfig& c) {
   return metadata;
 }
 
-DecoderConfig decoder_config_from_metadata(const Metadata& metadata) {
-  DecoderConfig config;
+RotaryDecoderConfig rotary_decoder_config_from_metadata(const Metadata& metadata) {
+  RotaryDecoderConfig config;
   read_model_sizes(metadata, config);
   config.norm_eps = float(metadata_positive(metadata, "norm_eps"));
   config.rope_theta = metadata_positive(metadata, "rope_theta");
@@ -153,7 +153,7 @@ DecoderConfig decoder_config_from_metadata(const Metadata& metadata) {
 
 // Listed in nn/architecture.cpp.
 Architecture rotary_architecture() {
-  return make_architecture<RotaryDecoder>("rotary", &decoder_config_from_metadata, &decoder_config_metadata);
+  return make_architecture<RotaryDecoder>("rotary", &rotary_decoder_config_from_metadata, &rotary_decoder_config_metadata);
 }
 
 }  // namespace tapegrad::nn

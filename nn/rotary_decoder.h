@@ -16,7 +16,7 @@
 namespace tapegrad::nn {
 
 /// The sizes and options of a RotaryDecoder.
-struct DecoderConfig {
+struct RotaryDecoderConfig {
   /// @{ Vocabulary size, model width, attention heads, blocks, and the longest text (tokens).
   std::size_t vocab = 0, d_model = 0, n_heads = 0, n_blocks = 0, max_len = 0;
   /// @}
@@ -36,10 +36,10 @@ struct DecoderConfig {
 /// h = x + Attn(RMSNorm_a(x)); out = h + FFN(RMSNorm_f(h)). Attn: q = rope(x Wq), k = rope(x Wk),
 /// v = x Wv, heads as contiguous column chunks, causal softmax(q k^T / sqrt(Dh)) v, then Wo.
 /// FFN (SwiGLU, Shazeer 2020): (silu(x W1) * (x W3)) W2. No biases.
-class DecoderBlock : public Module {
+class RotaryDecoderBlock : public Module {
  public:
   /// Projections ~ N(0, init_std^2), the residual outputs Wo and W2 ~ N(0, out_std^2), norms one.
-  DecoderBlock(const DecoderConfig& config, std::shared_ptr<const kernels::RopeTable<float>> rope, float init_std,
+  RotaryDecoderBlock(const RotaryDecoderConfig& config, std::shared_ptr<const kernels::RopeTable<float>> rope, float init_std,
                float out_std, Rng& rng);
   /// The block's one description (x: (B, T, D) on the tape, or rows in a cache pass).
   template <ModelPass P> typename P::Value run(P& p, const typename P::Value& x) const;
@@ -64,35 +64,35 @@ class RotaryDecoder : public Module, public DecoderModel<RotaryDecoder> {
   /// Initialisation (seeded by config.seed, in parameter order): embedding and every projection
   /// ~ N(0, 0.02^2), except the residual outputs Wo and W2 ~ N(0, (0.02 / sqrt(2 n_blocks))^2)
   /// (GPT-2); head weight ~ N(0, 0.02^2); head bias zero; norm weights one.
-  explicit RotaryDecoder(const DecoderConfig& config);
+  explicit RotaryDecoder(const RotaryDecoderConfig& config);
 
   /// The model's one description: token ids (in the pass) -> logits.
   template <ModelPass P> typename P::Value run(P& p) const;
 
   void members(Members& m) override;
-  const DecoderConfig& config() const { return config_; }  ///< The configuration, d_ff filled in.
+  const RotaryDecoderConfig& config() const { return config_; }  ///< The configuration, d_ff filled in.
 
   /// The dropout streams of the next forward derive from (seed, dropout_step, block): set it
   /// once per training step, so that a resumed run draws the same masks.
   std::uint64_t dropout_step = 0;
 
   Embedding embed;                   ///< the token embedding (V, D)
-  std::vector<DecoderBlock> blocks;  ///< n_blocks blocks
+  std::vector<RotaryDecoderBlock> blocks;  ///< n_blocks blocks
   RMSNorm norm;                      ///< the final norm
   Linear head;                       ///< (D, V) with bias: the logits
   Dropout embed_drop;                ///< on the embedding output
 
  private:
-  RotaryDecoder(const DecoderConfig& config, Rng&& rng);
-  DecoderConfig config_;
+  RotaryDecoder(const RotaryDecoderConfig& config, Rng&& rng);
+  RotaryDecoderConfig config_;
 };
 
 /// The config as checkpoint metadata: vocab_size, d_model, n_heads, n_blocks, max_len, d_ff,
 /// norm_eps, rope_theta, and dropout when it is not 0.
-Metadata decoder_config_metadata(const DecoderConfig& config);
-/// The config that decoder_config_metadata wrote (dropout 0 when absent; remat false, seed 0);
+Metadata rotary_decoder_config_metadata(const RotaryDecoderConfig& config);
+/// The config that rotary_decoder_config_metadata wrote (dropout 0 when absent; remat false, seed 0);
 /// throws std::runtime_error naming a missing or bad key.
-DecoderConfig decoder_config_from_metadata(const Metadata& metadata);
+RotaryDecoderConfig rotary_decoder_config_from_metadata(const Metadata& metadata);
 
 /// rotary_decoder(65, 64, 4, 2, 256) has 139,777 parameters.
 RotaryDecoder rotary_decoder(std::size_t vocab, std::size_t d_model, std::size_t n_heads, std::size_t n_blocks,
@@ -116,8 +116,8 @@ struct fmt::formatter<tapegrad::nn::RotaryDecoder> : fmt::formatter<std::string_
 
 /// RotaryDecoderBlock(64, 4, d_ff=256)
 template <>
-struct fmt::formatter<tapegrad::nn::DecoderBlock> : fmt::formatter<std::string_view> {
-  auto format(const tapegrad::nn::DecoderBlock& b, format_context& ctx) const {
+struct fmt::formatter<tapegrad::nn::RotaryDecoderBlock> : fmt::formatter<std::string_view> {
+  auto format(const tapegrad::nn::RotaryDecoderBlock& b, format_context& ctx) const {
     return fmt::format_to(ctx.out(), "RotaryDecoderBlock({}, {}, d_ff={})", b.wq.in(), b.n_heads, b.w1.out());
   }
 };

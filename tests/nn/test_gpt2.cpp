@@ -114,7 +114,7 @@ TEST_CASE("gpt2 overfits one batch") {
 TEST_CASE("the rotary decoder's dropout: remat bit-identical, and the identity in eval mode") {
   std::vector<std::int32_t> ids = test::random_ids(2 * 8, 13, 14), targets = test::random_ids(2 * 8, 13, 15);
   auto make = [](bool remat, float p) {
-    nn::DecoderConfig c{.vocab = 13, .d_model = 16, .n_heads = 2, .n_blocks = 2, .max_len = 8, .remat = remat, .seed = 16, .dropout = p};
+    nn::RotaryDecoderConfig c{.vocab = 13, .d_model = 16, .n_heads = 2, .n_blocks = 2, .max_len = 8, .remat = remat, .seed = 16, .dropout = p};
     return nn::RotaryDecoder(c);
   };
   auto run = [&](bool remat) {

@@ -435,7 +435,7 @@ namespace {
 struct ForwardOnly {
   const RotaryDecoder& inner;
   Var forward(std::span<const std::int32_t> ids, std::size_t b, std::size_t t) const { return inner.forward(ids, b, t); }
-  const DecoderConfig& config() const { return inner.config(); }
+  const RotaryDecoderConfig& config() const { return inner.config(); }
 };
 static_assert(ForwardModel<ForwardOnly> && !CachedModel<ForwardOnly>);
 static_assert(CachedModel<RotaryDecoder> && CachedModel<Gpt2> && CachedModel<LanguageModel>);

@@ -58,7 +58,7 @@ TEST_CASE("forward gives (B, T, vocab) logits and the initial loss is close to l
 
 TEST_CASE("the whole decoder's gradient passes gradcheck") {
   // Larger init than the default so that every path carries signal above the float noise.
-  DecoderConfig config{.vocab = 7, .d_model = 8, .n_heads = 2, .n_blocks = 2, .max_len = 5, .d_ff = 12};
+  RotaryDecoderConfig config{.vocab = 7, .d_model = 8, .n_heads = 2, .n_blocks = 2, .max_len = 5, .d_ff = 12};
   RotaryDecoder model(config);
   Rng rng(3);
   for (auto& p : model.params())

@@ -150,7 +150,7 @@ TEST_CASE("ops give PyTorch's outputs and gradients within float32 rounding") {
 TEST_CASE("the rotary decoder gives PyTorch's logits, loss and gradients") {
   const json& ref = reference().at("models").at("rotary");
   const json& c = ref.at("config");
-  nn::RotaryDecoder model(nn::DecoderConfig{.vocab = c.at("vocab"), .d_model = c.at("d_model"),
+  nn::RotaryDecoder model(nn::RotaryDecoderConfig{.vocab = c.at("vocab"), .d_model = c.at("d_model"),
                                             .n_heads = c.at("n_heads"), .n_blocks = c.at("n_blocks"),
                                             .max_len = c.at("max_len"), .d_ff = c.at("d_ff").get<std::size_t>()});
   check_model("rotary", model, ref);
