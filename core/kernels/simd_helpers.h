@@ -8,7 +8,7 @@
 // The rule every kernel follows: an element (or a row) is computed by the same instructions
 // wherever it falls in a buffer, whatever the buffer's length, its neighbours or the thread count.
 // So a loop's last, partial vector is never a scalar loop with a formula of its own: its elements
-// are copied into a batch padded with zeros (load_partial), go through the body's vector code, and
+// are loaded into a batch padded with zeros (load_partial), go through the body's vector code, and
 // only the valid lanes are stored (store_partial) or summed (first_lanes). A row-wise kernel takes
 // rows, never rows flattened into one stream. Batching therefore never changes a bit: a sequence
 // decoded alone and with others gets the same logits, at every SIMD width.
