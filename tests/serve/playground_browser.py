@@ -5,7 +5,7 @@ prompt, sets the sampling settings, clicks Generate and waits for the text; then
 generation and clicks Stop. Prints one JSON object on standard output for the caller to check:
   {"text": the page's prompt + completion, "state": the page's state after Generate,
    "stop_state": its state after Stop, "stopped_chars": the characters shown when stopped,
-   "metrics": GET /metrics after Stop, "error": the page's error line}
+   "cancelled": the requests /metrics counts as cancelled after Stop, "error": the page's error line}
 Exit status 3 when chromium is not installed (the caller skips), 1 on any other failure."""
 
 import argparse
@@ -135,6 +135,28 @@ class Browser:
         raise TimeoutError(f"'{expression}' did not become true within {seconds} s")
 
 
+def wait_until_healthy(url, seconds):
+    end = time.monotonic() + seconds
+    while True:
+        try:
+            with urllib.request.urlopen(url + "/health", timeout=5) as response:
+                if response.status == 200:
+                    return
+        except OSError:
+            pass
+        if time.monotonic() > end:
+            raise TimeoutError(f"{url}/health did not answer 200 within {seconds} s")
+        time.sleep(0.05)
+
+
+def cancelled_requests(url):
+    """The requests /metrics counts as cancelled (the samples of the metrics naming "cancel")."""
+    with urllib.request.urlopen(url + "/metrics", timeout=10) as response:
+        text = response.read().decode()
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+               if line and not line.startswith("#") and "cancel" in line and "_bucket" not in line)
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--url", required=True, help="the server, e.g. http://127.0.0.1:8080")
@@ -156,6 +178,7 @@ def main():
         return 3
     browser = Browser(executable, time.monotonic() + args.timeout)
     try:
+        wait_until_healthy(args.url, 30)
         browser.call("Runtime.enable")
         browser.navigate(args.url + "/")
         browser.wait_until("document.body.dataset.state === 'idle'", 10)
@@ -183,10 +206,13 @@ def main():
             out["stop_state"] = browser.evaluate("document.body.dataset.state")
             out["stopped_chars"] = browser.evaluate("[...document.getElementById('completion').textContent].length")
             out["error"] += browser.evaluate("document.getElementById('error').textContent")
-            # The server notices the closed connection within a step; give it a moment to count it.
-            time.sleep(0.5)
-            with urllib.request.urlopen(args.url + "/metrics", timeout=10) as response:
-                out["metrics"] = response.read().decode()
+            # The server notices the closed connection within a step: wait (bounded) for the count.
+            end = time.monotonic() + 5
+            while True:
+                out["cancelled"] = cancelled_requests(args.url)
+                if out["cancelled"] >= 1 or time.monotonic() > end:
+                    break
+                time.sleep(0.05)
         print(json.dumps(out))
         return 0
     finally:
