@@ -263,6 +263,7 @@ struct Target {
 httplib::Client make_client(const Target& target) {
   httplib::Client client(target.host, target.port);
   client.set_keep_alive(true);
+  client.set_tcp_nodelay(true);
   client.set_read_timeout(120, 0);
   client.set_connection_timeout(10, 0);
   return client;

@@ -54,6 +54,8 @@ struct Server::Impl {
     http.new_task_queue = [workers] { return new httplib::ThreadPool(workers); };
     http.set_payload_max_length(options.body_limit);
     http.set_keep_alive_timeout(1);  // an idle connection holds up shutdown for at most this
+    // Without it a stream's small writes wait for the client's delayed ACK (Nagle): 40 ms stalls.
+    http.set_tcp_nodelay(true);
     port = options.port == 0 ? http.bind_to_any_port(options.host) : options.port;
     if (options.port != 0 && !http.bind_to_port(options.host, options.port)) port = -1;
     if (port <= 0)
@@ -251,14 +253,11 @@ struct Server::Impl {
       state.last_check = now;
       if (!sink.is_writable()) return cancel(job);
     }
-    for (const std::string& event : events)
-      if (!sink.write("data: ", 6) || !sink.write(event.data(), event.size()) || !sink.write("\n\n", 2))
-        return cancel(job);
-    if (done) {
-      static constexpr std::string_view kDone = "data: [DONE]\n\n";
-      if (!sink.write(kDone.data(), kDone.size())) return cancel(job);
-      sink.done();
-    }
+    std::string text;  // every event of this call in one write (one chunk, one packet)
+    for (const std::string& event : events) text += "data: " + event + "\n\n";
+    if (done) text += "data: [DONE]\n\n";
+    if (!text.empty() && !sink.write(text.data(), text.size())) return cancel(job);
+    if (done) sink.done();
     return true;
   }
 
