@@ -622,7 +622,8 @@ int main(int argc, char** argv) try {
   j["checks_passed"] = ok && exit_status == 0;
   j.update(bench::run_header());
   bench::write_results(out_path, j);
-  fs::remove_all(work);
+  if (ok && exit_status == 0) fs::remove_all(work);
+  else fmt::print(stderr, "bench_serve: the server's log: {}\n", (work / "serve.log").string());
   if (exit_status != 0) fmt::print(stderr, "bench_serve: serve exited with status {} after SIGTERM\n", exit_status);
   return ok && exit_status == 0 ? 0 : 1;
 } catch (const std::exception& e) {

@@ -3,11 +3,13 @@
 
 #include <fmt/format.h>
 #include <httplib.h>
+#include <sys/socket.h>
 
 #include <atomic>
 #include <ctime>
 #include <filesystem>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <thread>
 
 namespace tapegrad::serve {
@@ -38,6 +40,7 @@ struct Server::Impl {
   httplib::Server http;
   std::string model_name;
   int port = 0;
+  int listening_socket = -1;  // seen when httplib creates it, to raise its backlog
   std::atomic<std::uint64_t> next_id{0};
   std::atomic<bool> shut{false}, running{false};
   std::mutex shutdown_mutex;
@@ -56,11 +59,18 @@ struct Server::Impl {
     http.set_keep_alive_timeout(1);  // an idle connection holds up shutdown for at most this
     // Without it a stream's small writes wait for the client's delayed ACK (Nagle): 40 ms stalls.
     http.set_tcp_nodelay(true);
+    http.set_socket_options([this](socket_t sock) {
+      httplib::default_socket_options(sock);
+      listening_socket = sock;
+    });
     port = options.port == 0 ? http.bind_to_any_port(options.host) : options.port;
     if (options.port != 0 && !http.bind_to_port(options.host, options.port)) port = -1;
     if (port <= 0)
       throw std::runtime_error(fmt::format("serve: cannot listen on {}:{} (in use, or not an address here)",
                                            options.host, options.port));
+    // httplib listens with a backlog of 5: more clients connecting at once would have their
+    // connections dropped by the kernel and retried a second later.
+    if (listening_socket >= 0) ::listen(listening_socket, SOMAXCONN);
   }
 
   // The fields every answer and every chunk of a stream share.
@@ -203,12 +213,17 @@ struct Server::Impl {
     std::vector<std::size_t> sent;
     std::vector<bool> finished;
     Clock::time_point last_check = Clock::now();
+    std::optional<Clock::time_point> last_send;  // when it last wrote events
   };
 
   // One call of the stream's content provider: waits briefly for news, sends it as events, and
   // ends the stream once the job is done. Returns false (ending the connection) when the client
   // has gone, after cancelling the job so that its sequences are freed at the next step.
   bool stream_step(Job& job, StreamState& state, httplib::DataSink& sink) {
+    // After its first events a stream writes at most once per kStreamPoll, whatever has come
+    // meanwhile: a write (and a wake-up of this thread and of the client) per character, at
+    // thousands of characters a second per stream, would take the cores the decoding needs.
+    if (state.last_send) std::this_thread::sleep_until(*state.last_send + kStreamPoll);
     std::vector<std::string> events;
     bool done = false;
     {
@@ -257,6 +272,7 @@ struct Server::Impl {
     for (const std::string& event : events) text += "data: " + event + "\n\n";
     if (done) text += "data: [DONE]\n\n";
     if (!text.empty() && !sink.write(text.data(), text.size())) return cancel(job);
+    if (!text.empty()) state.last_send = now;
     if (done) sink.done();
     return true;
   }
