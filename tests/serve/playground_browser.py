@@ -193,7 +193,9 @@ def main():
                "status": browser.evaluate("document.getElementById('status').textContent"),
                "error": browser.evaluate("document.getElementById('error').textContent")}
         if args.screenshot:
-            shot = browser.call("Page.captureScreenshot", {"format": "png", "captureBeyondViewport": False})
+            height = browser.evaluate("Math.ceil(document.getElementById('output').getBoundingClientRect().bottom) + 24")
+            shot = browser.call("Page.captureScreenshot", {"format": "png", "clip": {
+                "x": 0, "y": 0, "width": 900, "height": min(height, 720), "scale": 1}})
             with open(args.screenshot, "wb") as f:
                 f.write(base64.b64decode(shot["data"]))
         if args.long_max_tokens:
