@@ -10,7 +10,8 @@
 //    clients hanging up early; none may be lost or answered twice, none may fail, and every text
 //    must equal the single-sequence reference (what `generate` prints for that seed and settings).
 // The server is started on the bench model (bench_kv_cache's rotary_decoder(65, 64, 4, 2, 256),
-// random weights) unless --checkpoint names another; its peak memory (VmHWM) is read at the end.
+// random weights) unless --checkpoint names another. At the end its /metrics must count every
+// request sent as answered once, and none running or waiting; its peak memory (VmHWM) is read.
 // Writes bench/results/serve_cpu.json; exits 1 when a check fails.
 #include <arpa/inet.h>
 #include <fmt/format.h>
@@ -585,6 +586,18 @@ int main(int argc, char** argv) try {
   if (mixed) mixed_results = mixed_run(target, std::size_t(mixed), 64, ok);
   httplib::Client client = make_client(target);
   json metrics = metrics_of(client);
+  // The server's own count: every request answered once (the warm-up's too), none left behind.
+  std::size_t sent = 1 + std::size_t(mixed);
+  for (const json& round : rounds) sent += round["requests"].get<std::size_t>();
+  double answered = 0;
+  for (const auto& [name, value] : metrics.items())
+    if (name.starts_with("tapegrad_requests_total{")) answered += value.get<double>();
+  const double left = metrics.value("tapegrad_requests_running", 0.0) + metrics.value("tapegrad_requests_waiting", 0.0);
+  if (answered != double(sent) || left != 0) {
+    ok = false;
+    fmt::print(stderr, "bench_serve: the server counts {} requests answered of {} sent, and {} still running or waiting\n",
+               answered, sent, left);
+  }
   const double peak_mib = peak_rss_mib(server.pid());
   const int exit_status = server.stop();
   fmt::print("  server peak memory (VmHWM) {:.1f} MiB; exit status after SIGTERM {}\n", peak_mib, exit_status);
