@@ -183,6 +183,7 @@ void Scheduler::end_job(Job& job, std::optional<ApiError> error) {
     job.error = std::move(error);
   }
   job.changed.notify_all();
+  job.ended.notify_all();
 }
 
 void Scheduler::loop() {

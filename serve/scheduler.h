@@ -58,6 +58,7 @@ struct Job {
 
   std::mutex mutex;
   std::condition_variable changed;
+  std::condition_variable ended;       ///< notified once, when done is set (changed is per token)
   std::vector<Choice> choices;         ///< request.n of them
   std::string fingerprint;             ///< the weights it decodes with, once admitted
   bool done = false;                   ///< every choice finished, or error set, or cancelled

@@ -222,8 +222,12 @@ struct Server::Impl {
   bool stream_step(Job& job, StreamState& state, httplib::DataSink& sink) {
     // After its first events a stream writes at most once per kStreamPoll, whatever has come
     // meanwhile: a write (and a wake-up of this thread and of the client) per character, at
-    // thousands of characters a second per stream, would take the cores the decoding needs.
-    if (state.last_send) std::this_thread::sleep_until(*state.last_send + kStreamPoll);
+    // thousands of characters a second per stream, would take the cores the decoding needs. It
+    // waits on `ended`, not `changed`, so that new tokens do not wake it and its end does.
+    if (state.last_send) {
+      std::unique_lock lock(job.mutex);
+      job.ended.wait_until(lock, *state.last_send + kStreamPoll, [&] { return job.done; });
+    }
     std::vector<std::string> events;
     bool done = false;
     {
