@@ -196,6 +196,9 @@ void Scheduler::loop() {
     finish_cancelled();
     admit();
     bool worked = false;
+    if (options_.before_step && std::any_of(generations_.begin(), generations_.end(),
+                                            [](const Generation& g) { return g.used > 0; }))
+      options_.before_step();
     for (auto& generation : generations_)
       if (generation.used > 0) {
         advance(generation);
