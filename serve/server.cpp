@@ -261,14 +261,12 @@ struct Server::Impl {
       state.last_check = now;
       if (!sink.is_writable()) return cancel(job);
     }
-    for (const std::string& event : events)
-      if (!sink.write("data: ", 6) || !sink.write(event.data(), event.size()) || !sink.write("\n\n", 2))
-        return cancel(job);
-    if (done) {
-      static constexpr std::string_view kDone = "data: [DONE]\n\n";
-      if (!sink.write(kDone.data(), kDone.size())) return cancel(job);
-      sink.done();
-    }
+    // One write for all of it: each write is an HTTP chunk and a system call.
+    std::string text;
+    for (const std::string& event : events) text += "data: " + event + "\n\n";
+    if (done) text += "data: [DONE]\n\n";
+    if (!text.empty() && !sink.write(text.data(), text.size())) return cancel(job);
+    if (done) sink.done();
     return true;
   }
 
