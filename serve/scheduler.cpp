@@ -197,6 +197,9 @@ void Scheduler::loop() {
     finish_cancelled();
     admit();
     bool worked = false;
+    if (options_.before_step && std::any_of(generations_.begin(), generations_.end(),
+                                            [](const Generation& g) { return g.used > 0; }))
+      options_.before_step();
     for (auto& generation : generations_)
       if (generation.used > 0) {
         advance(generation);
@@ -279,6 +282,7 @@ void Scheduler::admit() {
       if (request.echo)
         for (auto& choice : job->choices) choice.text = request.prompt;
     }
+    job->changed.notify_all();  // a stream starts once its request is admitted
     // The weights may have changed since the request was checked: check it again on these.
     const ModelLimits limits{.max_len = weights.model.config().max_len,
                              .max_tokens = options_.max_tokens ? options_.max_tokens : weights.model.config().max_len,
@@ -391,7 +395,7 @@ void Scheduler::emit(Generation& generation, std::size_t sequence, std::span<con
     choice.tokens = slot.generated;
   }
   slot.pending.erase(0, release);
-  job.changed.notify_all();
+  if (job.request.stream) job.changed.notify_all();  // a whole answer waits for done only
   if (stop_at != std::string::npos) finish(generation, sequence, "stop");
   else if (slot.generated == job.request.max_tokens) finish(generation, sequence, "length");
 }

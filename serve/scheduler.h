@@ -10,6 +10,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <list>
 #include <map>
 #include <memory>
@@ -72,6 +73,9 @@ struct SchedulerOptions {
   std::size_t max_tokens = 0;      ///< the cap on a request's max_tokens (0: the model's max_len)
   std::size_t prefill_chunk = 64;  ///< prompt tokens a sequence prefills per step
   std::chrono::milliseconds poll{100};  ///< how often the checkpoint file is checked for a change
+  /// Called on the loop's thread before each decoding pass (while any sequence runs), after the
+  /// step boundary's reload, cancellations and admissions: tests hold the loop here.
+  std::function<void()> before_step;
 };
 
 /// The decoding loop and its queue.

@@ -40,7 +40,6 @@ struct Server::Impl {
   httplib::Server http;
   std::string model_name;
   int port = 0;
-  int listening_socket = -1;  // seen when httplib creates it, to raise its backlog
   std::atomic<std::uint64_t> next_id{0};
   std::atomic<bool> shut{false}, running{false};
   std::mutex shutdown_mutex;
@@ -59,18 +58,20 @@ struct Server::Impl {
     http.set_keep_alive_timeout(1);  // an idle connection holds up shutdown for at most this
     // Without it a stream's small writes wait for the client's delayed ACK (Nagle): 40 ms stalls.
     http.set_tcp_nodelay(true);
-    http.set_socket_options([this](socket_t sock) {
-      httplib::default_socket_options(sock);
-      listening_socket = sock;
+    // httplib listens with a backlog of 5 connections: many clients connecting at once would see
+    // theirs dropped. Listening again on the same socket raises the backlog (Linux keeps the socket).
+    int socket_fd = -1;
+    http.set_socket_options([&socket_fd](int fd) {
+      httplib::default_socket_options(fd);
+      socket_fd = fd;
     });
     port = options.port == 0 ? http.bind_to_any_port(options.host) : options.port;
     if (options.port != 0 && !http.bind_to_port(options.host, options.port)) port = -1;
     if (port <= 0)
       throw std::runtime_error(fmt::format("serve: cannot listen on {}:{} (in use, or not an address here)",
                                            options.host, options.port));
-    // httplib listens with a backlog of 5: more clients connecting at once would have their
-    // connections dropped by the kernel and retried a second later.
-    if (listening_socket >= 0) ::listen(listening_socket, SOMAXCONN);
+    if (socket_fd >= 0) ::listen(socket_fd, SOMAXCONN);
+    http.set_socket_options(httplib::default_socket_options);
   }
 
   // The fields every answer and every chunk of a stream share.
@@ -272,7 +273,8 @@ struct Server::Impl {
       state.last_check = now;
       if (!sink.is_writable()) return cancel(job);
     }
-    std::string text;  // every event of this call in one write (one chunk, one packet)
+    // One write for all of it: each write is an HTTP chunk and a system call.
+    std::string text;
     for (const std::string& event : events) text += "data: " + event + "\n\n";
     if (done) text += "data: [DONE]\n\n";
     if (!text.empty() && !sink.write(text.data(), text.size())) return cancel(job);

@@ -150,11 +150,11 @@ def wait_until_healthy(url, seconds):
 
 
 def cancelled_requests(url):
-    """The requests /metrics counts as cancelled (the samples of the metrics naming "cancel")."""
+    """The requests /metrics counts as cancelled (tapegrad_requests_cancelled_total)."""
     with urllib.request.urlopen(url + "/metrics", timeout=10) as response:
         text = response.read().decode()
     return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
-               if line and not line.startswith("#") and "cancel" in line and "_bucket" not in line)
+               if line.startswith("tapegrad_requests_cancelled_total "))
 
 
 def main():

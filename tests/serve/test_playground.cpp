@@ -3,36 +3,19 @@
 // generate with a seed and stop a long generation. The page's text must equal build/generate's
 // for the same checkpoint, prompt, settings and seed; Stop must cancel the request on the server.
 #include <doctest/doctest.h>
-#include <netinet/in.h>
 #include <nlohmann/json.hpp>
 #include <signal.h>
-#include <sys/socket.h>
 
-#include <chrono>
 #include <cstdlib>
-#include <thread>
 
 #include "core/simd.h"
 #include "nn/checkpoint.h"
 #include "nn/rotary_decoder.h"
+#include "serve/serve_helpers.h"
 #include "support/programs.h"
 
 namespace tapegrad::test {
 namespace {
-
-/// A loopback port nobody listens on now (bound, read, released).
-int unused_port() {
-  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  REQUIRE(fd >= 0);
-  sockaddr_in address{};
-  address.sin_family = AF_INET;
-  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t size = sizeof address;
-  REQUIRE(::bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof address) == 0);
-  REQUIRE(::getsockname(fd, reinterpret_cast<sockaddr*>(&address), &size) == 0);
-  ::close(fd);
-  return ntohs(address.sin_port);
-}
 
 /// Whether the browser test can run here; without chromium it is skipped with a message, and
 /// under CI (CI=true), where scripts/deps.sh installs chromium, that is a failure.
@@ -65,12 +48,11 @@ TEST_CASE("the playground in headless Chromium streams generate's text for a see
                                             seed});
   REQUIRE_MESSAGE(reference.status == 0, reference.err);
 
-  const int port = unused_port();
   const pid_t server = start("serve",
-                             {"--checkpoint", checkpoint, "--port", std::to_string(port), "--parallel", "4",
-                              "--max-tokens", "2000", "--threads", "1"},
+                             {"--checkpoint", checkpoint, "--port", "0", "--parallel", "4", "--max-tokens", "2000",
+                              "--threads", "1"},
                              dir / "serve.out", dir / "serve.err");
-  const std::string url = "http://127.0.0.1:" + std::to_string(port);
+  const std::string url = "http://127.0.0.1:" + std::to_string(port_of(dir / "serve.err"));
   const std::string driver = std::string(TAPEGRAD_SOURCE_DIR) + "/tests/serve/playground_browser.py";
   const std::string command = "python3 '" + driver + "' --url " + url + " --prompt '" + prompt + "' --seed " + seed +
                               " --temperature " + temperature + " --top-k " + top_k + " --top-p " + top_p +
