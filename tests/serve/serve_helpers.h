@@ -311,4 +311,22 @@ inline double metric(const std::string& text, const std::string& series) {
   return std::stod(text.substr(at + series.size() + 2));
 }
 
+/// The /metrics text once `series` reads `value` (waited for up to 5 s; then the text as it is):
+/// a request is counted just after its answer is sent (httplib's logger), and the decoding loop
+/// updates its counts after the token that ends a request, so a client that has its answer may
+/// otherwise read /metrics a moment early.
+inline std::string metrics_with(httplib::Client& client, const std::string& series, double value) {
+  std::string text;
+  eventually(
+      [&] {
+        auto response = client.Get("/metrics");
+        if (!response) return false;
+        text = response->body;
+        const std::size_t at = text.find("\n" + series + " ");
+        return at != std::string::npos && std::stod(text.substr(at + series.size() + 2)) == value;
+      },
+      std::chrono::seconds(5));
+  return text;
+}
+
 }  // namespace tapegrad::test
