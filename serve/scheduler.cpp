@@ -201,7 +201,11 @@ void Scheduler::loop() {
       options_.before_step();
     for (auto& generation : generations_)
       if (generation.used > 0) {
-        advance(generation);
+        try {
+          advance(generation);
+        } catch (const std::exception& e) {  // a bug, not a request's fault: fail its requests, go on
+          fail_generation(generation, e.what());
+        }
         worked = true;
       }
     // An old generation goes once its last sequence has finished (the current one stays).
@@ -211,6 +215,20 @@ void Scheduler::loop() {
     metrics_.set_queue(used_, waiting_.size());
     if (!worked && !stop_)
       wake_.wait_for(lock, options_.poll, [&] { return stop_ || !waiting_.empty(); });
+  }
+}
+
+void Scheduler::fail_generation(Generation& generation, const std::string& message) {
+  fmt::print(stderr, "serve: decoding failed, ending its {} sequences: {}\n", generation.used, message);
+  const ApiError error{.status = 500, .message = "decoding failed: " + message, .type = "server_error"};
+  for (std::size_t s = 0; s < generation.slots.size(); ++s) {
+    if (!generation.slots[s]) continue;
+    end_job(*generation.slots[s]->job, error);
+    generation.slots[s].reset();
+    generation.cache.drop(s);
+    --generation.used;
+    std::lock_guard lock(mutex_);
+    --used_;
   }
 }
 
