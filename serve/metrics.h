@@ -16,7 +16,7 @@ struct Histogram {
   std::vector<std::uint64_t> counts;  ///< per bound: the observations <= it (cumulative)
   double sum = 0;                     ///< the sum of the observations
   std::uint64_t count = 0;            ///< the number of observations
-  explicit Histogram(std::vector<double> upper_bounds);
+  explicit Histogram(std::vector<double> upper_bounds);  ///< Empty buckets with these upper bounds.
   void observe(double value);  ///< Counts one observation.
 };
 

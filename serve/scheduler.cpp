@@ -110,21 +110,25 @@ void Scheduler::stop() {
   thread_.join();
   ApiError gone{.status = 503, .message = "the server stopped before the request finished", .type = "server_error",
                 .code = "shutting_down"};
-  for (auto& job : waiting_) end_job(*job, gone);
-  waiting_.clear();
+  std::deque<std::shared_ptr<Job>> waiting;
+  {
+    std::lock_guard lock(mutex_);
+    waiting.swap(waiting_);
+    used_ = 0;
+  }
+  for (auto& job : waiting) end_job(*job, gone);
   for (auto& generation : generations_)
     for (std::size_t s = 0; s < generation.slots.size(); ++s)
       if (generation.slots[s]) {
         end_job(*generation.slots[s]->job, gone);
         generation.slots[s].reset();
       }
-  used_ = 0;
 }
 
 std::variant<std::shared_ptr<Job>, ApiError> Scheduler::submit(const CompletionRequest& request) {
-  if (draining_)
-    return ApiError{.status = 503, .message = "the server is shutting down and admits no new requests",
-                    .type = "server_error", .code = "draining"};
+  const ApiError draining{.status = 503, .message = "the server is shutting down and admits no new requests",
+                         .type = "server_error", .code = "draining"};
+  if (draining_) return draining;
   const std::shared_ptr<const Weights> weights = this->weights();
   const ModelLimits limits{.max_len = weights->model.config().max_len,
                            .max_tokens = options_.max_tokens ? options_.max_tokens : weights->model.config().max_len,
@@ -137,6 +141,7 @@ std::variant<std::shared_ptr<Job>, ApiError> Scheduler::submit(const CompletionR
   auto job = std::make_shared<Job>(request, std::move(std::get<std::vector<std::int32_t>>(checked)), seed);
   {
     std::lock_guard lock(mutex_);
+    if (stop_) return draining;  // stop() has taken the queue: nothing would answer this one
     const bool fits_now = waiting_.empty() && used_ + request.n <= options_.parallel;
     if (!fits_now && waiting_.size() >= options_.queue)
       return ApiError{.status = 503,
@@ -202,7 +207,11 @@ void Scheduler::loop() {
       options_.before_step();
     for (auto& generation : generations_)
       if (generation.used > 0) {
-        advance(generation);
+        try {
+          advance(generation);
+        } catch (const std::exception& e) {  // a bug, not a request's fault: fail its requests, go on
+          fail_generation(generation, e.what());
+        }
         worked = true;
       }
     // An old generation goes once its last sequence has finished (the current one stays).
@@ -212,6 +221,20 @@ void Scheduler::loop() {
     metrics_.set_queue(used_, waiting_.size());
     if (!worked && !stop_)
       wake_.wait_for(lock, options_.poll, [&] { return stop_ || !waiting_.empty(); });
+  }
+}
+
+void Scheduler::fail_generation(Generation& generation, const std::string& message) {
+  fmt::print(stderr, "serve: decoding failed, ending its {} sequences: {}\n", generation.used, message);
+  const ApiError error{.status = 500, .message = "decoding failed: " + message, .type = "server_error"};
+  for (std::size_t s = 0; s < generation.slots.size(); ++s) {
+    if (!generation.slots[s]) continue;
+    end_job(*generation.slots[s]->job, error);
+    generation.slots[s].reset();
+    generation.cache.drop(s);
+    --generation.used;
+    std::lock_guard lock(mutex_);
+    --used_;
   }
 }
 

@@ -40,7 +40,7 @@ struct Weights {
 std::shared_ptr<const Weights> load_weights(const std::string& path);
 
 /// One request's progress: written by the decoding loop, read by the HTTP handler that waits
-/// for it. The fields below `mutex` are guarded by it; `changed` is notified on every change.
+/// for it. The fields below `mutex` are guarded by it.
 struct Job {
   /// One sample's text so far (whole characters only) and how it ended.
   struct Choice {
@@ -48,18 +48,19 @@ struct Job {
     std::size_t tokens = 0;            ///< tokens generated
     std::optional<std::string> finish_reason;  ///< "stop" or "length" once finished
   };
+  /// A job of request.n choices, arriving now.
   Job(CompletionRequest request, std::vector<std::int32_t> prompt_ids, std::uint64_t seed);
 
-  const CompletionRequest request;
+  const CompletionRequest request;  ///< as parsed
   /// The prompt's ids, encoded again at admission by the weights that decode it (read them once done).
   std::vector<std::int32_t> prompt_ids;
   const std::uint64_t seed;                    ///< sample i draws with seed + i
-  const std::chrono::steady_clock::time_point arrival;
+  const std::chrono::steady_clock::time_point arrival;  ///< when it was submitted (time to first token)
   std::atomic<bool> cancelled{false};          ///< set by the handler when its client has gone
 
-  std::mutex mutex;
-  std::condition_variable changed;
-  std::condition_variable ended;       ///< notified once, when done is set (changed is per token)
+  std::mutex mutex;                   ///< guards the fields below
+  std::condition_variable changed;    ///< notified at admission, when done, and (streams) at every token
+  std::condition_variable ended;      ///< notified once, when done is set
   std::vector<Choice> choices;         ///< request.n of them
   std::string fingerprint;             ///< the weights it decodes with, once admitted
   bool done = false;                   ///< every choice finished, or error set, or cancelled
@@ -92,10 +93,10 @@ class Scheduler {
   std::variant<std::shared_ptr<Job>, ApiError> submit(const CompletionRequest& request);
 
   std::shared_ptr<const Weights> weights() const;  ///< The weights new requests get.
-  const SchedulerOptions& options() const { return options_; }
+  const SchedulerOptions& options() const { return options_; }  ///< As constructed.
   /// Stops admitting new requests (they get 503 "draining"); the queued and running ones go on.
   void drain();
-  bool draining() const { return draining_; }
+  bool draining() const { return draining_; }  ///< Whether drain() or stop() was called.
   /// Stops the loop (and admitting): unfinished jobs end at once with a 503 error.
   void stop();
   /// Nothing running or waiting.
@@ -116,6 +117,7 @@ class Scheduler {
   void emit(Generation& generation, std::size_t sequence, std::span<const float> logits);
   void finish(Generation& generation, std::size_t sequence, const char* reason);
   void end_job(Job& job, std::optional<ApiError> error);
+  void fail_generation(Generation& generation, const std::string& message);
 
   const std::string checkpoint_;
   const SchedulerOptions options_;

@@ -42,7 +42,8 @@ struct Server::Impl {
   int port = 0;
   std::atomic<std::uint64_t> next_id{0};
   std::atomic<bool> shut{false}, running{false};
-  std::mutex shutdown_mutex;
+  std::mutex shutdown_mutex, run_mutex;
+  bool stopping = false;  // guarded by run_mutex
 
   explicit Impl(ServerOptions o)
       : options(std::move(o)),
@@ -141,9 +142,12 @@ struct Server::Impl {
                         .code = "invalid_api_key"});
       return httplib::Server::HandlerResponse::Handled;
     });
-    // Every other error httplib answers by itself gets OpenAI's body too.
+    // httplib calls this before it writes any answer of status 400 or more: the completion errors
+    // are counted here (the successes where they are answered), and the errors httplib answers by
+    // itself get OpenAI's body too.
     http.set_error_handler(httplib::Server::HandlerWithResponse([this](const httplib::Request& req,
                                                                         httplib::Response& res) {
+      if (req.path == "/v1/completions") metrics.request_done(res.status);
       if (!res.body.empty()) return httplib::Server::HandlerResponse::Unhandled;
       ApiError error{.status = res.status, .message = fmt::format("{} {}: HTTP {}", req.method, req.path, res.status)};
       if (res.status == 404) {
@@ -167,9 +171,6 @@ struct Server::Impl {
       }
       reply_error(res, {.status = 500, .message = "internal error: " + message, .type = "server_error"});
     });
-    http.set_logger([this](const httplib::Request& req, const httplib::Response& res) {
-      if (req.path == "/v1/completions") metrics.request_done(res.status);
-    });
   }
 
   void complete(const httplib::Request& req, httplib::Response& res) {
@@ -192,6 +193,7 @@ struct Server::Impl {
                                    {"finish_reason", *job->choices[i].finish_reason}});
       body["usage"] = usage(*job);
       res.set_content(dump(body), "application/json");
+      metrics.request_done(200);
       return;
     }
     // A stream starts once the request is admitted, so that an error found at admission is
@@ -199,6 +201,7 @@ struct Server::Impl {
     job->changed.wait(lock, [&] { return job->done || !job->fingerprint.empty(); });
     if (job->error) return reply_error(res, *job->error);
     lock.unlock();
+    metrics.request_done(200);
     res.set_header("Cache-Control", "no-cache");
     auto state = std::make_shared<StreamState>(fmt::format("cmpl-{}", next_id++), job->choices.size());
     res.set_chunked_content_provider("text/event-stream", [this, job, state](
@@ -296,7 +299,11 @@ Server::~Server() { shutdown(); }
 int Server::port() const { return impl_->port; }
 
 void Server::run() {
-  impl_->running = true;
+  {
+    std::lock_guard guard(impl_->run_mutex);
+    if (impl_->stopping) return;
+    impl_->running = true;
+  }
   impl_->http.listen_after_bind();
   impl_->running = false;
 }
@@ -311,7 +318,13 @@ void Server::shutdown() {
   scheduler.stop();  // what is left ends with a 503 error
   // Let the streams send their last events before the connections close.
   std::this_thread::sleep_for(2 * kStreamPoll);
-  impl_->http.stop();
+  {
+    std::lock_guard guard(impl_->run_mutex);
+    impl_->stopping = true;  // a run() not yet started returns at once
+  }
+  // httplib's stop() works only once its loop has started.
+  while (impl_->running && !impl_->http.is_running()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  if (impl_->running) impl_->http.stop();
   while (impl_->running) std::this_thread::sleep_for(std::chrono::milliseconds(5));
 }
 
