@@ -1,0 +1,671 @@
+// bench_serve: build/serve under load on loopback, beside bench_kv_cache's batched decoding.
+//  - Load: C = 1, 8, 64 concurrent streaming clients, each sending its share of the requests one
+//    after another (prompts of 8 random characters, 100 new tokens, greedy, so that every request
+//    does bench_kv_cache's work); completion tokens/s of the whole round, and per request the
+//    time to first token and the time per token after it (p50, p99). Errors and lost requests
+//    (an answer without all its tokens, its finish_reason or its [DONE]) must be 0.
+//  - --pairs P (default 3) pairs of bench_kv_cache --sizes 64 and a C = 64 round, in alternation:
+//    the server's tokens/s as a share of the batched decoding of 64 sequences it is built on, at
+//    the same thread count (the median of the pairs' shares, so that a shared host's changes in
+//    speed reach both sides of each).
+//  - --mixed N: N requests from 64 clients, streaming and not, some with n = 2 or echo, some
+//    clients hanging up early; none may be lost or answered twice, none may fail, and every text
+//    must equal the single-sequence reference (what `generate` prints for that seed and settings).
+// The server is started on the bench model (bench_kv_cache's rotary_decoder(65, 64, 4, 2, 256),
+// random weights) unless --checkpoint names another. At the end its /metrics must count every
+// request sent as answered once, and none running or waiting; its peak memory (VmHWM) is read.
+// Writes bench/results/serve_cpu.json; exits 1 when a check fails.
+#include <arpa/inet.h>
+#include <fmt/format.h>
+#include <httplib.h>
+#include <netinet/in.h>
+#include <nlohmann/json.hpp>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <mutex>
+#include <set>
+#include <thread>
+
+#include "bench/bench_common.h"
+#include "core/random.h"
+#include "nn/checkpoint.h"
+#include "nn/generate.h"
+#include "nn/language_model.h"
+#include "nn/rotary_decoder.h"
+
+extern char** environ;
+
+using namespace tapegrad;
+using nlohmann::json;
+namespace fs = std::filesystem;
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double since(Clock::time_point start) { return std::chrono::duration<double>(Clock::now() - start).count(); }
+
+/// The folder of this program: build/serve and build/bench_kv_cache are its neighbours.
+fs::path own_dir() { return fs::read_symlink("/proc/self/exe").parent_path(); }
+
+/// A loopback port nobody listens on now (bound, read, released).
+int free_port() {
+  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t size = sizeof address;
+  if (fd < 0 || ::bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof address) != 0 ||
+      ::getsockname(fd, reinterpret_cast<sockaddr*>(&address), &size) != 0)
+    throw std::runtime_error("cannot find a free loopback port");
+  ::close(fd);
+  return ntohs(address.sin_port);
+}
+
+/// build/serve as a child process, its log in a file; SIGTERM (then a bounded wait) on destruction.
+class ServerProcess {
+ public:
+  ServerProcess(const fs::path& program, const std::vector<std::string>& args, const fs::path& log) {
+    std::vector<std::string> text = {program.string()};
+    text.insert(text.end(), args.begin(), args.end());
+    std::vector<char*> argv;
+    for (auto& a : text) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    posix_spawn_file_actions_t actions;
+    posix_spawn_file_actions_init(&actions);
+    posix_spawn_file_actions_addopen(&actions, 1, log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    posix_spawn_file_actions_adddup2(&actions, 1, 2);
+    const int rc = posix_spawn(&pid_, program.c_str(), &actions, nullptr, argv.data(), environ);
+    posix_spawn_file_actions_destroy(&actions);
+    if (rc != 0) throw std::runtime_error(fmt::format("cannot start {}: {}", program.string(), std::strerror(rc)));
+  }
+  ServerProcess(const ServerProcess&) = delete;
+  ServerProcess& operator=(const ServerProcess&) = delete;
+  ~ServerProcess() { stop(); }
+
+  pid_t pid() const { return pid_; }
+  bool running() { return pid_ > 0 && ::waitpid(pid_, &status_, WNOHANG) == 0; }
+
+  /// SIGTERM, then up to 30 s to drain and exit (SIGKILL after); returns the exit status.
+  int stop() {
+    if (pid_ <= 0) return status_;
+    if (::waitpid(pid_, &status_, WNOHANG) == 0) {
+      ::kill(pid_, SIGTERM);
+      auto start = Clock::now();
+      while (::waitpid(pid_, &status_, WNOHANG) == 0) {
+        if (since(start) > 30) {
+          ::kill(pid_, SIGKILL);
+          ::waitpid(pid_, &status_, 0);
+          break;
+        }
+        std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      }
+    }
+    pid_ = -1;
+    status_ = WIFEXITED(status_) ? WEXITSTATUS(status_) : 128 + WTERMSIG(status_);
+    return status_;
+  }
+
+ private:
+  pid_t pid_ = -1;
+  int status_ = -1;
+};
+
+/// A process's peak resident memory in MiB (VmHWM in /proc/PID/status), -1 when unreadable.
+double peak_rss_mib(pid_t pid) {
+  std::ifstream in(fmt::format("/proc/{}/status", pid));
+  std::string line;
+  while (std::getline(in, line))
+    if (line.rfind("VmHWM:", 0) == 0) return std::stod(line.substr(6)) / 1024;
+  return -1;
+}
+
+/// One completion as its client saw it.
+struct Answer {
+  int status = 0;                     // the HTTP status; 0: no answer (the transport failed)
+  std::string error;                  // the transport error or the error body
+  std::string id;                     // the completion's id
+  std::map<std::size_t, std::string> texts;   // by choice index
+  std::map<std::size_t, std::string> finish;  // finish_reason by choice index
+  std::size_t finishes = 0;           // finish_reasons seen: more than the choices is an answer given twice
+  std::size_t done_events = 0;        // "data: [DONE]" lines: a stream has exactly one
+  std::size_t completion_tokens = 0;  // usage.completion_tokens
+  bool hung_up = false;               // the client closed the connection on purpose
+  double ttft = -1, last_token = -1;  // seconds after sending: the first and the last text
+  std::size_t tokens_seen = 0;        // characters received
+};
+
+/// The number of code points of UTF-8 text (a token is a character).
+std::size_t code_points(const std::string& text) {
+  return std::size_t(std::count_if(text.begin(), text.end(), [](char c) { return (c & 0xC0) != 0x80; }));
+}
+
+/// Reads one completion's JSON (a whole answer or one stream chunk) into answer.
+void take_completion(const json& body, Answer& answer, Clock::time_point start) {
+  if (body.contains("error")) {
+    answer.error = body.dump();
+    return;
+  }
+  if (answer.id.empty()) answer.id = body.value("id", "");
+  else if (body.value("id", "") != answer.id) answer.error = "chunks of one stream carry different ids";
+  for (const json& choice : body.value("choices", json::array())) {
+    const std::size_t index = choice.value("index", std::size_t(0));
+    const std::string text = choice.value("text", "");
+    if (!text.empty()) {
+      if (answer.ttft < 0) answer.ttft = since(start);
+      answer.last_token = since(start);
+      answer.tokens_seen += code_points(text);
+      answer.texts[index] += text;
+    }
+    if (choice.contains("finish_reason") && choice["finish_reason"].is_string()) {
+      answer.finish[index] = choice["finish_reason"];
+      ++answer.finishes;
+    }
+  }
+  if (body.contains("usage") && body["usage"].is_object())
+    answer.completion_tokens = body["usage"].value("completion_tokens", std::size_t(0));
+}
+
+/// Sends one completion request and reads its answer: server-sent events when the body asks
+/// for a stream (hanging up after hang_up_after text chunks when that is not 0), else one JSON.
+Answer complete(httplib::Client& client, const json& body, std::size_t hang_up_after = 0) {
+  Answer answer;
+  const auto start = Clock::now();
+  const bool stream = body.value("stream", false);
+  std::string pending, whole;
+  std::size_t text_chunks = 0;
+  httplib::Request request;
+  request.method = "POST";
+  request.path = "/v1/completions";
+  request.body = body.dump();
+  request.set_header("Content-Type", "application/json");
+  request.content_receiver = [&](const char* data, std::size_t size, std::uint64_t, std::uint64_t) {
+    if (!stream || answer.status != 200) {
+      whole.append(data, size);
+      return true;
+    }
+    pending.append(data, size);
+    for (std::size_t end; (end = pending.find("\n\n")) != std::string::npos;) {
+      const std::string event = pending.substr(0, end);
+      pending.erase(0, end + 2);
+      if (event.rfind("data: ", 0) != 0) continue;  // comments and other fields
+      const std::string data = event.substr(6);
+      if (data == "[DONE]") {
+        ++answer.done_events;
+        continue;
+      }
+      const std::size_t before = answer.tokens_seen;
+      take_completion(json::parse(data), answer, start);
+      if (answer.tokens_seen > before && hang_up_after && ++text_chunks >= hang_up_after) {
+        answer.hung_up = true;
+        return false;  // httplib closes the connection
+      }
+    }
+    return true;
+  };
+  httplib::Response response;
+  httplib::Error error = httplib::Error::Success;
+  // The status is known before the body's first byte reaches the receiver.
+  request.response_handler = [&](const httplib::Response& r) {
+    answer.status = r.status;
+    return true;
+  };
+  try {
+    if (!client.send(request, response, error) && !answer.hung_up) {
+      answer.error = "transport: " + httplib::to_string(error);
+      return answer;
+    }
+    answer.status = response.status ? response.status : answer.status;
+    if (answer.status != 200) answer.error = whole.empty() ? response.body : whole;
+    else if (!stream) take_completion(json::parse(whole.empty() ? response.body : whole), answer, start);
+  } catch (const std::exception& e) {
+    answer.error = std::string("bad answer: ") + e.what();
+  }
+  return answer;
+}
+
+double percentile(std::vector<double> values, double p) {
+  if (values.empty()) return 0;
+  std::sort(values.begin(), values.end());
+  return values[std::min(values.size() - 1, std::size_t(p / 100 * double(values.size())))];
+}
+
+/// The metrics lines that are not histogram buckets, as {"name{labels}": value}.
+json metrics_of(httplib::Client& client) {
+  json out = json::object();
+  auto result = client.Get("/metrics");
+  if (!result || result->status != 200) return out;
+  std::istringstream in(result->body);
+  for (std::string line; std::getline(in, line);) {
+    if (line.empty() || line[0] == '#' || line.find("_bucket") != std::string::npos) continue;
+    const std::size_t space = line.rfind(' ');
+    if (space == std::string::npos) continue;
+    try {
+      out[line.substr(0, space)] = std::stod(line.substr(space + 1));
+    } catch (const std::exception&) {
+    }
+  }
+  return out;
+}
+
+/// What the load rounds and the mixed run share: the server's address and the checkpoint.
+struct Target {
+  std::string host;
+  int port = 0;
+  nn::LoadedModelCheckpoint checkpoint;
+};
+
+httplib::Client make_client(const Target& target) {
+  httplib::Client client(target.host, target.port);
+  client.set_keep_alive(true);
+  client.set_tcp_nodelay(true);
+  client.set_read_timeout(120, 0);
+  client.set_connection_timeout(10, 0);
+  return client;
+}
+
+/// n random characters of the checkpoint's vocabulary.
+std::string random_prompt(const nn::CharTokenizer& tokenizer, std::size_t n, Rng& rng) {
+  std::vector<std::int32_t> ids;
+  for (std::size_t i = 0; i < n; ++i) ids.push_back(std::int32_t(rng.below(tokenizer.size())));
+  return tokenizer.decode(ids);
+}
+
+/// One load round: C clients, `per_client` streaming requests each, 100 greedy tokens each.
+json load_round(const Target& target, int clients, int per_client, std::size_t new_tokens, bool& ok) {
+  auto answers = std::vector<std::vector<Answer>>(std::size_t(clients));
+  std::vector<std::string> prompts;
+  Rng rng{std::uint64_t(clients)};
+  for (int i = 0; i < clients * per_client; ++i) prompts.push_back(random_prompt(target.checkpoint.tokenizer, 8, rng));
+  const auto start = Clock::now();
+  std::vector<std::thread> threads;
+  for (int c = 0; c < clients; ++c)
+    threads.emplace_back([&, c] {
+      httplib::Client client = make_client(target);
+      for (int r = 0; r < per_client; ++r) {
+        json body = {{"prompt", prompts[std::size_t(c * per_client + r)]}, {"max_tokens", new_tokens},
+                     {"temperature", 0}, {"stream", true}, {"stream_options", {{"include_usage", true}}}};
+        answers[std::size_t(c)].push_back(complete(client, body));
+      }
+    });
+  for (auto& t : threads) t.join();
+  const double wall = since(start);
+  std::vector<double> ttft, tpot;
+  std::size_t tokens = 0, errors = 0, lost = 0;
+  std::string first_problem;
+  for (const auto& per : answers)
+    for (const Answer& a : per) {
+      if (a.status != 200 || !a.error.empty()) {
+        ++errors;
+        if (first_problem.empty()) first_problem = fmt::format("status {}: {}", a.status, a.error);
+        continue;
+      }
+      const bool whole = a.done_events == 1 && a.finishes == 1 && a.completion_tokens == new_tokens &&
+                         a.tokens_seen == new_tokens && a.finish.count(0) && a.finish.at(0) == "length";
+      if (!whole) {
+        ++lost;
+        if (first_problem.empty())
+          first_problem = fmt::format("incomplete answer: {} [DONE], {} finish_reasons, {} of {} tokens", a.done_events,
+                                      a.finishes, a.tokens_seen, new_tokens);
+        continue;
+      }
+      tokens += a.tokens_seen;
+      ttft.push_back(a.ttft);
+      tpot.push_back((a.last_token - a.ttft) / double(a.tokens_seen - 1));
+    }
+  if (errors || lost) {
+    ok = false;
+    fmt::print(stderr, "bench_serve: C={}: {} errors, {} lost; the first: {}\n", clients, errors, lost, first_problem);
+  }
+  const double tokens_per_s = double(tokens) / wall;
+  json out = {{"clients", clients},
+              {"requests", clients * per_client},
+              {"completion_tokens", tokens},
+              {"seconds", wall},
+              {"tokens_per_s", tokens_per_s},
+              {"ttft_s", {{"p50", percentile(ttft, 50)}, {"p99", percentile(ttft, 99)}}},
+              {"time_per_token_s", {{"p50", percentile(tpot, 50)}, {"p99", percentile(tpot, 99)}}},
+              {"errors", errors},
+              {"lost", lost}};
+  fmt::print("  C={:<3} {:4} requests  {:9.0f} tokens/s  first token p50 {:7.2f} ms p99 {:7.2f} ms  "
+             "per token p50 {:6.3f} ms p99 {:6.3f} ms  errors {} lost {}\n",
+             clients, clients * per_client, tokens_per_s, percentile(ttft, 50) * 1e3, percentile(ttft, 99) * 1e3,
+             percentile(tpot, 50) * 1e3, percentile(tpot, 99) * 1e3, errors, lost);
+  return out;
+}
+
+/// One kind of request in the mixed run, and the texts it must get (sample i: seed + i).
+struct Case {
+  json body;
+  std::vector<std::string> expected;  // by choice index, the prompt first when echo
+};
+
+std::vector<Case> mixed_cases(const nn::LoadedModelCheckpoint& checkpoint, std::size_t count) {
+  Rng rng(2024);
+  const std::size_t max_len = checkpoint.model.config().max_len;
+  const float temperatures[] = {0.0f, 0.7f, 1.0f, 1.3f};
+  const std::size_t top_ks[] = {0, 5, 20};
+  const float top_ps[] = {1.0f, 0.9f, 0.5f};
+  std::vector<Case> cases;
+  for (std::size_t k = 0; k < count; ++k) {
+    const std::size_t prompt_len = 1 + rng.below(std::min<std::size_t>(24, max_len - 1));
+    const std::string prompt = random_prompt(checkpoint.tokenizer, prompt_len, rng);
+    const std::size_t max_tokens = 1 + rng.below(std::min<std::size_t>(64, max_len - prompt_len));
+    nn::GenerateOptions options{.max_new = max_tokens,
+                                .sampling = {.temperature = temperatures[rng.below(4)],
+                                             .top_k = top_ks[rng.below(3)],
+                                             .top_p = top_ps[rng.below(3)]},
+                                .seed = rng.below(1u << 30)};
+    const std::size_t n = rng.below(5) == 0 ? 2 : 1;
+    const bool echo = rng.below(10) == 0;
+    Case c;
+    c.body = {{"prompt", prompt},         {"max_tokens", max_tokens},         {"temperature", options.sampling.temperature},
+              {"top_p", options.sampling.top_p}, {"seed", options.seed}, {"n", n}, {"echo", echo}};
+    if (options.sampling.top_k) c.body["top_k"] = options.sampling.top_k;
+    const std::vector<std::int32_t> ids = checkpoint.tokenizer.encode(prompt);
+    for (std::size_t i = 0; i < n; ++i) {
+      nn::GenerateOptions sample = options;
+      sample.seed = options.seed + i;
+      c.expected.push_back((echo ? prompt : "") +
+                           checkpoint.tokenizer.decode(nn::generate(checkpoint.model, ids, sample).tokens));
+    }
+    cases.push_back(std::move(c));
+  }
+  return cases;
+}
+
+/// The mixed run: `total` requests from `clients` clients; returns its figures and checks.
+json mixed_run(const Target& target, std::size_t total, int clients, bool& ok) {
+  const std::vector<Case> cases = mixed_cases(target.checkpoint, 64);
+  struct Sent {
+    std::size_t case_index;
+    bool stream;
+    std::size_t hang_up_after;
+    Answer answer;
+  };
+  std::vector<Sent> sent(total);
+  Rng rng(99);
+  for (Sent& s : sent) {
+    s.case_index = rng.below(cases.size());
+    s.stream = rng.below(2) == 0;
+    s.hang_up_after = s.stream && rng.below(8) == 0 ? 1 + rng.below(3) : 0;
+  }
+  std::atomic<std::size_t> next{0};
+  const auto start = Clock::now();
+  std::vector<std::thread> threads;
+  for (int c = 0; c < clients; ++c)
+    threads.emplace_back([&] {
+      httplib::Client client = make_client(target);
+      for (std::size_t i; (i = next++) < total;) {
+        json body = cases[sent[i].case_index].body;
+        if (sent[i].stream) body["stream"] = true;
+        sent[i].answer = complete(client, body, sent[i].hang_up_after);
+        if (sent[i].answer.hung_up) client.stop();  // a new connection for the next request
+      }
+    });
+  for (auto& t : threads) t.join();
+  const double wall = since(start);
+
+  std::size_t errors = 0, lost = 0, twice = 0, mismatched = 0, hung_up = 0, streamed = 0, tokens = 0;
+  std::set<std::string> ids;
+  std::vector<std::string> problems;
+  auto problem = [&](std::size_t i, const std::string& what) {
+    if (problems.size() < 5) problems.push_back(fmt::format("request {} ({}): {}", i, cases[sent[i].case_index].body.dump(), what));
+  };
+  for (std::size_t i = 0; i < total; ++i) {
+    const Sent& s = sent[i];
+    const Answer& a = s.answer;
+    const std::vector<std::string>& expected = cases[s.case_index].expected;
+    streamed += s.stream;
+    if (a.status != 200 || !a.error.empty()) {
+      ++errors;
+      problem(i, fmt::format("status {}: {}", a.status, a.error));
+      continue;
+    }
+    if (!a.id.empty() && !ids.insert(a.id).second) {
+      ++twice;
+      problem(i, "an id answered before: " + a.id);
+    }
+    if (a.hung_up) {  // what arrived before the hang-up is the start of the reference
+      ++hung_up;
+      for (const auto& [index, text] : a.texts)
+        if (index >= expected.size() || expected[index].rfind(text, 0) != 0) {
+          ++mismatched;
+          problem(i, fmt::format("sample {} before the hang-up: '{}' is not how '{}' starts", index, text,
+                                 index < expected.size() ? expected[index] : ""));
+        }
+      continue;
+    }
+    if ((s.stream && a.done_events != 1) || a.finishes != expected.size() || a.finish.size() != expected.size()) {
+      if (a.done_events > 1 || a.finishes > expected.size()) {
+        ++twice;
+        problem(i, fmt::format("{} [DONE], {} finish_reasons for {} samples", a.done_events, a.finishes, expected.size()));
+      } else {
+        ++lost;
+        problem(i, fmt::format("incomplete: {} [DONE], {} finish_reasons for {} samples", a.done_events, a.finishes,
+                               expected.size()));
+      }
+      continue;
+    }
+    for (std::size_t index = 0; index < expected.size(); ++index) {
+      const std::string text = a.texts.count(index) ? a.texts.at(index) : "";
+      if (text != expected[index]) {
+        ++mismatched;
+        problem(i, fmt::format("sample {}: '{}', the reference '{}'", index, text, expected[index]));
+      }
+      tokens += code_points(text);
+    }
+  }
+  httplib::Client client = make_client(target);
+  json metrics = metrics_of(client);
+  if (errors || lost || twice || mismatched) {
+    ok = false;
+    fmt::print(stderr, "bench_serve: mixed run: {} errors, {} lost, {} answered twice, {} texts unlike the reference\n",
+               errors, lost, twice, mismatched);
+    for (const std::string& p : problems) fmt::print(stderr, "  {}\n", p);
+  }
+  fmt::print("  mixed: {} requests ({} streamed, {} hung up early) from {} clients in {:.1f} s: errors {}, lost {}, "
+             "answered twice {}, texts unlike the reference {}\n",
+             total, streamed, hung_up, clients, wall, errors, lost, twice, mismatched);
+  return {{"requests", total},
+          {"clients", clients},
+          {"streamed", streamed},
+          {"hung_up_early", hung_up},
+          {"distinct_cases", cases.size()},
+          {"seconds", wall},
+          {"text_characters_checked", tokens},
+          {"errors", errors},
+          {"lost", lost},
+          {"answered_twice", twice},
+          {"texts_unlike_reference", mismatched},
+          {"server_metrics_after", metrics}};
+}
+
+/// bench_kv_cache --sizes 64 --threads T in a temporary file: its batched tokens/s at S = 64.
+json kv_cache_figure(int threads) {
+  const fs::path out = fs::temp_directory_path() / fmt::format("bench_serve_kv_cache_{}.json", ::getpid());
+  const std::string command =
+      fmt::format("'{}' --sizes 64 --threads {} --out '{}' >/dev/null", (own_dir() / "bench_kv_cache").string(), threads,
+                  out.string());
+  if (std::system(command.c_str()) != 0) throw std::runtime_error("bench_kv_cache failed: " + command);
+  json results = json::parse(std::ifstream(out));
+  fs::remove(out);
+  return results["batched"]["64"]["threads"][std::to_string(threads)];
+}
+
+/// The bench model: bench_kv_cache's rotary_decoder(65, 64, 4, 2, 256), random weights, with
+/// tiny-Shakespeare's 65 characters as its vocabulary.
+void write_bench_checkpoint(const fs::path& path) {
+  const std::string vocab = "\n !$&',-.3:;?ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz";
+  nn::save_checkpoint(path.string(), nn::rotary_decoder(65, 64, 4, 2, 256), nn::CharTokenizer::from_vocab(vocab));
+}
+
+}  // namespace
+
+int main(int argc, char** argv) try {
+  std::vector<int> client_counts = {1, 8, 64};
+  int threads = 1, parallel = 64, mixed = 0, pairs = 3;
+  std::string checkpoint_path, out_path = std::string(TAPEGRAD_SOURCE_DIR) + "/bench/results/serve_cpu.json";
+  const std::string usage =
+      "usage: bench_serve [--clients C,C,...] [--threads T] [--parallel S] [--mixed N] [--pairs P] [--checkpoint CKPT]\n"
+      "                   [--out PATH]\n"
+      "  starts build/serve --parallel S --threads T on loopback (on the bench model unless --checkpoint names one),\n"
+      "  runs C concurrent streaming clients per round, then P pairs (default 3) of bench_kv_cache --sizes 64\n"
+      "  --threads T and a C = 64 round in alternation;\n"
+      "  --mixed N adds N mixed requests checked against the single-sequence reference\n" +
+      bench::simd_usage_line();
+  try {
+    for (int i = 1; i < argc; ++i) {
+      std::string arg = argv[i];
+      if (arg == "--help") {
+        fmt::print("{}", usage);
+        return 0;
+      }
+      if (arg == "--clients" && i + 1 < argc) {
+        client_counts = bench::positive_list(arg, argv[++i]);
+      } else if (arg == "--threads" && i + 1 < argc) {
+        threads = bench::positive_int(arg, argv[++i]);
+      } else if (arg == "--parallel" && i + 1 < argc) {
+        parallel = bench::positive_int(arg, argv[++i]);
+      } else if (arg == "--pairs" && i + 1 < argc) {
+        pairs = std::stoi(argv[++i]);
+        if (pairs < 0) throw std::invalid_argument("--pairs takes 0 or more");
+      } else if (arg == "--mixed" && i + 1 < argc) {
+        mixed = bench::positive_int(arg, argv[++i]);
+      } else if (arg == "--checkpoint" && i + 1 < argc) {
+        checkpoint_path = argv[++i];
+      } else if (arg == "--out" && i + 1 < argc) {
+        out_path = argv[++i];
+      } else {
+        fmt::print(stderr, "{}", usage);
+        return 2;
+      }
+    }
+  } catch (const std::exception& e) {
+    fmt::print(stderr, "bench_serve: bad argument: {}\n", e.what());
+    return 2;
+  }
+  set_num_threads(1);  // the references are single sequences
+  const fs::path work = fs::temp_directory_path() / fmt::format("bench_serve_{}", ::getpid());
+  fs::create_directories(work);
+  if (checkpoint_path.empty()) {
+    checkpoint_path = (work / "bench_model.safetensors").string();
+    write_bench_checkpoint(checkpoint_path);
+  }
+  Target target{"127.0.0.1", free_port(), nn::load_model_checkpoint(checkpoint_path)};
+  target.checkpoint.model.set_training(false);
+  const std::size_t new_tokens = std::min<std::size_t>(100, target.checkpoint.model.config().max_len - 8);
+
+  const int most_clients = *std::max_element(client_counts.begin(), client_counts.end());
+  ServerProcess server(own_dir() / "serve",
+                       {"--checkpoint", checkpoint_path, "--port", std::to_string(target.port), "--parallel",
+                        std::to_string(parallel), "--threads", std::to_string(threads), "--queue",
+                        std::to_string(std::max(most_clients, 64) * 2)},
+                       work / "serve.log");
+  {
+    httplib::Client probe = make_client(target);
+    const auto start = Clock::now();
+    for (;;) {
+      auto health = probe.Get("/health");
+      if (health && health->status == 200) break;
+      if (!server.running() || since(start) > 60)
+        throw std::runtime_error("serve did not become healthy within 60 s; its log: " + (work / "serve.log").string());
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+    json warm = {{"prompt", "a"}, {"max_tokens", 8}, {"stream", true}};
+    complete(probe, warm);
+  }
+  fmt::print("bench_serve: serve --parallel {} --threads {}, {} new tokens per request, greedy; {}\n", parallel, threads,
+             new_tokens, bench::machine());
+  bool ok = true;
+  json rounds = json::array();
+  for (int clients : client_counts)
+    rounds.push_back(load_round(target, clients, std::max(4, 64 / clients), new_tokens, ok));
+  json mixed_results;
+  if (mixed) mixed_results = mixed_run(target, std::size_t(mixed), 64, ok);
+  // The comparison: bench_kv_cache's S = 64 and the C = 64 round in alternation, so that a
+  // change in the machine's speed (a shared host) reaches both sides of each pair.
+  std::vector<double> kv_samples, server_samples, shares;
+  json pair_rounds = json::array(), kv_runs = json::array();
+  for (int p = 0; p < pairs; ++p) {
+    kv_runs.push_back(kv_cache_figure(threads));
+    pair_rounds.push_back(load_round(target, 64, 4, new_tokens, ok));
+    kv_samples.push_back(kv_runs.back()["tokens_per_s"].get<double>());
+    server_samples.push_back(pair_rounds.back()["tokens_per_s"].get<double>());
+    shares.push_back(server_samples.back() / kv_samples.back());
+    fmt::print("  pair {}: bench_kv_cache S=64, {} thread{}: {:9.0f} tokens/s; serve at C=64 {:.0f}% of it\n", p + 1,
+               threads, threads > 1 ? "s" : "", kv_samples.back(), shares.back() * 100);
+  }
+  httplib::Client client = make_client(target);
+  json metrics = metrics_of(client);
+  // The server's own count: every request answered once (the warm-up's too), none left behind.
+  std::size_t sent = 1 + std::size_t(mixed);
+  for (const json& round : rounds) sent += round["requests"].get<std::size_t>();
+  for (const json& round : pair_rounds) sent += round["requests"].get<std::size_t>();
+  double answered = 0;
+  for (const auto& [name, value] : metrics.items())
+    if (name.starts_with("tapegrad_requests_total{")) answered += value.get<double>();
+  const double left = metrics.value("tapegrad_requests_running", 0.0) + metrics.value("tapegrad_requests_waiting", 0.0);
+  if (answered != double(sent) || left != 0) {
+    ok = false;
+    fmt::print(stderr, "bench_serve: the server counts {} requests answered of {} sent, and {} still running or waiting\n",
+               answered, sent, left);
+  }
+  const double peak_mib = peak_rss_mib(server.pid());
+  const int exit_status = server.stop();
+  fmt::print("  server peak memory (VmHWM) {:.1f} MiB; exit status after SIGTERM {}\n", peak_mib, exit_status);
+
+  json at64;
+  if (pairs > 0) {
+    const double share = bench::stats_of(shares).median;
+    std::vector<double> spreads;
+    for (const json& round : pair_rounds)
+      spreads.push_back(round["time_per_token_s"]["p99"].get<double>() / round["time_per_token_s"]["p50"].get<double>());
+    const double spread = bench::stats_of(spreads).median;
+    at64 = {{"pairs", pairs},
+            {"kv_cache_s64_tokens_per_s", kv_samples},
+            {"server_c64_tokens_per_s", server_samples},
+            {"shares", shares},
+            {"share_median", share},
+            {"time_per_token_p99_over_p50_median", spread},
+            {"target_share", 0.8},
+            {"target_spread", 3.0},
+            {"kv_cache_runs", kv_runs},
+            {"server_rounds", pair_rounds}};
+    fmt::print("  C=64: {:.0f}% of bench_kv_cache's S=64 (median of {} pairs; target 80%); per token p99/p50 {:.2f} "
+               "(target 3)\n", share * 100, pairs, spread);
+  }
+
+  json j;
+  j["benchmark"] = "serve";
+  j["model"] = target.checkpoint.model.describe();
+  j["checkpoint"] = fs::path(checkpoint_path).parent_path() == work ? "the bench model (random weights)" : checkpoint_path;
+  j["server"] = {{"parallel", parallel}, {"threads", threads}, {"peak_rss_mib", peak_mib}, {"exit_status", exit_status},
+                 {"metrics_at_end", metrics}};
+  j["new_tokens"] = new_tokens;
+  j["prompt_chars"] = 8;
+  j["rounds"] = rounds;
+  j["rounds_note"] = "C streaming clients, each sending its requests one after another (greedy, max_tokens new tokens, "
+                     "prompts of 8 random characters); tokens_per_s = completion tokens / wall time of the round; "
+                     "time_per_token = (last token - first token) / (tokens - 1) per request";
+  if (!at64.is_null()) j["c64_against_kv_cache"] = at64;
+  if (mixed) j["mixed"] = mixed_results;
+  j["checks_passed"] = ok && exit_status == 0;
+  j.update(bench::run_header());
+  bench::write_results(out_path, j);
+  if (ok && exit_status == 0) fs::remove_all(work);
+  else fmt::print(stderr, "bench_serve: the server's log: {}\n", (work / "serve.log").string());
+  if (exit_status != 0) fmt::print(stderr, "bench_serve: serve exited with status {} after SIGTERM\n", exit_status);
+  return ok && exit_status == 0 ? 0 : 1;
+} catch (const std::exception& e) {
+  fmt::print(stderr, "bench_serve: {}\n", e.what());
+  return 1;
+}

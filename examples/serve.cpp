@@ -1,0 +1,73 @@
+// serve: an OpenAI-compatible HTTP server for a checkpoint of any architecture, decoding many
+// requests together (serve/). SIGTERM or SIGINT drains it: no new requests, the running ones
+// finish (within --drain-timeout), then it exits 0.
+#include <fmt/format.h>
+#include <pthread.h>
+#include <signal.h>
+
+#include <thread>
+
+#include "common/program.h"
+#include "core/kernels.h"
+#include "serve/server.h"
+
+using namespace tapegrad;
+using namespace tapegrad::examples;
+
+int main(int argc, char** argv) {
+  CLI::App app{"Serves a checkpoint over HTTP: OpenAI's /v1/completions (streamed or not), /v1/models, /health, "
+               "/metrics and a playground page at /. A replaced checkpoint file is picked up while serving.",
+               "serve"};
+  serve::ServerOptions options;
+  int threads = 0;
+  double drain_seconds = 30;
+  app.add_option("--checkpoint", options.checkpoint, "A checkpoint from train_char (required); watched for changes");
+  app.add_option("--host", options.host, "The address to listen on")->capture_default_str();
+  app.add_option("--port", options.port, "The port to listen on (0: any free port)")
+      ->check(CLI::Range(0, 65535))
+      ->capture_default_str();
+  app.add_option("--parallel", options.scheduler.parallel, "Sequences decoded together (the cache's S)")
+      ->check(CLI::Range(std::size_t(1), std::size_t(4096)))
+      ->capture_default_str();
+  app.add_option("--queue", options.scheduler.queue, "Requests that may wait for a free sequence (more get 503)")
+      ->check(non_negative())
+      ->capture_default_str();
+  app.add_option("--max-tokens", options.scheduler.max_tokens,
+                 "The most max_tokens a request may ask for (0: the model's max_len)")
+      ->check(non_negative())
+      ->capture_default_str();
+  app.add_option("--api-key", options.api_key, "Require 'Authorization: Bearer KEY' on /v1/ requests");
+  app.add_option("--threads", threads, "Threads of the decoding passes (0: all cores)")
+      ->check(CLI::Range(0, 4096))
+      ->capture_default_str();
+  app.add_option("--drain-timeout", drain_seconds,
+                 "Seconds that running requests get to finish after SIGTERM or SIGINT")
+      ->check(CLI::Range(0.0, 86400.0))
+      ->capture_default_str();
+
+  return run_program(app, argc, argv, [&] {
+    if (options.checkpoint.empty()) throw UsageError("--checkpoint is required");
+    options.drain_timeout = std::chrono::milliseconds(std::int64_t(drain_seconds * 1000));
+    set_num_threads(threads);
+    // SIGTERM and SIGINT are taken by sigwait below, on this thread: blocked here, before any
+    // other thread starts, so that every thread inherits the mask.
+    sigset_t signals;
+    sigemptyset(&signals);
+    sigaddset(&signals, SIGTERM);
+    sigaddset(&signals, SIGINT);
+    pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+    serve::Server server(options);
+    fmt::print(stderr, "serve: {} on http://{}:{}/ ({} sequences, queue {}, weights {})\n", options.checkpoint,
+               options.host, server.port(), options.scheduler.parallel, options.scheduler.queue,
+               server.scheduler().weights()->fingerprint);
+    std::thread http([&] { server.run(); });
+    int signal = 0;
+    sigwait(&signals, &signal);
+    fmt::print(stderr, "serve: {}: draining ({} running, {} waiting)\n", signal == SIGTERM ? "SIGTERM" : "SIGINT",
+               server.scheduler().running(), server.scheduler().waiting());
+    server.shutdown();
+    http.join();
+    fmt::print(stderr, "serve: stopped\n");
+    return 0;
+  });
+}

@@ -1,0 +1,66 @@
+// The body of POST /v1/completions, parsed and checked as a pure function of its bytes (so it is
+// fuzzed without HTTP), its checks against the loaded model, and OpenAI's error body.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <variant>
+#include <vector>
+
+#include "nn/sampling.h"
+#include "nn/tokenizer.h"
+
+namespace tapegrad::serve {
+
+/// An error answered with OpenAI's body {"error": {"message", "type", "param", "code"}}.
+struct ApiError {
+  int status = 400;                   ///< the HTTP status
+  std::string message;                ///< what went wrong, naming the values involved
+  std::string type = "invalid_request_error";  ///< OpenAI's error type
+  std::optional<std::string> param;   ///< the request field at fault, if one is
+  std::optional<std::string> code;    ///< a machine-readable code, if any
+};
+
+/// The JSON text of OpenAI's error body for an error.
+std::string error_body(const ApiError& error);
+
+/// A completion request: OpenAI's fields (top_k is an extension); absent fields take OpenAI's
+/// defaults. Unknown fields are ignored, as OpenAI clients send fields this server has no use for.
+struct CompletionRequest {
+  std::string model;                    ///< ignored: the server has one model
+  std::string prompt;                   ///< the text to continue (UTF-8, not empty)
+  std::size_t max_tokens = 16;          ///< the most new characters per sample
+  nn::SamplingOptions sampling;         ///< temperature, top_k, top_p
+  std::optional<std::uint64_t> seed;    ///< sample i draws with seed + i; absent: the server picks one
+  std::vector<std::string> stop;        ///< up to 4 strings that end a sample (not included in its text)
+  bool stream = false;                  ///< answer with server-sent events
+  bool include_usage = false;           ///< stream_options.include_usage: a last chunk with the usage
+  std::size_t n = 1;                    ///< samples
+  bool echo = false;                    ///< each text starts with the prompt
+};
+
+/// The most samples one request may ask for, and the most stop strings (OpenAI's limit).
+inline constexpr std::size_t kMaxSamples = 128, kMaxStops = 4;
+
+/// Parses a request body: malformed JSON, a body that is not an object, a field of the wrong
+/// type or out of range is a 400 ApiError naming the field and the value. Never throws.
+std::variant<CompletionRequest, ApiError> parse_completion_request(std::string_view body);
+
+/// What a request may ask of the loaded model.
+struct ModelLimits {
+  std::size_t max_len = 0;     ///< the model's longest text (prompt + new tokens)
+  std::size_t max_tokens = 0;  ///< the server's cap on max_tokens
+  std::size_t parallel = 0;    ///< the sequences decoded together: the most samples a request can have
+};
+
+/// The prompt's token ids, or a 400 ApiError: a character outside the vocabulary (named), the
+/// prompt plus max_tokens past max_len (both numbers given), max_tokens over the server's cap, or
+/// more samples than sequences.
+std::variant<std::vector<std::int32_t>, ApiError> check_against_model(const CompletionRequest& request,
+                                                                     const nn::CharTokenizer& tokenizer,
+                                                                     const ModelLimits& limits);
+
+}  // namespace tapegrad::serve

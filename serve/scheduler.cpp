@@ -1,0 +1,464 @@
+// The decoding loop: admission, chunked prefill, one step for every running sequence, stop
+// strings, cancellation and live weights.
+#include "serve/scheduler.h"
+
+#include <fmt/format.h>
+#include <sys/stat.h>
+
+#include <algorithm>
+#include <fstream>
+#include <random>
+
+#include "core/tape.h"
+#include "nn/sampling.h"
+
+namespace tapegrad::serve {
+
+namespace {
+
+// FNV-1a over a file's bytes: enough to tell two checkpoints apart in a fingerprint.
+std::uint64_t file_hash(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::uint64_t hash = 1469598103934665603ull;
+  char buffer[1 << 16];
+  while (in.read(buffer, sizeof buffer) || in.gcount() > 0) {
+    for (std::streamsize i = 0; i < in.gcount(); ++i) hash = (hash ^ std::uint8_t(buffer[i])) * 1099511628211ull;
+    if (!in) break;
+  }
+  return hash;
+}
+
+using Clock = std::chrono::steady_clock;
+
+double seconds_between(Clock::time_point a, Clock::time_point b) {
+  return std::chrono::duration<double>(b - a).count();
+}
+
+}  // namespace
+
+std::shared_ptr<const Weights> load_weights(const std::string& path) {
+  const std::uint64_t hash = file_hash(path);
+  nn::LoadedModelCheckpoint loaded = nn::load_model_checkpoint(path);
+  loaded.model.set_training(false);
+  std::uint64_t step = 0;
+  if (auto it = loaded.metadata.find("step"); it != loaded.metadata.end()) {
+    try {
+      step = std::stoull(it->second);
+    } catch (const std::exception&) {
+      step = 0;  // a checkpoint not written by training: its step is unknown
+    }
+  }
+  return std::make_shared<const Weights>(Weights{std::move(loaded.model), std::move(loaded.tokenizer),
+                                                 std::move(loaded.metadata), step,
+                                                 fmt::format("fp_{}_{:012x}", step, hash & 0xffffffffffffull)});
+}
+
+Job::Job(CompletionRequest r, std::vector<std::int32_t> ids, std::uint64_t s)
+    : request(std::move(r)), prompt_ids(std::move(ids)), seed(s), arrival(Clock::now()), choices(request.n) {}
+
+// A sequence of a generation's cache in use: one sample of a job.
+struct Scheduler::Slot {
+  std::shared_ptr<Job> job;
+  std::size_t choice = 0;
+  std::size_t prefilled = 0;  // prompt tokens written to the cache so far
+  nn::Sampler sampler;
+  std::int32_t last = 0;      // the token the next step feeds
+  std::size_t generated = 0;
+  std::string pending;        // generated text held back: it may be the start of a stop string
+  Clock::time_point last_token;
+};
+
+// The cache of one set of weights. The newest generation has the current weights; older ones
+// live until their last sequence finishes, so requests in flight finish on their own weights.
+struct Scheduler::Generation {
+  std::shared_ptr<const Weights> weights;
+  nn::KVCache cache;
+  std::vector<std::optional<Slot>> slots;  // per sequence of the cache
+  std::size_t used = 0;
+
+  Generation(std::shared_ptr<const Weights> w, std::size_t sequences)
+      : weights(std::move(w)), cache(weights->model.make_cache(sequences)), slots(sequences) {
+    for (std::size_t s = 0; s < sequences; ++s) cache.drop(s);  // free until a request takes it
+  }
+};
+
+Scheduler::Scheduler(std::string checkpoint, SchedulerOptions options, Metrics& metrics)
+    : checkpoint_(std::move(checkpoint)), options_(options), metrics_(metrics) {
+  if (options_.parallel == 0) throw std::invalid_argument("serve: --parallel must be at least 1");
+  if (options_.prefill_chunk == 0) throw std::invalid_argument("serve: the prefill chunk must be at least 1");
+  struct stat st {};
+  if (::stat(checkpoint_.c_str(), &st) == 0)
+    signature_ = FileSignature{std::uint64_t(st.st_ino), std::uint64_t(st.st_size),
+                               std::int64_t(st.st_mtim.tv_sec) * 1000000000 + st.st_mtim.tv_nsec};
+  current_ = load_weights(checkpoint_);
+  generations_.emplace_back(current_, options_.parallel);
+  metrics_.weights(current_->fingerprint);
+  last_poll_ = Clock::now();
+  thread_ = std::thread([this] { loop(); });
+}
+
+Scheduler::~Scheduler() { stop(); }
+
+void Scheduler::stop() {
+  draining_ = true;
+  {
+    std::lock_guard lock(mutex_);
+    if (stop_) return;
+    stop_ = true;
+  }
+  wake_.notify_all();
+  thread_.join();
+  ApiError gone{.status = 503, .message = "the server stopped before the request finished", .type = "server_error",
+                .code = "shutting_down"};
+  std::deque<std::shared_ptr<Job>> waiting;
+  {
+    std::lock_guard lock(mutex_);
+    waiting.swap(waiting_);
+    used_ = 0;
+  }
+  for (auto& job : waiting) end_job(*job, gone);
+  for (auto& generation : generations_)
+    for (std::size_t s = 0; s < generation.slots.size(); ++s)
+      if (generation.slots[s]) {
+        end_job(*generation.slots[s]->job, gone);
+        generation.slots[s].reset();
+      }
+}
+
+std::variant<std::shared_ptr<Job>, ApiError> Scheduler::submit(const CompletionRequest& request) {
+  const ApiError draining{.status = 503, .message = "the server is shutting down and admits no new requests",
+                         .type = "server_error", .code = "draining"};
+  if (draining_) return draining;
+  const std::shared_ptr<const Weights> weights = this->weights();
+  const ModelLimits limits{.max_len = weights->model.config().max_len,
+                           .max_tokens = options_.max_tokens ? options_.max_tokens : weights->model.config().max_len,
+                           .parallel = options_.parallel};
+  auto checked = check_against_model(request, weights->tokenizer, limits);
+  if (auto* error = std::get_if<ApiError>(&checked)) return *error;
+  // A request without a seed gets a random one: its samples still differ from each other.
+  const std::uint64_t seed = request.seed ? *request.seed : (std::uint64_t(std::random_device{}()) << 32) |
+                                                                std::random_device{}();
+  auto job = std::make_shared<Job>(request, std::move(std::get<std::vector<std::int32_t>>(checked)), seed);
+  {
+    std::lock_guard lock(mutex_);
+    if (stop_) return draining;  // stop() has taken the queue: nothing would answer this one
+    const bool fits_now = waiting_.empty() && used_ + request.n <= options_.parallel;
+    if (!fits_now && waiting_.size() >= options_.queue)
+      return ApiError{.status = 503,
+                      .message = fmt::format("the server is busy: {} requests are already waiting (--queue {}); "
+                                             "retry later",
+                                             waiting_.size(), options_.queue),
+                      .type = "server_error", .code = "queue_full"};
+    waiting_.push_back(job);
+  }
+  wake_.notify_all();
+  return job;
+}
+
+std::shared_ptr<const Weights> Scheduler::weights() const {
+  std::lock_guard lock(mutex_);
+  return current_;
+}
+
+void Scheduler::drain() {
+  draining_ = true;
+  wake_.notify_all();
+}
+
+bool Scheduler::idle() const {
+  std::lock_guard lock(mutex_);
+  return used_ == 0 && waiting_.empty();
+}
+
+std::size_t Scheduler::running() const {
+  std::lock_guard lock(mutex_);
+  return used_;
+}
+
+std::size_t Scheduler::waiting() const {
+  std::lock_guard lock(mutex_);
+  return waiting_.size();
+}
+
+void Scheduler::end_job(Job& job, std::optional<ApiError> error) {
+  {
+    std::lock_guard lock(job.mutex);
+    if (job.done) return;
+    job.done = true;
+    job.error = std::move(error);
+  }
+  job.changed.notify_all();
+  job.ended.notify_all();
+}
+
+void Scheduler::loop() {
+  NoGradScope no_grad;
+  for (;;) {
+    {
+      std::unique_lock lock(mutex_);
+      if (stop_) return;
+    }
+    reload_if_changed();
+    finish_cancelled();
+    admit();
+    bool worked = false;
+    if (options_.before_step && std::any_of(generations_.begin(), generations_.end(),
+                                            [](const Generation& g) { return g.used > 0; }))
+      options_.before_step();
+    for (auto& generation : generations_)
+      if (generation.used > 0) {
+        try {
+          advance(generation);
+        } catch (const std::exception& e) {  // a bug, not a request's fault: fail its requests, go on
+          fail_generation(generation, e.what());
+        }
+        worked = true;
+      }
+    // An old generation goes once its last sequence has finished (the current one stays).
+    for (auto it = generations_.begin(); std::next(it) != generations_.end();)
+      it = it->used == 0 ? generations_.erase(it) : std::next(it);
+    std::unique_lock lock(mutex_);
+    metrics_.set_queue(used_, waiting_.size());
+    if (!worked && !stop_)
+      wake_.wait_for(lock, options_.poll, [&] { return stop_ || !waiting_.empty(); });
+  }
+}
+
+void Scheduler::fail_generation(Generation& generation, const std::string& message) {
+  fmt::print(stderr, "serve: decoding failed, ending its {} sequences: {}\n", generation.used, message);
+  const ApiError error{.status = 500, .message = "decoding failed: " + message, .type = "server_error"};
+  for (std::size_t s = 0; s < generation.slots.size(); ++s) {
+    if (!generation.slots[s]) continue;
+    end_job(*generation.slots[s]->job, error);
+    generation.slots[s].reset();
+    generation.cache.drop(s);
+    --generation.used;
+    std::lock_guard lock(mutex_);
+    --used_;
+  }
+}
+
+void Scheduler::reload_if_changed() {
+  const Clock::time_point now = Clock::now();
+  if (now - last_poll_ < options_.poll) return;
+  last_poll_ = now;
+  struct stat st {};
+  if (::stat(checkpoint_.c_str(), &st) != 0) return;  // between a rename's unlink and link, or gone: keep serving
+  const FileSignature signature{std::uint64_t(st.st_ino), std::uint64_t(st.st_size),
+                                std::int64_t(st.st_mtim.tv_sec) * 1000000000 + st.st_mtim.tv_nsec};
+  if (signature_ == signature) return;
+  signature_ = signature;  // a broken file is tried once, not at every poll
+  std::shared_ptr<const Weights> weights;
+  try {
+    weights = load_weights(checkpoint_);
+  } catch (const std::exception& e) {
+    fmt::print(stderr, "serve: the changed checkpoint could not be loaded, still serving {}: {}\n",
+               generations_.back().weights->fingerprint, e.what());
+    metrics_.reload_failed();
+    return;
+  }
+  fmt::print(stderr, "serve: loaded new weights {} (step {}) from {}\n", weights->fingerprint, weights->step,
+             checkpoint_);
+  generations_.emplace_back(weights, options_.parallel);
+  metrics_.weights(weights->fingerprint, /*reloaded=*/true);
+  std::lock_guard lock(mutex_);
+  current_ = std::move(weights);
+}
+
+void Scheduler::finish_cancelled() {
+  for (auto& generation : generations_)
+    for (std::size_t s = 0; s < generation.slots.size(); ++s)
+      if (generation.slots[s] && generation.slots[s]->job->cancelled) finish(generation, s, nullptr);
+  std::vector<std::shared_ptr<Job>> gone;
+  {
+    std::lock_guard lock(mutex_);
+    for (auto it = waiting_.begin(); it != waiting_.end();)
+      if ((*it)->cancelled) {
+        gone.push_back(*it);
+        it = waiting_.erase(it);
+      } else {
+        ++it;
+      }
+  }
+  for (auto& job : gone) {
+    metrics_.request_cancelled();
+    end_job(*job, std::nullopt);
+  }
+}
+
+void Scheduler::admit() {
+  Generation& generation = generations_.back();
+  const Weights& weights = *generation.weights;
+  for (;;) {
+    std::shared_ptr<Job> job;
+    {
+      std::lock_guard lock(mutex_);
+      if (waiting_.empty() || used_ + waiting_.front()->request.n > options_.parallel) return;
+      job = waiting_.front();
+      waiting_.pop_front();
+      used_ += job->request.n;
+    }
+    const CompletionRequest& request = job->request;
+    {
+      std::lock_guard lock(job->mutex);
+      job->fingerprint = weights.fingerprint;
+      if (request.echo)
+        for (auto& choice : job->choices) choice.text = request.prompt;
+    }
+    job->changed.notify_all();  // a stream starts once its request is admitted
+    // The weights may have changed since the request was checked: check it again on these.
+    const ModelLimits limits{.max_len = weights.model.config().max_len,
+                             .max_tokens = options_.max_tokens ? options_.max_tokens : weights.model.config().max_len,
+                             .parallel = options_.parallel};
+    auto checked = check_against_model(request, weights.tokenizer, limits);
+    const ApiError* error = std::get_if<ApiError>(&checked);
+    if (error || request.max_tokens == 0) {
+      {
+        std::lock_guard lock(mutex_);
+        used_ -= request.n;
+      }
+      if (!error) {
+        std::lock_guard lock(job->mutex);
+        for (auto& choice : job->choices) choice.finish_reason = "length";
+        metrics_.tokens(job->prompt_ids.size(), 0);
+      }
+      end_job(*job, error ? std::optional(*error) : std::nullopt);
+      continue;
+    }
+    job->prompt_ids = std::move(std::get<std::vector<std::int32_t>>(checked));  // of the weights that decode it
+    for (std::size_t i = 0, s = 0; i < request.n; ++i) {
+      while (generation.slots[s]) ++s;
+      generation.cache.restart(s);
+      generation.slots[s].emplace(Slot{.job = job, .choice = i, .sampler = nn::Sampler(request.sampling, job->seed + i)});
+      ++generation.used;
+    }
+  }
+}
+
+void Scheduler::advance(Generation& generation) {
+  const nn::LanguageModel& model = generation.weights->model;
+  const std::size_t vocab = model.config().vocab, sequences = generation.slots.size();
+  bool prefilling = false;
+  for (const auto& slot : generation.slots)
+    if (slot && slot->prefilled < slot->job->prompt_ids.size()) prefilling = true;
+  std::size_t stepped = 0;
+  if (!prefilling) {  // every sequence in use takes one token: the plain step
+    std::vector<std::int32_t> tokens(sequences, 0);
+    for (std::size_t s = 0; s < sequences; ++s)
+      if (generation.slots[s]) tokens[s] = generation.slots[s]->last, ++stepped;
+    std::span<const float> logits = model.step(tokens, generation.cache);  // (sequences, vocab)
+    for (std::size_t s = 0; s < sequences; ++s)
+      if (generation.slots[s]) emit(generation, s, logits.subspan(s * vocab, vocab));
+  } else {
+    // One pass of runs: the next chunk of each prompt still prefilling, one token for each
+    // sequence decoding. A row's bits do not depend on the rows beside it, so a prompt prefilled
+    // in chunks next to other sequences gets the logits it gets alone in one piece.
+    std::vector<std::vector<std::int32_t>> runs(sequences);
+    for (std::size_t s = 0; s < sequences; ++s) {
+      if (!generation.slots[s]) continue;
+      Slot& slot = *generation.slots[s];
+      const auto& prompt = slot.job->prompt_ids;
+      if (slot.prefilled < prompt.size()) {
+        const std::size_t count = std::min(options_.prefill_chunk, prompt.size() - slot.prefilled);
+        runs[s].assign(prompt.begin() + std::ptrdiff_t(slot.prefilled),
+                       prompt.begin() + std::ptrdiff_t(slot.prefilled + count));
+      } else {
+        runs[s] = {slot.last};
+        ++stepped;
+      }
+    }
+    Tensor logits = model.prefill(runs, generation.cache);  // (every run's tokens, vocab)
+    std::size_t row = 0;
+    for (std::size_t s = 0; s < sequences; ++s) {
+      if (runs[s].empty()) continue;
+      row += runs[s].size();
+      Slot& slot = *generation.slots[s];
+      const bool decoding = slot.prefilled == slot.job->prompt_ids.size();
+      if (!decoding) slot.prefilled += runs[s].size();
+      if (decoding || slot.prefilled == slot.job->prompt_ids.size())
+        emit(generation, s, std::span<const float>(logits.data() + (row - 1) * vocab, vocab));
+    }
+  }
+  if (stepped > 0) metrics_.step(stepped);
+}
+
+void Scheduler::emit(Generation& generation, std::size_t sequence, std::span<const float> logits) {
+  Slot& slot = *generation.slots[sequence];
+  Job& job = *slot.job;
+  const Clock::time_point now = Clock::now();
+  const std::int32_t token = slot.sampler.next(logits);
+  slot.last = token;
+  ++slot.generated;
+  if (slot.generated == 1) metrics_.first_token(seconds_between(job.arrival, now));
+  else metrics_.token_interval(seconds_between(slot.last_token, now));
+  slot.last_token = now;
+  slot.pending += generation.weights->tokenizer.decode(std::span(&token, 1));
+
+  // Release the pending text up to a stop string (and finish), or up to where a stop string could
+  // begin. Tokens are whole characters and stop strings start with a character's first byte, so
+  // what is released is always whole characters.
+  const auto& stops = job.request.stop;
+  std::size_t stop_at = std::string::npos;
+  for (const std::string& stop : stops) stop_at = std::min(stop_at, slot.pending.find(stop));
+  std::size_t release = slot.pending.size();
+  if (stop_at != std::string::npos) {
+    release = stop_at;
+  } else if (slot.generated < job.request.max_tokens) {
+    for (std::size_t keep = slot.pending.size(); keep > 0 && release == slot.pending.size(); --keep)
+      for (const std::string& stop : stops)
+        if (stop.size() > keep && stop.compare(0, keep, slot.pending, slot.pending.size() - keep, keep) == 0) {
+          release = slot.pending.size() - keep;
+          break;
+        }
+  }
+  {
+    std::lock_guard lock(job.mutex);
+    Job::Choice& choice = job.choices[slot.choice];
+    choice.text.append(slot.pending, 0, release);
+    choice.tokens = slot.generated;
+  }
+  slot.pending.erase(0, release);
+  if (job.request.stream) job.changed.notify_all();  // a whole answer waits for done only
+  if (stop_at != std::string::npos) finish(generation, sequence, "stop");
+  else if (slot.generated == job.request.max_tokens) finish(generation, sequence, "length");
+}
+
+void Scheduler::finish(Generation& generation, std::size_t sequence, const char* reason) {
+  Slot slot = std::move(*generation.slots[sequence]);
+  generation.slots[sequence].reset();
+  generation.cache.drop(sequence);
+  --generation.used;
+  {
+    std::lock_guard lock(mutex_);
+    --used_;
+  }
+  Job& job = *slot.job;
+  if (!reason) {  // cancelled: the job ends with its first sample freed (the others follow in the same pass)
+    bool first;
+    {
+      std::lock_guard lock(job.mutex);
+      first = !job.done;
+    }
+    if (first) {
+      metrics_.request_cancelled();
+      end_job(job, std::nullopt);
+    }
+    return;
+  }
+  bool all_finished = true;
+  std::size_t completion = 0;
+  {
+    std::lock_guard lock(job.mutex);
+    job.choices[slot.choice].finish_reason = reason;
+    for (const auto& choice : job.choices) {
+      all_finished = all_finished && choice.finish_reason.has_value();
+      completion += choice.tokens;
+    }
+  }
+  if (all_finished) {
+    metrics_.tokens(job.prompt_ids.size(), completion);
+    end_job(job, std::nullopt);
+  }
+}
+
+}  // namespace tapegrad::serve

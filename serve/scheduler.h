@@ -1,0 +1,146 @@
+// The decoding loop of the server: one thread owns the model and a cache of S sequences, admits
+// waiting requests into free sequences at step boundaries, prefills long prompts in chunks while
+// the running sequences keep stepping, frees a sequence as soon as its sample finishes or its
+// client goes away, and picks up a replaced checkpoint file between steps (continuous batching,
+// as in Orca, Yu et al. 2022, and vLLM).
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <list>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+#include <variant>
+#include <vector>
+
+#include "nn/language_model.h"
+#include "serve/metrics.h"
+#include "serve/request.h"
+
+namespace tapegrad::serve {
+
+/// One loaded checkpoint: the model, its vocabulary, and the fingerprint that names its weights.
+struct Weights {
+  nn::LanguageModel model;                      ///< in evaluation mode
+  nn::CharTokenizer tokenizer;                  ///< the file's vocabulary
+  std::map<std::string, std::string> metadata;  ///< the file's metadata
+  std::uint64_t step = 0;                       ///< the training step that wrote it (0 if absent)
+  std::string fingerprint;                      ///< "fp_<step>_<hash of the file's bytes>"
+};
+
+/// Reads a checkpoint of any architecture; throws (naming the file) like load_model_checkpoint.
+std::shared_ptr<const Weights> load_weights(const std::string& path);
+
+/// One request's progress: written by the decoding loop, read by the HTTP handler that waits
+/// for it. The fields below `mutex` are guarded by it.
+struct Job {
+  /// One sample's text so far (whole characters only) and how it ended.
+  struct Choice {
+    std::string text;                  ///< the prompt first if echo, then the released characters
+    std::size_t tokens = 0;            ///< tokens generated
+    std::optional<std::string> finish_reason;  ///< "stop" or "length" once finished
+  };
+  /// A job of request.n choices, arriving now.
+  Job(CompletionRequest request, std::vector<std::int32_t> prompt_ids, std::uint64_t seed);
+
+  const CompletionRequest request;  ///< as parsed
+  /// The prompt's ids, encoded again at admission by the weights that decode it (read them once done).
+  std::vector<std::int32_t> prompt_ids;
+  const std::uint64_t seed;                    ///< sample i draws with seed + i
+  const std::chrono::steady_clock::time_point arrival;  ///< when it was submitted (time to first token)
+  std::atomic<bool> cancelled{false};          ///< set by the handler when its client has gone
+
+  std::mutex mutex;                   ///< guards the fields below
+  std::condition_variable changed;    ///< notified at admission, when done, and (streams) at every token
+  std::condition_variable ended;      ///< notified once, when done is set
+  std::vector<Choice> choices;         ///< request.n of them
+  std::string fingerprint;             ///< the weights it decodes with, once admitted
+  bool done = false;                   ///< every choice finished, or error set, or cancelled
+  std::optional<ApiError> error;       ///< why it could not finish
+};
+
+/// How the decoding loop runs.
+struct SchedulerOptions {
+  std::size_t parallel = 8;        ///< S: the sequences decoded together
+  std::size_t queue = 64;          ///< the requests that may wait for free sequences
+  std::size_t max_tokens = 0;      ///< the cap on a request's max_tokens (0: the model's max_len)
+  std::size_t prefill_chunk = 64;  ///< prompt tokens a sequence prefills per step
+  std::chrono::milliseconds poll{100};  ///< how often the checkpoint file is checked for a change
+  /// Called on the loop's thread before each decoding pass (while any sequence runs), after the
+  /// step boundary's reload, cancellations and admissions: tests hold the loop here.
+  std::function<void()> before_step;
+};
+
+/// The decoding loop and its queue.
+class Scheduler {
+ public:
+  /// Loads the checkpoint (throws if it cannot) and starts the loop's thread.
+  Scheduler(std::string checkpoint, SchedulerOptions options, Metrics& metrics);
+  ~Scheduler();  ///< stop().
+  Scheduler(const Scheduler&) = delete;
+  Scheduler& operator=(const Scheduler&) = delete;
+
+  /// Queues a request, or refuses it: 400 (its checks against the current model), 503 with
+  /// code "queue_full" (the queue holds options.queue requests) or "draining".
+  std::variant<std::shared_ptr<Job>, ApiError> submit(const CompletionRequest& request);
+
+  std::shared_ptr<const Weights> weights() const;  ///< The weights new requests get.
+  const SchedulerOptions& options() const { return options_; }  ///< As constructed.
+  /// Stops admitting new requests (they get 503 "draining"); the queued and running ones go on.
+  void drain();
+  bool draining() const { return draining_; }  ///< Whether drain() or stop() was called.
+  /// Stops the loop (and admitting): unfinished jobs end at once with a 503 error.
+  void stop();
+  /// Nothing running or waiting.
+  bool idle() const;
+  /// @{ Requests decoding now (their sequences), and waiting.
+  std::size_t running() const;
+  std::size_t waiting() const;
+  /// @}
+
+ private:
+  struct Slot;
+  struct Generation;
+  void loop();
+  void reload_if_changed();
+  void admit();
+  void finish_cancelled();
+  void advance(Generation& generation);
+  void emit(Generation& generation, std::size_t sequence, std::span<const float> logits);
+  void finish(Generation& generation, std::size_t sequence, const char* reason);
+  void end_job(Job& job, std::optional<ApiError> error);
+  void fail_generation(Generation& generation, const std::string& message);
+
+  const std::string checkpoint_;
+  const SchedulerOptions options_;
+  Metrics& metrics_;
+
+  mutable std::mutex mutex_;  // guards the fields up to thread_
+  std::condition_variable wake_;
+  std::deque<std::shared_ptr<Job>> waiting_;
+  std::shared_ptr<const Weights> current_;
+  std::size_t used_ = 0;  // sequences in use, over every generation
+  bool stop_ = false;
+  std::atomic<bool> draining_{false};
+  std::thread thread_;
+
+  // The loop thread's own state.
+  std::list<Generation> generations_;  // the newest last: the current weights
+  struct FileSignature {
+    std::uint64_t inode = 0, size = 0;
+    std::int64_t mtime_ns = 0;
+    bool operator==(const FileSignature&) const = default;
+  };
+  std::optional<FileSignature> signature_;
+  std::chrono::steady_clock::time_point last_poll_;
+};
+
+}  // namespace tapegrad::serve

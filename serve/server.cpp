@@ -1,0 +1,335 @@
+// The HTTP routes of `serve` on cpp-httplib, the server-sent event stream, and the error bodies.
+#include "serve/server.h"
+
+#include <fmt/format.h>
+#include <httplib.h>
+#include <sys/socket.h>
+
+#include <atomic>
+#include <ctime>
+#include <filesystem>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <thread>
+
+namespace tapegrad::serve {
+
+using nlohmann::json;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+std::string dump(const json& value) { return value.dump(-1, ' ', false, json::error_handler_t::replace); }
+
+void reply_error(httplib::Response& res, const ApiError& error) {
+  res.status = error.status;
+  if (error.status == 503) res.set_header("Retry-After", "1");
+  res.set_content(error_body(error), "application/json");
+}
+
+// How often a stream waiting for tokens looks at its connection, and the longest a stream
+// writes without asking whether its client is still there.
+constexpr auto kStreamPoll = std::chrono::milliseconds(5);
+
+}  // namespace
+
+struct Server::Impl {
+  ServerOptions options;
+  Metrics metrics;
+  Scheduler scheduler;
+  httplib::Server http;
+  std::string model_name;
+  int port = 0;
+  std::atomic<std::uint64_t> next_id{0};
+  std::atomic<bool> shut{false}, running{false};
+  std::mutex shutdown_mutex, run_mutex;
+  bool stopping = false;  // guarded by run_mutex
+
+  explicit Impl(ServerOptions o)
+      : options(std::move(o)),
+        metrics(options.scheduler.parallel),
+        scheduler(options.checkpoint, options.scheduler, metrics),
+        model_name(std::filesystem::path(options.checkpoint).stem().string()) {
+    routes();
+    // A connection holds a worker while it streams: enough for every sequence, every queued
+    // request and a few quick requests (/health, /metrics) besides.
+    const std::size_t workers = options.scheduler.parallel + options.scheduler.queue + 8;
+    http.new_task_queue = [workers] { return new httplib::ThreadPool(workers); };
+    http.set_payload_max_length(options.body_limit);
+    http.set_keep_alive_timeout(1);  // an idle connection holds up shutdown for at most this
+    // Without it a stream's small writes wait for the client's delayed ACK (Nagle): 40 ms stalls.
+    http.set_tcp_nodelay(true);
+    // httplib listens with a backlog of 5 connections: many clients connecting at once would see
+    // theirs dropped. Listening again on the same socket raises the backlog (Linux keeps the socket).
+    int socket_fd = -1;
+    http.set_socket_options([&socket_fd](int fd) {
+      httplib::default_socket_options(fd);
+      socket_fd = fd;
+    });
+    port = options.port == 0 ? http.bind_to_any_port(options.host) : options.port;
+    if (options.port != 0 && !http.bind_to_port(options.host, options.port)) port = -1;
+    if (port <= 0)
+      throw std::runtime_error(fmt::format("serve: cannot listen on {}:{} (in use, or not an address here)",
+                                           options.host, options.port));
+    if (socket_fd >= 0) ::listen(socket_fd, SOMAXCONN);
+    http.set_socket_options(httplib::default_socket_options);
+  }
+
+  // The fields every answer and every chunk of a stream share.
+  json base_object(const Job& job, const std::string& id) {
+    return {{"id", id},
+            {"object", "text_completion"},
+            {"created", std::int64_t(std::time(nullptr))},
+            {"model", model_name},
+            {"system_fingerprint", job.fingerprint}};
+  }
+
+  static json usage(const Job& job) {
+    std::size_t completion = 0;
+    for (const auto& choice : job.choices) completion += choice.tokens;
+    return {{"prompt_tokens", job.prompt_ids.size()},
+            {"completion_tokens", completion},
+            {"total_tokens", job.prompt_ids.size() + completion}};
+  }
+
+  void routes() {
+    http.Get("/", [](const httplib::Request&, httplib::Response& res) {
+      res.set_content(std::string(playground_html()), "text/html; charset=utf-8");
+    });
+    http.Get("/health", [this](const httplib::Request&, httplib::Response& res) {
+      const bool draining = scheduler.draining();
+      res.status = draining ? 503 : 200;
+      res.set_content(dump({{"status", draining ? "draining" : "ok"}}), "application/json");
+    });
+    http.Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
+      res.set_content(metrics.prometheus_text(), "text/plain; version=0.0.4; charset=utf-8");
+    });
+    http.Get("/v1/models", [this](const httplib::Request&, httplib::Response& res) {
+      const std::shared_ptr<const Weights> weights = scheduler.weights();
+      json model = {{"id", model_name},
+                    {"object", "model"},
+                    {"created", std::int64_t(std::time(nullptr))},
+                    {"owned_by", "tapegrad"},
+                    {"arch", weights->model.arch()},
+                    {"vocab_size", weights->model.config().vocab},
+                    {"max_len", weights->model.config().max_len},
+                    {"parameters", weights->model.num_params()},
+                    {"step", weights->step},
+                    {"system_fingerprint", weights->fingerprint}};
+      for (const char* key : {"d_model", "n_heads", "n_blocks", "d_ff"})
+        if (auto it = weights->metadata.find(key); it != weights->metadata.end()) {
+          try {
+            model[key] = std::stoull(it->second);
+          } catch (const std::exception&) {
+            model[key] = it->second;
+          }
+        }
+      res.set_content(dump({{"object", "list"}, {"data", json::array({model})}}), "application/json");
+    });
+    http.Post("/v1/completions",
+              [this](const httplib::Request& req, httplib::Response& res) { complete(req, res); });
+
+    http.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
+      if (options.api_key.empty() || !req.path.starts_with("/v1/")) return httplib::Server::HandlerResponse::Unhandled;
+      if (req.get_header_value("Authorization") == "Bearer " + options.api_key)
+        return httplib::Server::HandlerResponse::Unhandled;
+      reply_error(res, {.status = 401,
+                        .message = req.has_header("Authorization")
+                                       ? "the API key is wrong: give 'Authorization: Bearer <key>' with the "
+                                         "server's --api-key"
+                                       : "an API key is required: give 'Authorization: Bearer <key>'",
+                        .type = "invalid_request_error",
+                        .code = "invalid_api_key"});
+      return httplib::Server::HandlerResponse::Handled;
+    });
+    // httplib calls this before it writes any answer of status 400 or more: the completion errors
+    // are counted here (the successes where they are answered), and the errors httplib answers by
+    // itself get OpenAI's body too.
+    http.set_error_handler(httplib::Server::HandlerWithResponse([this](const httplib::Request& req,
+                                                                        httplib::Response& res) {
+      if (req.path == "/v1/completions") metrics.request_done(res.status);
+      if (!res.body.empty()) return httplib::Server::HandlerResponse::Unhandled;
+      ApiError error{.status = res.status, .message = fmt::format("{} {}: HTTP {}", req.method, req.path, res.status)};
+      if (res.status == 404) {
+        error.message = fmt::format("no route for {} {}", req.method, req.path);
+        error.code = "not_found";
+      } else if (res.status == 413) {
+        error.message = fmt::format("the request body is larger than this server's limit of {} bytes",
+                                    options.body_limit);
+        error.code = "request_too_large";
+      }
+      reply_error(res, error);
+      return httplib::Server::HandlerResponse::Handled;
+    }));
+    http.set_exception_handler([](const httplib::Request&, httplib::Response& res, std::exception_ptr ep) {
+      std::string message = "unknown error";
+      try {
+        std::rethrow_exception(ep);
+      } catch (const std::exception& e) {
+        message = e.what();
+      } catch (...) {
+      }
+      reply_error(res, {.status = 500, .message = "internal error: " + message, .type = "server_error"});
+    });
+  }
+
+  void complete(const httplib::Request& req, httplib::Response& res) {
+    auto parsed = parse_completion_request(req.body);
+    if (auto* error = std::get_if<ApiError>(&parsed)) return reply_error(res, *error);
+    auto submitted = scheduler.submit(std::get<CompletionRequest>(parsed));
+    if (auto* error = std::get_if<ApiError>(&submitted)) return reply_error(res, *error);
+    std::shared_ptr<Job> job = std::get<std::shared_ptr<Job>>(submitted);
+    const CompletionRequest& request = job->request;
+    std::unique_lock lock(job->mutex);
+    if (!request.stream) {
+      job->changed.wait(lock, [&] { return job->done; });
+      if (job->error) return reply_error(res, *job->error);
+      json body = base_object(*job, fmt::format("cmpl-{}", next_id++));
+      body["choices"] = json::array();
+      for (std::size_t i = 0; i < job->choices.size(); ++i)
+        body["choices"].push_back({{"text", job->choices[i].text},
+                                   {"index", i},
+                                   {"logprobs", nullptr},
+                                   {"finish_reason", *job->choices[i].finish_reason}});
+      body["usage"] = usage(*job);
+      res.set_content(dump(body), "application/json");
+      metrics.request_done(200);
+      return;
+    }
+    // A stream starts once the request is admitted, so that an error found at admission is
+    // still an HTTP error status.
+    job->changed.wait(lock, [&] { return job->done || !job->fingerprint.empty(); });
+    if (job->error) return reply_error(res, *job->error);
+    lock.unlock();
+    metrics.request_done(200);
+    res.set_header("Cache-Control", "no-cache");
+    auto state = std::make_shared<StreamState>(fmt::format("cmpl-{}", next_id++), job->choices.size());
+    res.set_chunked_content_provider("text/event-stream", [this, job, state](
+                                                              std::size_t, httplib::DataSink& sink) {
+      return stream_step(*job, *state, sink);
+    });
+  }
+
+  // Where a stream is: how much of each choice's text it has sent, and whether its finish.
+  struct StreamState {
+    StreamState(std::string i, std::size_t choices) : id(std::move(i)), sent(choices, 0), finished(choices, false) {}
+    std::string id;
+    std::vector<std::size_t> sent;
+    std::vector<bool> finished;
+    Clock::time_point last_check = Clock::now();
+    std::optional<Clock::time_point> last_send;  // when it last wrote events
+  };
+
+  // One call of the stream's content provider: waits briefly for news, sends it as events, and
+  // ends the stream once the job is done. Returns false (ending the connection) when the client
+  // has gone, after cancelling the job so that its sequences are freed at the next step.
+  bool stream_step(Job& job, StreamState& state, httplib::DataSink& sink) {
+    // After its first events a stream writes at most once per kStreamPoll, whatever has come
+    // meanwhile: a write (and a wake-up of this thread and of the client) per character, at
+    // thousands of characters a second per stream, would take the cores the decoding needs. It
+    // waits on `ended`, not `changed`, so that new tokens do not wake it and its end does.
+    if (state.last_send) {
+      std::unique_lock lock(job.mutex);
+      job.ended.wait_until(lock, *state.last_send + kStreamPoll, [&] { return job.done; });
+    }
+    std::vector<std::string> events;
+    bool done = false;
+    {
+      std::unique_lock lock(job.mutex);
+      auto news = [&] {
+        if (job.done) return true;
+        for (std::size_t i = 0; i < job.choices.size(); ++i)
+          if (job.choices[i].text.size() > state.sent[i] || (job.choices[i].finish_reason && !state.finished[i]))
+            return true;
+        return false;
+      };
+      job.changed.wait_for(lock, kStreamPoll, news);
+      const json base = base_object(job, state.id);
+      for (std::size_t i = 0; i < job.choices.size(); ++i) {
+        const Job::Choice& choice = job.choices[i];
+        const bool finishing = choice.finish_reason && !state.finished[i];
+        if (choice.text.size() == state.sent[i] && !finishing) continue;
+        json event = base;
+        event["choices"] = json::array({{{"text", choice.text.substr(state.sent[i])},
+                                         {"index", i},
+                                         {"logprobs", nullptr},
+                                         {"finish_reason", finishing ? json(*choice.finish_reason) : json(nullptr)}}});
+        if (job.request.include_usage) event["usage"] = nullptr;
+        events.push_back(dump(event));
+        state.sent[i] = choice.text.size();
+        state.finished[i] = state.finished[i] || finishing;
+      }
+      if (job.done) {
+        done = true;
+        if (job.error) {
+          events.push_back(error_body(*job.error));
+        } else if (job.request.include_usage) {
+          json event = base;
+          event["choices"] = json::array();
+          event["usage"] = usage(job);
+          events.push_back(dump(event));
+        }
+      }
+    }
+    const Clock::time_point now = Clock::now();
+    if (events.empty() || now - state.last_check >= kStreamPoll) {
+      state.last_check = now;
+      if (!sink.is_writable()) return cancel(job);
+    }
+    // One write for all of it: each write is an HTTP chunk and a system call.
+    std::string text;
+    for (const std::string& event : events) text += "data: " + event + "\n\n";
+    if (done) text += "data: [DONE]\n\n";
+    if (!text.empty() && !sink.write(text.data(), text.size())) return cancel(job);
+    if (!text.empty()) state.last_send = now;
+    if (done) sink.done();
+    return true;
+  }
+
+  static bool cancel(Job& job) {
+    job.cancelled = true;
+    return false;
+  }
+};
+
+Server::Server(ServerOptions options) : impl_(std::make_unique<Impl>(std::move(options))) {}
+
+Server::~Server() { shutdown(); }
+
+int Server::port() const { return impl_->port; }
+
+void Server::run() {
+  {
+    std::lock_guard guard(impl_->run_mutex);
+    if (impl_->stopping) return;
+    impl_->running = true;
+  }
+  impl_->http.listen_after_bind();
+  impl_->running = false;
+}
+
+void Server::shutdown() {
+  std::lock_guard guard(impl_->shutdown_mutex);
+  if (impl_->shut.exchange(true)) return;
+  Scheduler& scheduler = impl_->scheduler;
+  scheduler.drain();
+  const Clock::time_point deadline = Clock::now() + impl_->options.drain_timeout;
+  while (!scheduler.idle() && Clock::now() < deadline) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  scheduler.stop();  // what is left ends with a 503 error
+  // Let the streams send their last events before the connections close.
+  std::this_thread::sleep_for(2 * kStreamPoll);
+  {
+    std::lock_guard guard(impl_->run_mutex);
+    impl_->stopping = true;  // a run() not yet started returns at once
+  }
+  // httplib's stop() works only once its loop has started.
+  while (impl_->running && !impl_->http.is_running()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  if (impl_->running) impl_->http.stop();
+  while (impl_->running) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+}
+
+Scheduler& Server::scheduler() { return impl_->scheduler; }
+
+Metrics& Server::metrics() { return impl_->metrics; }
+
+}  // namespace tapegrad::serve

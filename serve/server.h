@@ -1,0 +1,53 @@
+// Server: the HTTP side of `serve` (cpp-httplib): OpenAI's /v1/completions (JSON or server-sent
+// events), /v1/models, /health, /metrics in Prometheus text, and the playground page at /, in
+// front of the decoding loop (serve/scheduler.h). httplib stays inside server.cpp.
+#pragma once
+
+#include <chrono>
+#include <memory>
+#include <string>
+#include <string_view>
+
+#include "serve/metrics.h"
+#include "serve/scheduler.h"
+
+namespace tapegrad::serve {
+
+/// The playground page (serve/playground.html, embedded at build time).
+std::string_view playground_html();
+
+/// What `serve` is started with.
+struct ServerOptions {
+  std::string checkpoint;              ///< the checkpoint file to serve (and watch for changes)
+  std::string host = "127.0.0.1";      ///< the address to bind: loopback unless told otherwise
+  int port = 8080;                     ///< 0: any free port (see Server::port())
+  SchedulerOptions scheduler;          ///< sequences, queue, max_tokens cap
+  std::string api_key;                 ///< if set, /v1/ requests need "Authorization: Bearer <key>"
+  std::size_t body_limit = 1 << 20;    ///< the largest request body (bytes); larger is a 413
+  std::chrono::milliseconds drain_timeout{30000};  ///< how long shutdown() lets requests finish
+};
+
+/// An HTTP server bound to its port, serving a checkpoint.
+class Server {
+ public:
+  /// Loads the checkpoint, starts the decoding loop and binds the port; throws std::runtime_error
+  /// naming the file or the address if either fails.
+  explicit Server(ServerOptions options);
+  ~Server();  ///< shutdown(), then waits for run() to return if it runs on another thread.
+
+  int port() const;  ///< The bound port.
+  /// Serves until shutdown(); returns once every connection has been closed.
+  void run();
+  /// Drains: new requests get 503 and /health says 503; requests queued or running get up to
+  /// options.drain_timeout to finish (then they end with a 503 error); then run() returns.
+  void shutdown();
+
+  Scheduler& scheduler();  ///< The decoding loop.
+  Metrics& metrics();      ///< What /metrics reports.
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace tapegrad::serve

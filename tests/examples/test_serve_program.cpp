@@ -1,0 +1,103 @@
+// End-to-end tests of the built `serve` program: started on a free port, queried over HTTP, then
+// SIGTERM (exit 0); and serving while a real train_char run replaces its checkpoint.
+#include <doctest/doctest.h>
+#include <signal.h>
+
+#include <chrono>
+#include <thread>
+
+#include "../serve/serve_helpers.h"
+#include "support/helpers.h"
+#include "support/programs.h"
+
+using namespace tapegrad;
+using namespace tapegrad::test;
+using nlohmann::json;
+
+TEST_CASE("serve answers as generate does, refuses a bad flag with status 2, and exits 0 on SIGTERM") {
+  fs::path dir = work_dir("serve_program"), data = write_corpus(dir), ckpt = dir / "tiny.safetensors";
+  REQUIRE(run("train_char", tiny(data, ckpt, 10)).status == 0);
+
+  Result bad = run("serve", {"--checkpoint", ckpt.string(), "--parallel", "0"});
+  CHECK(bad.status == 2);
+  CHECK(one_error_line(bad, "serve"));
+  Result missing = run("serve", {"--checkpoint", (dir / "none.safetensors").string()});
+  CHECK(missing.status == 1);
+  CHECK(one_error_line(missing, "serve"));
+
+  const fs::path out = dir / "serve.out", err = dir / "serve.err";
+  const pid_t pid = start("serve", {"--checkpoint", ckpt.string(), "--port", "0", "--parallel", "4", "--threads", "1"},
+                          out, err);
+  const int port = port_of(err);
+  httplib::Client client("127.0.0.1", port);
+  client.set_read_timeout(20);
+  auto health = client.Get("/health");
+  REQUIRE(health);
+  CHECK(health->status == 200);
+  auto r = client.Post("/v1/completions", R"({"prompt": "The ", "max_tokens": 20, "seed": 7, "temperature": 0.8})",
+                       "application/json");
+  REQUIRE(r);
+  CHECK(r->status == 200);
+  Result generated = run("generate", {"--checkpoint", ckpt.string(), "--prompt", "The ", "--max-new", "20", "--seed",
+                                      "7", "--temperature", "0.8"});
+  REQUIRE(generated.status == 0);
+  CHECK("The " + json::parse(r->body)["choices"][0]["text"].get<std::string>() == generated.out);
+
+  REQUIRE(::kill(pid, SIGTERM) == 0);
+  CHECK(wait_for(pid) == 0);
+  CHECK(contains(read_bytes(err), "serve: SIGTERM: draining"));
+}
+
+TEST_CASE("serve picks up the checkpoints of a train_char run saving every few steps while a client generates") {
+  // About a second: train_char's tiny run of 400 steps saves 20 times while requests go on.
+  fs::path dir = work_dir("serve_training"), data = write_corpus(dir), ckpt = dir / "tiny.safetensors";
+  REQUIRE(run("train_char", tiny(data, ckpt, 1)).status == 0);
+  const fs::path out = dir / "serve.out", err = dir / "serve.err";
+  const pid_t server = start("serve", {"--checkpoint", ckpt.string(), "--port", "0", "--threads", "1"}, out, err);
+  const int port = port_of(err);
+  const pid_t trainer = start("train_char",
+                              tiny(data, ckpt, 400) + std::vector<std::string>{"--save-every", "20", "--eval-every", "0"},
+                              dir / "train.out", dir / "train.err");
+  httplib::Client client("127.0.0.1", port);
+  client.set_read_timeout(20);
+  std::set<std::string> fingerprints;
+  int answered = 0, failed = 0, training_status = -1;
+  for (int i = 0; i < 5000; ++i) {  // bounded: train_char ends long before
+    auto r = client.Post("/v1/completions", R"({"prompt": "The ", "max_tokens": 10, "seed": 1, "stream": true})",
+                         "application/json");
+    if (!r || r->status != 200) {
+      ++failed;
+    } else {
+      StreamedCompletion c = parse_stream(r->body);
+      ++answered;
+      failed += !c.done || c.text[0].size() != 10;
+      fingerprints.insert(c.fingerprints.begin(), c.fingerprints.end());
+    }
+    int raw = 0;
+    if (::waitpid(trainer, &raw, WNOHANG) == trainer) {
+      training_status = WIFEXITED(raw) ? WEXITSTATUS(raw) : 128 + WTERMSIG(raw);
+      break;
+    }
+  }
+  if (training_status == -1) training_status = wait_for(trainer);
+  CHECK(training_status == 0);
+  CHECK(failed == 0);
+  CHECK(answered > 0);
+  // The final checkpoint is served once the server has seen it; its text is generate's.
+  std::string last;
+  eventually([&] {
+    auto models = client.Get("/v1/models");
+    return models && json::parse(models->body)["data"][0]["step"] == 400;
+  });
+  auto r = client.Post("/v1/completions", R"({"prompt": "The ", "max_tokens": 10, "seed": 1})", "application/json");
+  REQUIRE(r);
+  const json body = json::parse(r->body);
+  CHECK(body["system_fingerprint"].get<std::string>().starts_with("fp_400_"));
+  fingerprints.insert(body["system_fingerprint"].get<std::string>());
+  CHECK(fingerprints.size() >= 2);  // the weights changed under the client
+  CHECK(body["choices"][0]["text"] == reference_texts(ckpt, "The ", {}, 10, 1)[0]);
+  MESSAGE(answered << " requests answered during training, " << fingerprints.size() << " weights seen");
+  REQUIRE(::kill(server, SIGTERM) == 0);
+  CHECK(wait_for(server) == 0);
+  CHECK(!contains(read_bytes(err), "could not be loaded"));  // atomic saves: never a half-written file
+}

@@ -1,0 +1,219 @@
+// The decoding loop seen through HTTP: determinism under concurrency, the bounded queue,
+// cancellation of a client that hangs up, draining, and live weights.
+#include <doctest/doctest.h>
+
+#include <atomic>
+#include <fstream>
+
+#include "serve_helpers.h"
+#include "support/helpers.h"
+
+using namespace tapegrad;
+using namespace tapegrad::test;
+using nlohmann::json;
+
+TEST_CASE("32 concurrent requests of different lengths and settings each get generate's text, both architectures") {
+  for (const char* arch : {"rotary", "gpt2"}) {
+    CAPTURE(arch);
+    ServeDir dir(std::string("determinism_") + arch);
+    const fs::path ckpt = dir.path / "tiny.safetensors";
+    write_tiny_checkpoint(ckpt, 5, arch);
+    serve::ServerOptions options = test_options(ckpt);
+    options.scheduler.parallel = 8;
+    options.scheduler.queue = 32;
+    options.scheduler.prefill_chunk = 5;  // prompts of up to 30 characters prefill in up to 6 chunks
+    TestServer s(options);
+
+    struct Case {
+      std::string prompt;
+      nn::SamplingOptions sampling;
+      std::size_t max_tokens, n;
+      std::uint64_t seed;
+      bool stream;
+      std::vector<std::string> expected;
+      std::vector<std::string> got;
+    };
+    std::vector<Case> cases;
+    const std::string letters = "the cat sat on a mat and ran to the dog";
+    const float temperatures[] = {0.0f, 0.7f, 1.0f, 1.6f};
+    for (std::size_t i = 0; i < 32; ++i) {
+      Case c;
+      c.prompt = letters.substr(i % 7, 1 + (i * 7) % 30);
+      c.sampling = {.temperature = temperatures[i % 4], .top_k = i % 3 == 0 ? 5u : 0u, .top_p = i % 5 == 0 ? 0.9f : 1.0f};
+      c.max_tokens = 3 + (i * 11) % 30;
+      c.n = i % 6 == 0 ? 2 : 1;
+      c.seed = 1000 + i;
+      c.stream = i % 2 == 1;
+      c.expected = reference_texts(ckpt, c.prompt, c.sampling, c.max_tokens, c.seed, c.n);
+      cases.push_back(c);
+    }
+    std::vector<std::thread> clients;
+    for (Case& c : cases)
+      clients.emplace_back([&s, &c] {
+        httplib::Client client = s.client();
+        const json body = {{"prompt", c.prompt}, {"max_tokens", c.max_tokens}, {"seed", c.seed},
+                           {"temperature", c.sampling.temperature}, {"top_k", c.sampling.top_k},
+                           {"top_p", c.sampling.top_p}, {"n", c.n}, {"stream", c.stream}};
+        auto r = client.Post("/v1/completions", body.dump(), "application/json");
+        if (!r || r->status != 200) {
+          c.got.push_back(r ? r->body : "no answer: " + httplib::to_string(r.error()));
+          return;
+        }
+        if (c.stream) {
+          StreamedCompletion streamed = parse_stream(r->body);
+          for (std::size_t i = 0; i < c.n; ++i) c.got.push_back(streamed.text[i]);
+        } else {
+          const json body = json::parse(r->body);
+          for (const auto& choice : body["choices"]) c.got.push_back(choice["text"]);
+        }
+      });
+    for (auto& t : clients) t.join();
+    for (const Case& c : cases) {
+      CAPTURE(c.prompt);
+      CAPTURE(c.seed);
+      CHECK_MESSAGE(c.got == c.expected, fmt::format("{} != {}", fmt::join(c.got, " | "), fmt::join(c.expected, " | ")));
+    }
+    // The requests did share their steps.
+    auto metrics = s.client().Get("/metrics");
+    REQUIRE(metrics);
+    const double steps = metric(metrics->body, "tapegrad_decode_steps_total");
+    const double sequences = metric(metrics->body, "tapegrad_sequences_per_step_sum");
+    CHECK(sequences > steps);
+  }
+}
+
+TEST_CASE("a full queue answers 503 with Retry-After; the waiting request runs when a sequence frees") {
+  ServeDir dir("queue");
+  const fs::path ckpt = dir.path / "tiny.safetensors";
+  write_tiny_checkpoint(ckpt, 6);
+  serve::ServerOptions options = test_options(ckpt);
+  options.scheduler.parallel = 1;
+  options.scheduler.queue = 1;
+  TestServer s(options);
+  s.gate.close();
+  const std::string body = R"({"prompt": "ab", "max_tokens": 10, "seed": 1, "stream": true})";
+  RawStream running(s.port(), body);
+  REQUIRE(eventually([&] { return s.server.scheduler().running() == 1; }));
+  RawStream waiting(s.port(), body);
+  REQUIRE(eventually([&] { return s.server.scheduler().waiting() == 1; }));
+  auto refused = s.client().Post("/v1/completions", body, "application/json");
+  REQUIRE(refused);
+  CHECK(refused->status == 503);
+  CHECK(refused->get_header_value("Retry-After") == "1");
+  const json error = json::parse(refused->body)["error"];
+  CHECK(error["code"] == "queue_full");
+  CHECK(contains(error["message"], "1 requests are already waiting (--queue 1)"));
+  s.gate.open();
+  CHECK(parse_stream(running.read_until("[DONE]")).text[0].size() == 10);
+  CHECK(parse_stream(waiting.read_until("[DONE]")).text[0].size() == 10);
+}
+
+TEST_CASE("a client that hangs up mid-stream is cancelled within a step; its sequence is freed") {
+  ServeDir dir("cancel");
+  const fs::path ckpt = dir.path / "tiny.safetensors";
+  write_tiny_checkpoint(ckpt, 7);
+  TestServer s(test_options(ckpt));
+  s.gate.close();
+  {
+    RawStream stream(s.port(), R"({"prompt": "ab", "max_tokens": 60, "seed": 1, "stream": true})");
+    REQUIRE(eventually([&] { return s.server.scheduler().running() == 1; }));
+    s.gate.allow(3);
+    stream.read_until("\"finish_reason\":null");
+    REQUIRE(eventually([&] { return s.gate.passed() == 3 && s.gate.holding(); }));
+    stream.hang_up();
+  }
+  // The handler notices within its poll (5 ms); at the next step boundary the sequence is free.
+  // Steps go one at a time until it is (at most 20 of the 57 left).
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  std::size_t extra = 0;
+  while (s.server.scheduler().running() > 0 && extra < 20) {
+    s.gate.allow(1);
+    ++extra;
+    eventually([&] { return s.server.scheduler().running() == 0 || (s.gate.passed() == 3 + extra && s.gate.holding()); });
+  }
+  CHECK(s.server.scheduler().running() == 0);
+  CHECK(extra <= 1);
+  s.gate.open();
+  auto client = s.client();
+  const std::string metrics = metrics_with(client, "tapegrad_requests_running", 0);
+  CHECK(metric(metrics, "tapegrad_requests_cancelled_total") == 1);
+  CHECK(metric(metrics, "tapegrad_requests_running") == 0);
+  CHECK(metric(metrics, "tapegrad_completion_tokens_total") == 0);  // it never finished
+}
+
+TEST_CASE("shutdown drains: no new requests, /health 503, the running stream finishes, then run returns") {
+  ServeDir dir("drain");
+  const fs::path ckpt = dir.path / "tiny.safetensors";
+  write_tiny_checkpoint(ckpt, 8);
+  TestServer s(test_options(ckpt));
+  s.gate.close();
+  RawStream stream(s.port(), R"({"prompt": "ab", "max_tokens": 20, "seed": 9, "stream": true})");
+  REQUIRE(eventually([&] { return s.server.scheduler().running() == 1; }));
+  std::jthread shutdown([&] { s.server.shutdown(); });
+  REQUIRE(eventually([&] { return s.server.scheduler().draining(); }));
+  httplib::Client client = s.client();
+  auto health = client.Get("/health");
+  REQUIRE(health);
+  CHECK(health->status == 503);
+  auto refused = client.Post("/v1/completions", R"({"prompt": "ab"})", "application/json");
+  REQUIRE(refused);
+  CHECK(refused->status == 503);
+  CHECK(json::parse(refused->body)["error"]["code"] == "draining");
+  s.gate.open();
+  StreamedCompletion finished = parse_stream(stream.read_until("[DONE]"));
+  CHECK(finished.done);
+  CHECK(finished.text[0] == reference_texts(ckpt, "ab", {}, 20, 9)[0]);
+}
+
+TEST_CASE("live weights: a replaced checkpoint serves new requests; a stream in flight finishes on its own") {
+  ServeDir dir("live");
+  const fs::path ckpt = dir.path / "tiny.safetensors", old_copy = dir.path / "old.safetensors",
+                 next = dir.path / "next.safetensors";
+  write_tiny_checkpoint(ckpt, 10, "rotary", 100);
+  fs::copy_file(ckpt, old_copy);
+  write_tiny_checkpoint(next, 11, "rotary", 200);
+  TestServer s(test_options(ckpt));
+  const std::string old_fingerprint = s.server.scheduler().weights()->fingerprint;
+  CHECK(old_fingerprint.starts_with("fp_100_"));
+
+  s.gate.close();
+  RawStream stream(s.port(), R"({"prompt": "the", "max_tokens": 40, "seed": 4, "stream": true})");
+  REQUIRE(eventually([&] { return s.server.scheduler().running() == 1; }));
+  s.gate.allow(5);
+  REQUIRE(eventually([&] { return s.gate.passed() == 5 && s.gate.holding(); }));
+  fs::rename(next, ckpt);  // train_char's atomic save
+  s.gate.open();
+  REQUIRE(eventually([&] { return s.server.scheduler().weights()->fingerprint != old_fingerprint; }));
+  const std::string new_fingerprint = s.server.scheduler().weights()->fingerprint;
+  CHECK(new_fingerprint.starts_with("fp_200_"));
+
+  StreamedCompletion in_flight = parse_stream(stream.read_until("[DONE]"));
+  CHECK(in_flight.fingerprints == std::set<std::string>{old_fingerprint});
+  CHECK(in_flight.text[0] == reference_texts(old_copy, "the", {}, 40, 4)[0]);
+
+  auto fresh = s.client().Post("/v1/completions", R"({"prompt": "the", "max_tokens": 40, "seed": 4})",
+                               "application/json");
+  REQUIRE(fresh);
+  const json body = json::parse(fresh->body);
+  CHECK(body["system_fingerprint"] == new_fingerprint);
+  CHECK(body["choices"][0]["text"] == reference_texts(ckpt, "the", {}, 40, 4)[0]);
+  CHECK(body["choices"][0]["text"] != in_flight.text[0]);
+
+  // A broken file keeps the current weights serving, reported in the metrics.
+  {
+    const fs::path broken = dir.path / "broken.tmp";
+    std::ofstream(broken, std::ios::binary) << "not a checkpoint";
+    fs::rename(broken, ckpt);
+    REQUIRE(eventually([&] { return s.server.metrics().reload_failures() == 1; }));
+    auto still = s.client().Post("/v1/completions", R"({"prompt": "the", "max_tokens": 5, "seed": 4})",
+                                 "application/json");
+    REQUIRE(still);
+    CHECK(still->status == 200);
+    CHECK(json::parse(still->body)["system_fingerprint"] == new_fingerprint);
+    auto metrics = s.client().Get("/metrics");
+    REQUIRE(metrics);
+    CHECK(metric(metrics->body, "tapegrad_checkpoint_reload_failures_total") == 1);
+    CHECK(metric(metrics->body, "tapegrad_checkpoint_reloads_total") == 1);
+    CHECK(contains(metrics->body, "tapegrad_weights_info{system_fingerprint=\"" + new_fingerprint + "\"} 1"));
+  }
+}
