@@ -84,8 +84,8 @@ struct Scheduler::Generation {
 
 Scheduler::Scheduler(std::string checkpoint, SchedulerOptions options, Metrics& metrics)
     : checkpoint_(std::move(checkpoint)), options_(options), metrics_(metrics) {
-  if (options_.parallel == 0) throw std::invalid_argument("serve: --parallel must be at least 1");
-  if (options_.prefill_chunk == 0) throw std::invalid_argument("serve: the prefill chunk must be at least 1");
+  if (options_.parallel == 0) throw std::invalid_argument("Scheduler: parallel (the sequences decoded together) must be at least 1");
+  if (options_.prefill_chunk == 0) throw std::invalid_argument("Scheduler: prefill_chunk must be at least 1");
   struct stat st {};
   if (::stat(checkpoint_.c_str(), &st) == 0)
     signature_ = FileSignature{std::uint64_t(st.st_ino), std::uint64_t(st.st_size),

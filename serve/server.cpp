@@ -59,20 +59,23 @@ struct Server::Impl {
     http.set_keep_alive_timeout(1);  // an idle connection holds up shutdown for at most this
     // Without it a stream's small writes wait for the client's delayed ACK (Nagle): 40 ms stalls.
     http.set_tcp_nodelay(true);
-    // httplib listens with a backlog of 5 connections: many clients connecting at once would see
-    // theirs dropped. Listening again on the same socket raises the backlog (Linux keeps the socket).
+    // httplib's own socket options set SO_REUSEPORT, which lets a second server bind the same
+    // port and take half its connections: SO_REUSEADDR alone (a restart may rebind at once), so
+    // that a port in use is an error. And httplib listens with a backlog of 5 connections: many
+    // clients connecting at once would see theirs dropped; listening again raises it.
     int socket_fd = -1;
     http.set_socket_options([&socket_fd](int fd) {
-      httplib::default_socket_options(fd);
+      const int yes = 1;
+      ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof yes);
       socket_fd = fd;
     });
     port = options.port == 0 ? http.bind_to_any_port(options.host) : options.port;
     if (options.port != 0 && !http.bind_to_port(options.host, options.port)) port = -1;
     if (port <= 0)
-      throw std::runtime_error(fmt::format("serve: cannot listen on {}:{} (in use, or not an address here)",
+      throw std::runtime_error(fmt::format("cannot listen on {}:{} (the port is in use, or the address is not this machine's)",
                                            options.host, options.port));
     if (socket_fd >= 0) ::listen(socket_fd, SOMAXCONN);
-    http.set_socket_options(httplib::default_socket_options);
+    http.set_socket_options([](int) {});  // the lambda above refers to this constructor's frame
   }
 
   // The fields every answer and every chunk of a stream share.

@@ -14,7 +14,7 @@ using namespace tapegrad;
 using namespace tapegrad::test;
 using nlohmann::json;
 
-TEST_CASE("serve answers as generate does, refuses a bad flag with status 2, and exits 0 on SIGTERM") {
+TEST_CASE("serve answers as generate does, refuses a bad flag or a port in use, and exits 0 on SIGTERM") {
   fs::path dir = work_dir("serve_program"), data = write_corpus(dir), ckpt = dir / "tiny.safetensors";
   REQUIRE(run("train_char", tiny(data, ckpt, 10)).status == 0);
 
@@ -42,6 +42,10 @@ TEST_CASE("serve answers as generate does, refuses a bad flag with status 2, and
                                       "7", "--temperature", "0.8"});
   REQUIRE(generated.status == 0);
   CHECK("The " + json::parse(r->body)["choices"][0]["text"].get<std::string>() == generated.out);
+  Result taken = run("serve", {"--checkpoint", ckpt.string(), "--port", std::to_string(port)});
+  CHECK(taken.status == 1);  // a port in use is an error, never a second server sharing it
+  CHECK(one_error_line(taken, "serve"));
+  CHECK(contains(taken.err, "cannot listen on 127.0.0.1:"));
 
   REQUIRE(::kill(pid, SIGTERM) == 0);
   CHECK(wait_for(pid) == 0);
