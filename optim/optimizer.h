@@ -29,7 +29,8 @@ struct OptimizerState {
 
 /// Elements [begin, end) of the parameters laid end to end in params() order (the "flat" order).
 struct FlatRange {
-  std::size_t begin = 0, end = 0;  ///< first and one past the last element
+  std::size_t begin = 0;  ///< the first element
+  std::size_t end = 0;    ///< one past the last element
   std::size_t size() const { return end - begin; }  ///< end - begin
 };
 
@@ -111,7 +112,8 @@ class Optimizer {
   /// The part of parameter i that step() updates: its elements [begin, begin + count) (count 0
   /// when none is held).
   struct Held {
-    std::size_t begin = 0, count = 0;
+    std::size_t begin = 0;  ///< the first element held, counted from the parameter's start
+    std::size_t count = 0;  ///< how many elements are held
   };
   /// Parameter i's held part.
   Held held_part(std::size_t i) const { return held_parts_[i]; }
