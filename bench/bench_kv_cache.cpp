@@ -1,6 +1,7 @@
 // bench_kv_cache: decoding speed of rotary_decoder(65, 64, 4, 2, 256), greedy.
 //  - One sequence (the seed's benchmark): a prompt of 8, 100 new tokens, 1 thread, with the KV
 //    cache and with the full forward per token.
+//    Beside it, the floor of a step: one pass over the weights' bytes in cache (bench/read_limit.h).
 //  - Batched: S = 1, 8, 64 sequences, each its own prompt of 8, prefilled in one pass, then 100
 //    new tokens each, one step for all S per token; at 1 and 2 threads; tokens/s = S * 100 / time.
 // One warm-up, then medians of the repeats. Writes bench/results/kv_cache_cpu.json.
@@ -11,6 +12,7 @@
 #include <fstream>
 
 #include "bench/bench_common.h"
+#include "bench/read_limit.h"
 #include "core/kernels.h"
 #include "nn/generate.h"
 #include "core/random.h"
@@ -106,11 +108,19 @@ int main(int argc, char** argv) try {
     }
     set_num_threads(1);
   }
+  // A token's step reads every weight once but the embedding table, of which one row: its floor is
+  // one pass over that many bytes at the machine's read rate from cache.
+  const std::size_t weight_bytes = (model.num_params() - (65 - 1) * 64) * sizeof(float);
+  const bench::ReadLimit read = bench::measure_read_limit(simd_level(), weight_bytes);
+  const double step_s = with.median / 100;
   double speedup = without.median / with.median;
   fmt::print("bench_kv_cache: rotary_decoder(65, 64, 4, 2, 256), prompt 8, 100 new tokens, greedy, 1 thread, {} repeats; {}\n",
              repeats, bench::machine());
   fmt::print("  cache     median {:8.3f} ms  (min {:.3f}, max {:.3f})  {:6.1f} us/token\n", with.median * 1e3,
              with.min * 1e3, with.max * 1e3, with.median * 1e4);
+  fmt::print("  floor     one pass over the {:.0f} KB of weights in cache: {:.2f} us ({:.0f} GB/s, best of 15 samples); "
+             "the median step is {:.1f}x that\n",
+             weight_bytes / 1024.0, read.best_seconds * 1e6, read.best_gbps, step_s / read.best_seconds);
   fmt::print("  no cache  median {:8.3f} ms  (min {:.3f}, max {:.3f})\n", without.median * 1e3, without.min * 1e3,
              without.max * 1e3);
   fmt::print("  speedup   {:.1f}x; vs the seed's 0.055 s with the cache: {:.1f}x faster\n", speedup, 0.055 / with.median);
@@ -125,6 +135,10 @@ int main(int argc, char** argv) try {
   j["cache"] = {{"median_s", with.median}, {"min_s", with.min}, {"max_s", with.max}};
   j["no_cache"] = {{"median_s", without.median}, {"min_s", without.min}, {"max_s", without.max}};
   j["speedup_median"] = speedup;
+  j["weights_read_floor"] = {{"bytes", weight_bytes},
+                             {"best_pass_s", read.best_seconds},
+                             {"best_gbps", read.best_gbps},
+                             {"median_step_over_floor", step_s / read.best_seconds}};
   j["batched"] = batched;
   j["batched_note"] = "S sequences, each its own prompt of 8 tokens prefilled in one pass, then 100 new greedy tokens each "
                       "(one step for all S per token); tokens_per_s = S * 100 / median time";

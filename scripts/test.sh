@@ -6,19 +6,26 @@
 # AddressSanitizer + UndefinedBehaviorSanitizer, and each fuzzer for 60 seconds.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# Each phase's wall time, for keeping the whole run (CI: 2 cores) in its budget.
+phase_start=$SECONDS
+phase() { echo "== $1 ($((SECONDS - phase_start)) s since the start)"; }
 bash scripts/deps.sh
+phase "build"
 jobs=$(nproc)
 cmake -S . -B build -DCMAKE_BUILD_TYPE=Release >/dev/null
 cmake --build build -j"$jobs"
+phase "the suite"
 (cd build && ./tapegrad_tests)
+phase "docs and the install check"
 cmake --build build --target docs
 bash scripts/check_install.sh build
 [ "${TAPEGRAD_QUICK:-0}" = 1 ] && exit 0
 
-echo "== the suite again under ASan + UBSan"
+phase "the suite again under ASan + UBSan"
 cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DTAPEGRAD_SANITIZE=ON -DTAPEGRAD_BUILD_BENCH=OFF >/dev/null
 cmake --build build-asan -j"$jobs"
 (cd build-asan && ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 ./tapegrad_tests)
 
-echo "== fuzzing"
+phase "fuzzing"
 bash scripts/fuzz.sh 60
+phase "done"
