@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <functional>
 #include <limits>
 #include <stdexcept>
 
@@ -30,6 +31,9 @@ int to_int(std::size_t count, const char* what) {
   return int(count);
 }
 
+/// How a blocked rank waits for one request (what: the call, for messages).
+using WaitFor = std::function<void(MPI_Request& request, const char* what)>;
+
 /// The communicators of ordered sums in progress: one for their first steps, one for their second
 /// steps. MPI needs every rank to start the collectives of a communicator in the same order; the
 /// sums start in the same order everywhere, but when each one's second step starts depends on
@@ -43,8 +47,8 @@ struct SumCommunicators {
 /// MPI_Iallgatherv shares every rank's summed shard. test() moves from one step to the next.
 class OrderedSum final : public PendingSum {
  public:
-  OrderedSum(std::span<float> buffer, int rank, int size, SumCommunicators comms)
-      : buffer_(buffer), rank_(std::size_t(rank)), comms_(comms) {
+  OrderedSum(std::span<float> buffer, int rank, int size, SumCommunicators comms, WaitFor wait_for)
+      : buffer_(buffer), rank_(std::size_t(rank)), comms_(comms), wait_for_(std::move(wait_for)) {
     const std::size_t n = buffer.size(), ranks = std::size_t(size);
     if (ranks == 1) return;
     counts_.resize(ranks), offsets_.resize(ranks);
@@ -75,7 +79,8 @@ class OrderedSum final : public PendingSum {
   }
   void wait() override {
     while (step_ != Step::done) {
-      check(MPI_Wait(&request_, MPI_STATUS_IGNORE), "MPI_Wait");
+      wait_for_(request_, step_ == Step::shards ? "the gradient exchange (MPI_Ialltoallv)"
+                                                : "the gradient exchange (MPI_Iallgatherv)");
       advance();
     }
   }
@@ -104,6 +109,7 @@ class OrderedSum final : public PendingSum {
   std::span<float> buffer_;
   std::size_t rank_;
   SumCommunicators comms_;
+  WaitFor wait_for_;
   std::vector<int> counts_, offsets_, receive_counts_, receive_offsets_;
   std::vector<float> shards_;
   MPI_Request request_ = MPI_REQUEST_NULL;
@@ -138,7 +144,8 @@ class MpiCommunicator final : public Communicator {
   }
 
   std::unique_ptr<PendingSum> start_ordered_sum(std::span<float> buffer) override {
-    return std::make_unique<OrderedSum>(buffer, rank_, size_, sums_);
+    return std::make_unique<OrderedSum>(buffer, rank_, size_, sums_,
+                                        [this](MPI_Request& request, const char* what) { wait(request, what); });
   }
 
   void broadcast(std::span<std::byte> bytes, int root) override {
@@ -158,6 +165,9 @@ class MpiCommunicator final : public Communicator {
   }
 
   void barrier() override { check(MPI_Barrier(MPI_COMM_WORLD), "MPI_Barrier"); }
+
+  /// Blocks until request is done (the one place a blocked ordered sum waits).
+  void wait(MPI_Request& request, const char* what) { check(MPI_Wait(&request, MPI_STATUS_IGNORE), what); }
 
   [[noreturn]] void abort(int status) override {
     MPI_Abort(MPI_COMM_WORLD, status);
