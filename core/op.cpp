@@ -11,13 +11,17 @@ namespace tapegrad {
 namespace {
 
 // The one liveness and requires-grad check, for recording_tape and Op.
+// Without a tape, the leaves read are noted for a rematerialised block's entry (LeafReads).
 template <class Range, class Get>
-Tape* tape_for(const char* op, const Range& inputs, Get node_of) {
+Tape* tape_for(const char* op, const Range& inputs, Get var_of) {
   Tape* tape = Tape::current();
-  if (!tape) return nullptr;
+  if (!tape) {
+    for (const auto& v : inputs) LeafReads::note(var_of(v));
+    return nullptr;
+  }
   bool any = false;
   for (const auto& v : inputs) {
-    const Node& n = node_of(v);
+    const Node& n = var_of(v).node();
     if (n.tape && !tape_value_is_live(n))
       throw std::logic_error(fmt::format("{}: an input of shape {} was computed on a tape that has since been "
                                          "cleared or spent; recompute it on the current tape",
@@ -30,7 +34,7 @@ Tape* tape_for(const char* op, const Range& inputs, Get node_of) {
 }  // namespace
 
 Tape* recording_tape(const char* op, std::initializer_list<const Var*> inputs) {
-  return tape_for(op, inputs, [](const Var* v) -> const Node& { return v->node(); });
+  return tape_for(op, inputs, [](const Var* v) -> const Var& { return *v; });
 }
 
 Tensor* grad_if_needed(Node& n) {
@@ -173,12 +177,12 @@ AxisSplit split_at_axis(const Shape& shape, std::size_t axis) {
 }
 
 Op::Op(const char* name, std::initializer_list<Var> inputs)
-    : name_(name), tape_(tape_for(name, inputs, [](const Var& v) -> const Node& { return v.node(); })) {
+    : name_(name), tape_(tape_for(name, inputs, [](const Var& v) -> const Var& { return v; })) {
   record_versions(std::span(inputs.begin(), inputs.size()));
 }
 
 Op::Op(const char* name, const std::vector<Var>& inputs)
-    : name_(name), tape_(tape_for(name, inputs, [](const Var& v) -> const Node& { return v.node(); })) {
+    : name_(name), tape_(tape_for(name, inputs, [](const Var& v) -> const Var& { return v; })) {
   record_versions(inputs);
 }
 

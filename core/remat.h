@@ -17,10 +17,11 @@ namespace tapegrad {
 // The kernels and their order are exactly those of the plain path, so the gradients are
 // bit-identical; the price is a second forward of each block during backward.
 //
-// The entry records x's version like any op's (core/tape.h, RecordedInput), so changing x in place
-// before backward is refused. The block's parameters are read again by the re-run and are not
-// recorded by the first one (it records nothing): changing them before backward is not detected
-// here, as it is for a plain block, whose ops record them.
+// The entry records x's version like any op's (core/tape.h, RecordedInput), and those of the
+// leaves needing a gradient (the block's parameters) that the first forward's ops read, collected
+// by LeafReads while nothing records: changing x or a parameter in place before backward is
+// refused, as for a plain block, and a BackwardObserver learns that the block's parameter
+// gradients are final once this entry has run.
 //
 // One part of that forward need not run again: the block's last op, whose output y is already
 // known and whose backward reads only its inputs. So the re-run passes y as known_output, and a

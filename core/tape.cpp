@@ -3,8 +3,11 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
+#include <limits>
 #include <stdexcept>
 #include <string>
+#include <unordered_map>
 
 namespace tapegrad {
 
@@ -72,15 +75,35 @@ void Tape::record(const char* name, std::vector<RecordedInput> inputs, const std
   entries_.push_back({out, std::move(backward), name, std::move(inputs), out->version});
 }
 
-void Tape::backward(const Var& loss) {
+void Tape::backward(const Var& loss, BackwardObserver* observer) {
   if (loss.value().size() != 1)
     throw std::invalid_argument(fmt::format("Tape::backward: the loss must have one element, got shape {}; pass "
                                             "a seed gradient for other outputs",
                                             to_string(loss.shape())));
-  backward(loss, Tensor(loss.shape(), 1.0f));
+  backward(loss, Tensor(loss.shape(), 1.0f), observer);
 }
 
-void Tape::backward(const Var& out, const Tensor& seed) {
+std::vector<std::vector<std::size_t>> Tape::final_after_entries(BackwardObserver& observer) const {
+  const std::vector<Var>& watched = observer.watched();
+  std::unordered_map<const Node*, std::size_t> index;
+  for (std::size_t i = 0; i < watched.size(); ++i) index.emplace(&watched[i].node(), i);
+  // Entries run in reverse: a leaf's gradient is final after the earliest entry that reads it.
+  constexpr std::size_t none = std::numeric_limits<std::size_t>::max();
+  std::vector<std::size_t> earliest(watched.size(), none);
+  for (std::size_t e = entries_.size(); e-- > 0;)
+    for (const RecordedInput& input : entries_[e].inputs) {
+      const std::shared_ptr<const Node> n = input.node.lock();
+      if (!n) continue;
+      if (auto it = index.find(n.get()); it != index.end()) earliest[it->second] = e;
+    }
+  std::vector<std::vector<std::size_t>> after(entries_.size());
+  for (std::size_t i = 0; i < watched.size(); ++i)
+    if (earliest[i] == none) observer.gradient_final(i);  // read by no entry: final already
+    else after[earliest[i]].push_back(i);
+  return after;
+}
+
+void Tape::backward(const Var& out, const Tensor& seed, BackwardObserver* observer) {
   Node& root = out.gradient_node();
   if (root.tape != state_) {
     if (root.is_leaf) throw std::logic_error("Tape::backward: the output is a leaf, not computed on this tape");
@@ -95,17 +118,24 @@ void Tape::backward(const Var& out, const Tensor& seed) {
   } else {
     for (std::size_t i = 0; i < seed.size(); ++i) root.grad[i] += seed[i];
   }
+  const std::vector<std::vector<std::size_t>> final_after =
+      observer ? final_after_entries(*observer) : std::vector<std::vector<std::size_t>>();
   // Each entry is released as soon as it has run: nothing earlier on the tape refers to it, so
   // activations and intermediate gradients are freed progressively, as PyTorch does.
-  for (auto it = entries_.rbegin(); it != entries_.rend(); ++it) {
-    Node& node = *it->out;
+  for (std::size_t e = entries_.size(); e-- > 0;) {
+    Entry& entry = entries_[e];
+    Node& node = *entry.out;
     if (!node.grad.empty()) {
-      check_unchanged(*it);
-      it->backward(node);
+      check_unchanged(entry);
+      entry.backward(node);
     }
     if (&node != &root) node.grad = Tensor();
-    it->backward = nullptr;
-    it->out.reset();
+    entry.backward = nullptr;
+    entry.out.reset();
+    if (observer) {
+      for (std::size_t leaf : final_after[e]) observer->gradient_final(leaf);
+      observer->entry_done();
+    }
   }
   clear();
   state_->spent = true;
@@ -139,6 +169,21 @@ void Tape::clear() {
   bytes_ = 0;
   ++state_->epoch;
   state_->spent = false;
+}
+
+static thread_local LeafReads* g_leaf_reads = nullptr;
+
+LeafReads::LeafReads() : previous_(g_leaf_reads) { g_leaf_reads = this; }
+LeafReads::~LeafReads() { g_leaf_reads = previous_; }
+
+void LeafReads::note(const Var& x) {
+  LeafReads* reads = g_leaf_reads;
+  if (!reads || !x.defined()) return;
+  const Node& n = x.node();
+  if (!n.is_leaf || !n.requires_grad) return;
+  if (std::find(reads->seen_.begin(), reads->seen_.end(), &n) != reads->seen_.end()) return;
+  reads->seen_.push_back(&n);
+  reads->leaves_.emplace_back(x);
 }
 
 NoGradScope::NoGradScope() : saved_(g_current) { g_current = nullptr; }

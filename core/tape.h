@@ -90,6 +90,22 @@ class Var {
   std::shared_ptr<Node> node_;
 };
 
+/// What a backward reports about chosen leaves (parameters), so that work on a gradient can start
+/// as soon as it is final instead of after the whole backward: data-parallel training sums each
+/// block's gradients across ranks under the rest of backward, as PyTorch DDP's hooks do.
+class BackwardObserver {
+ public:
+  virtual ~BackwardObserver() = default;
+  /// The leaves to report on (a parameter list's Vars).
+  virtual const std::vector<Var>& watched() const = 0;
+  /// watched()[index]'s gradient is final for this backward: every entry that reads the leaf has
+  /// run. Called once per watched leaf and backward, those no entry reads first (before any
+  /// entry runs; their gradient is whatever it was).
+  virtual void gradient_final(std::size_t index) = 0;
+  /// After each entry's backward: a place to advance work in progress (poll communication).
+  virtual void entry_done() {}
+};
+
 /// A recording scope: while a Tape is alive and innermost, differentiable ops record on it.
 /// Tapes nest (a nested Tape records until it is destroyed, then the outer one resumes).
 class Tape {
@@ -103,9 +119,11 @@ class Tape {
   /// Afterwards the tape is spent: its entries are freed and a second backward is an error.
   /// Throws std::logic_error, and leaves the tape spent, when an entry's input or output was
   /// changed in place since it was recorded (see RecordedInput).
-  void backward(const Var& loss);
+  /// With an observer, reports each watched leaf's gradient as soon as it is final (a leaf is
+  /// final after the earliest-recorded entry that reads it, which runs last).
+  void backward(const Var& loss, BackwardObserver* observer = nullptr);
   /// Same with an explicit seed of out's shape (used by rematerialised blocks).
-  void backward(const Var& out, const Tensor& seed);
+  void backward(const Var& out, const Tensor& seed, BackwardObserver* observer = nullptr);
   /// Frees every entry; values made on this tape can no longer be used to record or backward.
   void clear();
 
@@ -136,6 +154,8 @@ class Tape {
     std::uint64_t out_version;  // the output is checked too: a backward may read it (exp, softmax)
   };
   void check_unchanged(const Entry& entry);
+  // For each entry, the watched leaves whose gradient is final once it has run.
+  std::vector<std::vector<std::size_t>> final_after_entries(BackwardObserver& observer) const;
   std::vector<Entry> entries_;
   std::size_t bytes_ = 0;
   std::shared_ptr<TapeState> state_;
@@ -144,6 +164,26 @@ class Tape {
 
 /// False when the tape that produced n has been cleared or spent since (its graph is gone).
 bool tape_value_is_live(const Node& n);
+
+/// While alive, collects on this thread the leaves needing a gradient (parameters) that ops read
+/// while nothing records: a rematerialised block's first forward records no op, so its one tape
+/// entry (core/remat.h) lists these as inputs, like the block's own ops would.
+class LeafReads {
+ public:
+  LeafReads();
+  ~LeafReads();
+  LeafReads(const LeafReads&) = delete;
+  LeafReads& operator=(const LeafReads&) = delete;
+  /// Notes x if it is a leaf needing a gradient, once (ops call this when they do not record).
+  static void note(const Var& x);
+  /// The leaves read so far, each once, in the order first read.
+  std::vector<RecordedInput> take() { return std::move(leaves_); }
+
+ private:
+  std::vector<RecordedInput> leaves_;
+  std::vector<const Node*> seen_;
+  LeafReads* previous_;
+};
 
 /// Turns recording off for its lifetime (inference, optimizer updates, rematerialised forwards).
 class NoGradScope {

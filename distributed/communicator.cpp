@@ -15,6 +15,14 @@ namespace tapegrad::distributed {
 
 void SingleProcess::abort(int status) { std::_Exit(status); }
 
+std::unique_ptr<PendingSum> SingleProcess::start_ordered_sum(std::span<float>) {
+  struct Done final : PendingSum {
+    bool test() override { return true; }
+    void wait() override {}
+  };
+  return std::make_unique<Done>();
+}
+
 std::optional<LaunchSize> launch_size_from_environment() {
   for (const char* name : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "SLURM_NTASKS"}) {
     const char* value = std::getenv(name);

@@ -14,6 +14,18 @@
 
 namespace tapegrad::distributed {
 
+/// An ordered sum in progress (Communicator::start_ordered_sum). Its buffer must stay alive and
+/// untouched until it is done, and every sum started must be completed (MPI has no cancelling a
+/// collective).
+class PendingSum {
+ public:
+  virtual ~PendingSum() = default;
+  /// Advances the sum without blocking; true once the buffer holds the result.
+  virtual bool test() = 0;
+  /// Blocks until the buffer holds the result.
+  virtual void wait() = 0;
+};
+
 /// What data-parallel training needs of a transport: this process's rank among size ranks and
 /// the collectives, each with a result that does not depend on the transport.
 class Communicator {
@@ -27,7 +39,10 @@ class Communicator {
   /// buffer[i] <- ((b_0[i] + b_1[i]) + b_2[i]) + ... over ranks 0, 1, ..., size-1 in that order,
   /// identical on every rank whatever the transport: the reduction is an exchange of shards and a
   /// local sum in rank order, never the MPI library's own reduction tree. Same length everywhere.
-  virtual void ordered_sum(std::span<float> buffer) = 0;
+  void ordered_sum(std::span<float> buffer) { start_ordered_sum(buffer)->wait(); }
+  /// The same sum, started without waiting (nonblocking MPI), so that it runs under computation;
+  /// every rank starts its sums (and other collectives) in the same order.
+  virtual std::unique_ptr<PendingSum> start_ordered_sum(std::span<float> buffer) = 0;
   /// Root's bytes into every rank's buffer (same length everywhere).
   virtual void broadcast(std::span<std::byte> bytes, int root) = 0;
   /// Every rank's `mine` (the same length everywhere), concatenated in rank order.
@@ -39,13 +54,13 @@ class Communicator {
   [[noreturn]] virtual void abort(int status) = 0;
 };
 
-/// The communicator of one process: size 1; ordered_sum and broadcast leave the data as it is.
+/// The communicator of one process: size 1; sums and broadcast leave the data as it is.
 class SingleProcess final : public Communicator {
  public:
   int rank() const override { return 0; }  ///< 0
   int size() const override { return 1; }  ///< 1
   std::string description() const override { return "one process"; }
-  void ordered_sum(std::span<float>) override {}
+  std::unique_ptr<PendingSum> start_ordered_sum(std::span<float>) override;  ///< Done at once.
   void broadcast(std::span<std::byte>, int) override {}
   std::vector<std::byte> allgather(std::span<const std::byte> mine) override { return {mine.begin(), mine.end()}; }
   void barrier() override {}  ///< Returns at once.

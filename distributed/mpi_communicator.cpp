@@ -1,6 +1,7 @@
 // Communicator over MPI_COMM_WORLD. ordered_sum is a reduce-scatter made of an alltoall of shards
 // and a local sum in rank order, then an allgather: an allreduce whose result does not depend on
-// MPI's algorithm or transport.
+// MPI's algorithm or transport. Both steps are nonblocking collectives, advanced by MPI_Test from
+// the thread that started them (the main thread: MPI_THREAD_FUNNELED suffices).
 #include "distributed/mpi_communicator.h"
 
 #include <fmt/format.h>
@@ -8,6 +9,7 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <functional>
 #include <limits>
 #include <stdexcept>
 
@@ -29,6 +31,91 @@ int to_int(std::size_t count, const char* what) {
   return int(count);
 }
 
+/// How a blocked rank waits for one request (what: the call, for messages).
+using WaitFor = std::function<void(MPI_Request& request, const char* what)>;
+
+/// The communicators of ordered sums in progress: one for their first steps, one for their second
+/// steps. MPI needs every rank to start the collectives of a communicator in the same order; the
+/// sums start in the same order everywhere, but when each one's second step starts depends on
+/// timing (after its first is done), so each step has its own communicator.
+struct SumCommunicators {
+  MPI_Comm shards = MPI_COMM_NULL, gather = MPI_COMM_NULL;
+};
+
+/// The ordered sum of one buffer in two nonblocking steps: MPI_Ialltoallv sends shard j of the
+/// buffer to rank j; once it is done, the local sum of my shard in rank order; then
+/// MPI_Iallgatherv shares every rank's summed shard. test() moves from one step to the next.
+class OrderedSum final : public PendingSum {
+ public:
+  OrderedSum(std::span<float> buffer, int rank, int size, SumCommunicators comms, WaitFor wait_for)
+      : buffer_(buffer), rank_(std::size_t(rank)), comms_(comms), wait_for_(std::move(wait_for)) {
+    const std::size_t n = buffer.size(), ranks = std::size_t(size);
+    if (ranks == 1) return;
+    counts_.resize(ranks), offsets_.resize(ranks);
+    for (std::size_t j = 0, offset = 0; j < ranks; ++j) {
+      const std::size_t count = n / ranks + (j < n % ranks ? 1 : 0);
+      counts_[j] = to_int(count, "ordered_sum");
+      offsets_[j] = to_int(offset, "ordered_sum");
+      offset += count;
+    }
+    const std::size_t mine = std::size_t(counts_[rank_]);
+    shards_.resize(mine * ranks);  // (ranks, mine): row r is rank r's copy of my shard
+    receive_counts_.assign(ranks, int(mine));
+    receive_offsets_.resize(ranks);
+    for (std::size_t r = 0; r < ranks; ++r) receive_offsets_[r] = to_int(r * mine, "ordered_sum");
+    check(MPI_Ialltoallv(buffer.data(), counts_.data(), offsets_.data(), MPI_FLOAT, shards_.data(),
+                         receive_counts_.data(), receive_offsets_.data(), MPI_FLOAT, comms_.shards, &request_),
+          "MPI_Ialltoallv");
+    step_ = Step::shards;
+  }
+  bool test() override {
+    while (step_ != Step::done) {
+      int done = 0;
+      check(MPI_Test(&request_, &done, MPI_STATUS_IGNORE), "MPI_Test");
+      if (!done) return false;
+      advance();
+    }
+    return true;
+  }
+  void wait() override {
+    while (step_ != Step::done) {
+      wait_for_(request_, step_ == Step::shards ? "the gradient exchange (MPI_Ialltoallv)"
+                                                : "the gradient exchange (MPI_Iallgatherv)");
+      advance();
+    }
+  }
+
+ private:
+  enum class Step { shards, gather, done };
+  // The current step's request is complete: sum my shard and start the gather, or finish.
+  void advance() {
+    if (step_ == Step::gather) {
+      step_ = Step::done;
+      return;
+    }
+    const std::size_t mine = std::size_t(counts_[rank_]), ranks = counts_.size();
+    float* sum = buffer_.data() + offsets_[rank_];
+    std::copy_n(shards_.data(), mine, sum);
+    for (std::size_t r = 1; r < ranks; ++r) {  // rank order: ((s0 + s1) + s2) + ...
+      const float* shard = shards_.data() + r * mine;
+      for (std::size_t i = 0; i < mine; ++i) sum[i] += shard[i];
+    }
+    check(MPI_Iallgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, buffer_.data(), counts_.data(), offsets_.data(),
+                          MPI_FLOAT, comms_.gather, &request_),
+          "MPI_Iallgatherv");
+    step_ = Step::gather;
+  }
+
+  std::span<float> buffer_;
+  std::size_t rank_;
+  SumCommunicators comms_;
+  WaitFor wait_for_;
+  std::vector<int> counts_, offsets_, receive_counts_, receive_offsets_;
+  std::vector<float> shards_;
+  MPI_Request request_ = MPI_REQUEST_NULL;
+  Step step_ = Step::done;
+};
+
 class MpiCommunicator final : public Communicator {
  public:
   MpiCommunicator(int& argc, char**& argv) {
@@ -36,8 +123,14 @@ class MpiCommunicator final : public Communicator {
     check(MPI_Init_thread(&argc, &argv, MPI_THREAD_FUNNELED, &provided), "MPI_Init_thread");
     MPI_Comm_rank(MPI_COMM_WORLD, &rank_);
     MPI_Comm_size(MPI_COMM_WORLD, &size_);
+    check(MPI_Comm_dup(MPI_COMM_WORLD, &sums_.shards), "MPI_Comm_dup");
+    check(MPI_Comm_dup(MPI_COMM_WORLD, &sums_.gather), "MPI_Comm_dup");
   }
-  ~MpiCommunicator() override { MPI_Finalize(); }
+  ~MpiCommunicator() override {
+    MPI_Comm_free(&sums_.shards);
+    MPI_Comm_free(&sums_.gather);
+    MPI_Finalize();
+  }
 
   int rank() const override { return rank_; }
   int size() const override { return size_; }
@@ -50,33 +143,9 @@ class MpiCommunicator final : public Communicator {
     return fmt::format("MPI ({}), {} ranks", text, size_);
   }
 
-  void ordered_sum(std::span<float> buffer) override {
-    if (size_ == 1) return;
-    const std::size_t n = buffer.size(), ranks = std::size_t(size_);
-    // Shard j of every rank's buffer goes to rank j: counts[j] elements at offsets[j].
-    std::vector<int> counts(ranks), offsets(ranks);
-    for (std::size_t j = 0, offset = 0; j < ranks; ++j) {
-      const std::size_t count = n / ranks + (j < n % ranks ? 1 : 0);
-      counts[j] = to_int(count, "ordered_sum");
-      offsets[j] = to_int(offset, "ordered_sum");
-      offset += count;
-    }
-    const std::size_t mine = std::size_t(counts[std::size_t(rank_)]);
-    shards_.resize(mine * ranks);  // (ranks, mine): row r is rank r's copy of my shard
-    std::vector<int> receive_counts(ranks, int(mine)), receive_offsets(ranks);
-    for (std::size_t r = 0; r < ranks; ++r) receive_offsets[r] = to_int(r * mine, "ordered_sum");
-    check(MPI_Alltoallv(buffer.data(), counts.data(), offsets.data(), MPI_FLOAT, shards_.data(), receive_counts.data(),
-                        receive_offsets.data(), MPI_FLOAT, MPI_COMM_WORLD),
-          "MPI_Alltoallv");
-    float* sum = buffer.data() + offsets[std::size_t(rank_)];
-    std::copy_n(shards_.data(), mine, sum);
-    for (std::size_t r = 1; r < ranks; ++r) {  // rank order: ((s0 + s1) + s2) + ...
-      const float* shard = shards_.data() + r * mine;
-      for (std::size_t i = 0; i < mine; ++i) sum[i] += shard[i];
-    }
-    check(MPI_Allgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, buffer.data(), counts.data(), offsets.data(), MPI_FLOAT,
-                         MPI_COMM_WORLD),
-          "MPI_Allgatherv");
+  std::unique_ptr<PendingSum> start_ordered_sum(std::span<float> buffer) override {
+    return std::make_unique<OrderedSum>(buffer, rank_, size_, sums_,
+                                        [this](MPI_Request& request, const char* what) { wait(request, what); });
   }
 
   void broadcast(std::span<std::byte> bytes, int root) override {
@@ -97,6 +166,9 @@ class MpiCommunicator final : public Communicator {
 
   void barrier() override { check(MPI_Barrier(MPI_COMM_WORLD), "MPI_Barrier"); }
 
+  /// Blocks until request is done (the one place a blocked ordered sum waits).
+  void wait(MPI_Request& request, const char* what) { check(MPI_Wait(&request, MPI_STATUS_IGNORE), what); }
+
   [[noreturn]] void abort(int status) override {
     MPI_Abort(MPI_COMM_WORLD, status);
     std::_Exit(status);
@@ -104,7 +176,7 @@ class MpiCommunicator final : public Communicator {
 
  private:
   int rank_ = 0, size_ = 1;
-  std::vector<float> shards_;
+  SumCommunicators sums_;
 };
 
 }  // namespace

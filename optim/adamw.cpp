@@ -80,11 +80,12 @@ void AdamW::step() {
   for (std::size_t i = 0; i < params().size(); ++i) {
     NamedParameter& p = mutable_params()[i];
     Var& var = p.var;
-    if (!var.has_grad()) continue;
+    const Held part = held_part(i);
+    if (!var.has_grad() || part.count == 0) continue;
     scalars.decay = decays(p, options_.decay_all_params) ? decay_factor : 1.0f;
-    const float* grad = var.grad().data();
-    float* value = var.mutable_value().data();  // bumps the version
-    adamw_update(value, slot(i, 0).data(), slot(i, 1).data(), grad, var.value().size(), scalars);
+    const float* grad = var.grad().data() + part.begin;
+    float* value = var.mutable_value().data() + part.begin;  // bumps the version
+    adamw_update(value, slot(i, 0), slot(i, 1), grad, part.count, scalars);
   }
 }
 

@@ -4,6 +4,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include <algorithm>
 #include <cmath>
 #include <map>
 #include <stdexcept>
@@ -31,9 +32,47 @@ Optimizer::Optimizer(const char* name, ParameterList params, std::vector<std::st
                                               "(they key the optimizer state)",
                                               name_, it->second, i, p.name));
   }
-  slots_.resize(params_.size());
-  for (std::size_t i = 0; i < params_.size(); ++i)
-    for (std::size_t s = 0; s < slot_names_.size(); ++s) slots_[i].emplace_back(params_[i].var.shape());
+  hold({0, flat_size(params_)});
+  slots_.assign(slot_names_.size(), std::vector<float>(held_.size(), 0.0f));
+}
+
+std::size_t flat_size(const ParameterList& params) {
+  std::size_t n = 0;
+  for (const NamedParameter& p : params) n += p.var.value().size();
+  return n;
+}
+
+std::vector<ParameterPiece> pieces_in(const ParameterList& params, FlatRange range) {
+  std::vector<ParameterPiece> pieces;
+  std::size_t flat = 0;
+  for (std::size_t i = 0; i < params.size(); ++i) {
+    const std::size_t n = params[i].var.value().size();
+    const std::size_t begin = std::max(flat, range.begin), end = std::min(flat + n, range.end);
+    if (begin < end) pieces.push_back({i, begin - flat, end - begin, begin});
+    flat += n;
+  }
+  return pieces;
+}
+
+void Optimizer::hold(FlatRange range) {
+  held_ = range;
+  held_parts_.assign(params_.size(), {});
+  slot_offsets_.assign(params_.size(), 0);
+  for (const ParameterPiece& piece : pieces_in(params_, range)) {
+    held_parts_[piece.parameter] = {piece.begin, piece.count};
+    slot_offsets_[piece.parameter] = piece.flat - range.begin;
+  }
+}
+
+void Optimizer::keep_only(FlatRange range) {
+  if (range.begin > range.end || range.begin < held_.begin || range.end > held_.end)
+    throw std::invalid_argument(fmt::format("{}::keep_only: the range [{}, {}) is not within the held elements "
+                                            "[{}, {})",
+                                            name_, range.begin, range.end, held_.begin, held_.end));
+  for (std::vector<float>& values : slots_)
+    values = std::vector<float>(values.begin() + std::ptrdiff_t(range.begin - held_.begin),
+                                values.begin() + std::ptrdiff_t(range.end - held_.begin));
+  hold(range);
 }
 
 void Optimizer::zero_grad() {
@@ -50,12 +89,33 @@ std::string Optimizer::state_name(const std::string& parameter, const std::strin
 }
 
 OptimizerState Optimizer::state() const {
+  const std::size_t all = flat_size(params_);
+  if (held_.begin != 0 || held_.end != all)
+    throw std::logic_error(fmt::format("{}::state: this optimizer keeps the state of elements [{}, {}) of {} only; "
+                                       "gather the other ranks' pieces (state with a GatherSlot)",
+                                       name_, held_.begin, held_.end, all));
+  return state([](std::span<const float> held) { return std::vector<float>(held.begin(), held.end()); });
+}
+
+OptimizerState Optimizer::state(const GatherSlot& gather) const {
+  const std::size_t all = flat_size(params_);
+  std::vector<std::vector<float>> flat;
+  for (std::size_t s = 0; s < slot_names_.size(); ++s) {
+    flat.push_back(gather(slots_[s]));
+    if (flat.back().size() != all)
+      throw std::logic_error(fmt::format("{}::state: the gathered slot '{}' has {} elements, the parameters {}",
+                                         name_, slot_names_[s], flat.back().size(), all));
+  }
   OptimizerState out;
   out.step = step_;
   out.tensors.reserve(params_.size() * slot_names_.size());
-  for (std::size_t i = 0; i < params_.size(); ++i)
-    for (std::size_t s = 0; s < slot_names_.size(); ++s)
-      out.tensors.push_back({state_name(params_[i].name, slot_names_[s]), slots_[i][s]});
+  for (const ParameterPiece& piece : pieces_in(params_, {0, all}))
+    for (std::size_t s = 0; s < slot_names_.size(); ++s) {
+      const NamedParameter& p = params_[piece.parameter];
+      Tensor value(p.var.shape());
+      std::copy_n(flat[s].data() + piece.flat, piece.count, value.data());
+      out.tensors.push_back({state_name(p.name, slot_names_[s]), std::move(value)});
+    }
   return out;
 }
 
@@ -97,7 +157,11 @@ void Optimizer::load_state(const OptimizerState& state) {
                                               "of shape {})",
                                               name_, name, slot_names_[where.second], params_[where.first].name,
                                               to_string(params_[where.first].var.shape())));
-  for (const auto& [name, where] : expected) slots_[where.first][where.second] = *given.at(name);
+  for (const auto& [name, where] : expected) {
+    const Tensor& value = *given.at(name);
+    const Held part = held_parts_[where.first];
+    std::copy_n(value.data() + part.begin, part.count, slot(where.first, where.second));
+  }
   step_ = state.step;
 }
 

@@ -29,16 +29,17 @@ void SGD::step() {
   for (std::size_t i = 0; i < params().size(); ++i) {
     NamedParameter& p = mutable_params()[i];
     Var& var = p.var;
-    if (!var.has_grad()) continue;
+    const Held part = held_part(i);
+    if (!var.has_grad() || part.count == 0) continue;
     const float wd = decays(p, options_.decay_all_params) ? options_.weight_decay : 0.0f;
-    const float* grad = var.grad().data();
-    float* value = var.mutable_value().data();  // bumps the version
-    const std::size_t n = var.value().size();
+    const float* grad = var.grad().data() + part.begin;
+    float* value = var.mutable_value().data() + part.begin;  // bumps the version
+    const std::size_t n = part.count;
     if (momentum == 0.0f) {
       for (std::size_t j = 0; j < n; ++j) value[j] -= lr * (grad[j] + wd * value[j]);
       continue;
     }
-    float* buf = slot(i, 0).data();
+    float* buf = slot(i, 0);
     for (std::size_t j = 0; j < n; ++j) {
       const float g = grad[j] + wd * value[j];
       buf[j] = momentum * buf[j] + g;

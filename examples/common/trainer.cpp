@@ -119,8 +119,7 @@ struct Run {
 
   /// Writes the checkpoint of the current step to o.out atomically; a failure names the step and
   /// what is kept (the file at o.out is then untouched: core/safetensors).
-  void save() {
-    optim::OptimizerState state = optimizer.state();
+  void save(const optim::OptimizerState& state) {
     nn::CheckpointExtras extras;
     for (const auto& t : state.tensors) extras.tensors.emplace_back(t.name, &t.value);
     for (const auto& [key, value] : hyperparameters(o, decay_steps)) extras.metadata["train." + key] = value;
@@ -464,6 +463,8 @@ class TrainingLoop {
         progress_(::isatty(::fileno(stderr)) == 1 && leader_, std::max<std::int64_t>(1, o.steps / 20), run.step,
                   o.steps, double(o.batch * o.seq)) {
     if (parts_ > 1) buckets_.emplace(run_.params);  // the sum of the parts' gradients
+    if (sharded_)
+      run_.optimizer.keep_only(distributed::optimizer_shard(optim::flat_size(run_.params), comm.rank(), comm.size()));
   }
 
   /// The data, the model, the schedule and any note, before the first step.
@@ -482,6 +483,15 @@ class TrainingLoop {
                       "in a fixed order, in {} buckets",
                       comm_.description(), parts_, rows_, ranks_, ranks_ > 1 ? "s" : "", o_.micro_batches,
                       o_.micro_batches > 1 ? "es" : "", buckets_->bucket_count()));
+    if (ranks_ > 1)
+      log(fmt::format("data-parallel: each bucket's exchange starts as soon as backward has finished its gradients"));
+    if (sharded_)
+      log(fmt::format("sharded optimizer state (--shard-optimizer): rank 0 keeps {:.2f} MB of AdamW state, of {:.2f} MB "
+                      "unsharded; the parameters are gathered after every step",
+                      double(run_.optimizer.state_bytes()) / 1e6,
+                      double(2 * optim::flat_size(run_.params) * sizeof(float)) / 1e6));
+    else if (o_.shard_optimizer)
+      log("note: --shard-optimizer does nothing in a single process (one rank holds all the state)");
     const std::size_t max_len = run_.model.config().max_len;
     if (o_.resume.empty() && o_.seq < max_len)
       log(fmt::format("note: windows of --seq {} never train positions {} to {} of max_len {}: text generated "
@@ -545,10 +555,13 @@ class TrainingLoop {
     return val;
   }
 
-  /// Every rank checks that the replicas agree, then rank 0 writes; a failure reaches every rank.
+  /// Every rank checks that the replicas agree (and gathers a sharded optimizer state), then
+  /// rank 0 writes; a failure reaches every rank.
   void save() {
     if (ranks_ > 1) agreed([&] { distributed::check_same_parameters(comm_, run_.params, fmt::format("step {}", run_.step)); });
-    on_leader(comm_, [&] { run_.save(); });
+    std::optional<optim::OptimizerState> gathered;
+    if (sharded_) gathered = distributed::gathered_state(comm_, run_.optimizer);
+    on_leader(comm_, [&] { run_.save(gathered ? *gathered : run_.optimizer.state()); });
   }
 
   /// Saves the current step and says how to continue.
@@ -563,7 +576,8 @@ class TrainingLoop {
   }
 
   /// This rank's parts of the batch, forward and backward one after another, their gradients
-  /// summed in order; returns the sum of their losses.
+  /// summed in order (with several ranks, the last part's backward starts the exchange); returns
+  /// the sum of their losses.
   double forward_backward_parts(const Batch& batch) {
     double loss = 0;
     for (std::size_t m = 0; m < o_.micro_batches; ++m) {
@@ -579,9 +593,11 @@ class TrainingLoop {
       }
       Var part_loss = cross_entropy(logits, targets);  // the model's loss(), with room for the seam
       loss += part_loss.value().item();
-      if (std::isfinite(loss)) tape.backward(part_loss);
+      const bool overlap = ranks_ > 1 && m + 1 == o_.micro_batches;
+      BackwardObserver* exchange = overlap ? &buckets_->exchange_during_backward(comm_) : nullptr;
+      if (std::isfinite(loss)) tape.backward(part_loss, exchange);
       if (buckets_) {
-        buckets_->accumulate();  // gradients of part 0 copied, the others added in order
+        if (!overlap) buckets_->accumulate();  // gradients of part 0 copied, the others added in order
         run_.optimizer.zero_grad();
       }
     }
@@ -621,13 +637,20 @@ class TrainingLoop {
     // micro-batch) draws the same masks for its rows whatever the split.
     run_.model.set_dropout_step(std::uint64_t(run_.step));
     double loss = forward_backward_parts(batch);
+    // The exchange completes before the next collective (the loss), whatever the loss: every
+    // rank calls the collectives in the same order.
+    double exchange_seconds = buckets_ ? buckets_->reduce(comm_, parts_) : 0.0;
     loss = agree_on_loss_and_stop(loss, stop_signal) / double(parts_);
     if (!std::isfinite(loss)) diverged("loss", loss, run_, metrics_, leader_);
-    const double exchange_seconds = buckets_ ? buckets_->reduce(comm_, parts_) : 0.0;
     const float norm = optim::clip_grad_norm(run_.params, clip_);
     if (!std::isfinite(norm)) diverged("gradient norm", norm, run_, metrics_, leader_);
     run_.optimizer.step();
     run_.optimizer.zero_grad();
+    if (sharded_) {  // each rank updated its shard: share them
+      const auto gather_started = std::chrono::steady_clock::now();
+      distributed::allgather_parameters(comm_, run_.params);
+      exchange_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - gather_started).count();
+    }
     ++run_.step;
     if (o_.perturb_last_rank_at && *o_.perturb_last_rank_at == run_.step && ranks_ > 1 &&
         comm_.rank() + 1 == comm_.size())
@@ -674,7 +697,7 @@ class TrainingLoop {
                     run_.step, format_duration(elapsed), tokens, elapsed, tokens / elapsed, val, val / std::log(2.0)));
     log(fmt::format("saved {}; metrics {} and {}", o_.out, metrics_.csv_path(), metrics_.svg_path()));
     if (ranks_ > 1 && steps_run_ > 0)
-      log(fmt::format("gradient exchange: {:.3f} ms per step, {:.1f}% of the step time",
+      log(fmt::format("gradient exchange: {:.3f} ms per step, {:.1f}% of the step time (outside backward)",
                       1e3 * exchange_seconds_ / double(steps_run_), 100.0 * exchange_seconds_ / step_seconds_));
     comm_.barrier();
   }
@@ -687,6 +710,7 @@ class TrainingLoop {
   const std::size_t ranks_;
   const bool leader_;
   const std::size_t parts_, rows_;  // parts of the global batch (ranks x micro-batches), rows in each
+  const bool sharded_ = o_.shard_optimizer && ranks_ > 1;  // ZeRO-1: this rank keeps a shard of the AdamW state
   std::optional<distributed::GradientBuckets> buckets_;  // the sum of the parts' gradients, when there are several
   const optim::LrSchedule schedule_;
   const float clip_;

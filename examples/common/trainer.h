@@ -36,6 +36,7 @@ struct TrainOptions {
   std::optional<std::int64_t> warmup;  // default: 100, capped at a tenth of the decay steps
   std::uint64_t seed = 0;
   bool remat = false;
+  bool shard_optimizer = false;  // ZeRO-1: each rank keeps and updates 1/N of the AdamW state
   int threads = 0;                // 0: all cores
   std::int64_t eval_every = 100;  // 0: validate only at the end
   std::size_t eval_batches = 20;

@@ -1,12 +1,16 @@
 #include <doctest/doctest.h>
 
+#include <algorithm>
+
 #include "core/ops.h"
 #include "core/remat.h"
 #include "support/checks.h"
+#include "support/helpers.h"
 
 using namespace tapegrad;
 using test::contains;
 using test::error_of;
+using test::random_tensor;
 
 TEST_CASE("backward seeds one, walks in reverse and accumulates into leaves used twice") {
   Var x(Tensor({3}, {1, 2, 3}), true);
@@ -163,4 +167,62 @@ TEST_CASE("two linear layers and cross-entropy trained by hand-written SGD lower
   }
   CHECK(losses.front() > 1.0f);
   CHECK(losses.back() < 0.25f * losses.front());
+}
+
+namespace {
+// Records, for each watched leaf, how many entries had run when its gradient was reported final,
+// and its gradient then.
+struct FinalGradients final : BackwardObserver {
+  std::vector<Var> leaves;
+  std::size_t entries = 0;
+  std::vector<int> at;  // -1: not reported
+  std::vector<Tensor> seen;
+  explicit FinalGradients(std::vector<Var> watched) : leaves(std::move(watched)), at(leaves.size(), -1), seen(leaves.size()) {}
+  const std::vector<Var>& watched() const override { return leaves; }
+  void gradient_final(std::size_t i) override {
+    CHECK(at[i] == -1);  // once per backward
+    at[i] = int(entries);
+    if (leaves[i].has_grad()) seen[i] = leaves[i].grad();
+  }
+  void entry_done() override { ++entries; }
+};
+
+bool same_values(const Tensor& a, const Tensor& b) {
+  return a.shape() == b.shape() && std::equal(a.data(), a.data() + a.size(), b.data());
+}
+}  // namespace
+
+TEST_CASE("a backward observer hears each watched leaf's gradient once, when no entry left to run reads it") {
+  Var a(Tensor({2}, {1, 2}), true), b(Tensor({2}, {3, 4}), true), unused(Tensor({1}), true);
+  Tape tape;
+  Var h = mul(a, a);          // entry 0 reads a
+  Var y = add(mul(h, b), a);  // entries 1 (mul reads b) and 2 (add reads a again)
+  Var loss = sum(y);          // entry 3
+  FinalGradients observer({a, b, unused});
+  tape.backward(loss, &observer);
+  CHECK(observer.at[2] == 0);  // read by no entry: before any ran
+  CHECK(observer.at[1] == 2);  // with mul(h, b), the third entry to run
+  CHECK(observer.at[0] == 3);  // only with mul(a, a), the first entry recorded, which runs last
+  CHECK(observer.entries == 4);
+  for (std::size_t i : {0, 1}) CHECK(same_values(observer.seen[i], observer.leaves[i].grad()));
+  CHECK_FALSE(unused.has_grad());
+}
+
+TEST_CASE("a rematerialised block's parameters are its entry's inputs: final after it, and guarded against change") {
+  Var x(Tensor({1, 2}, {1, -2}), true), w1(random_tensor({2, 2}, 3), true), w2(random_tensor({2, 2}, 4), true);
+  auto block = [&](const Var& h, const Tensor*) { return matmul(tanh(matmul(h, w1)), w2); };
+  Tape tape;
+  Var y = rematerialize(block, matmul(x, w1));  // entries: matmul(x, w1), rematerialize
+  Var loss = sum(y);
+  FinalGradients observer({w1, w2, x});
+  tape.backward(loss, &observer);
+  CHECK(observer.at[1] == 1);  // w2: inside the block only, final with the remat entry
+  CHECK(observer.at[0] == 2);  // w1: also read by the first matmul
+  CHECK(observer.at[2] == 2);
+  CHECK(same_values(observer.seen[1], w2.grad()));
+
+  Tape again;
+  Var z = sum(rematerialize(block, scale(x, 1.0f)));
+  w2.mutable_value()[0] += 1.0f;
+  CHECK(contains(error_of([&] { again.backward(z); }), "rematerialize's input 2 of shape [2, 2] was changed in place"));
 }

@@ -11,8 +11,10 @@
 #include <filesystem>
 #include <sstream>
 #include <thread>
+#include <tuple>
 
 #include "distributed/communicator.h"
+#include "core/ops.h"
 #include "distributed/data_parallel.h"
 #include "nn/checkpoint.h"
 #include "support/helpers.h"
@@ -33,6 +35,15 @@ Args tiny6(const fs::path& data, const fs::path& out, int steps, int batch = 6) 
           "2",         "--blocks",    "1",         "--max-len",  "32",             "--seq",
           "16",        "--batch",     std::to_string(batch),     "--threads",      "1",
           "--eval-batches", "2",      "--steps",   std::to_string(steps)};
+}
+
+/// tiny6 at d_model 64 with 2 blocks: about 140,000 parameters, three gradient buckets.
+Args small6(const fs::path& data, const fs::path& out, int steps) {
+  Args args = tiny6(data, out, steps);
+  for (std::size_t i = 0; i + 1 < args.size(); ++i)
+    if (args[i] == "--d-model") args[i + 1] = "64";
+    else if (args[i] == "--blocks") args[i + 1] = "2";
+  return args;
 }
 
 /// The validation loss of the last row of a metrics CSV.
@@ -105,6 +116,52 @@ TEST_CASE("gradient buckets sum the parts in order and divide by their number, w
   distributed::GradientBuckets unused(params);
   distributed::SingleProcess one;
   CHECK_THROWS_WITH_AS(unused.reduce(one, 1), doctest::Contains("accumulate() the gradients first"), std::logic_error);
+}
+
+TEST_CASE("gradient buckets filled during backward, in reverse parameter order, sum as those filled after it") {
+  // a tiny two-layer model: a backward finishes w2's gradient before w1's
+  ParameterList params = {{"w1", parameter({3, 4})}, {"b1", parameter({4})}, {"w2", parameter({4, 2})}};
+  for (std::size_t i = 0; i < params.size(); ++i) params[i].var.mutable_value() = random_tensor(params[i].var.shape(), 40 + i);
+  const Var x(random_tensor({5, 3}, 50));
+  auto backward = [&](std::uint64_t part, BackwardObserver* observer) {
+    for (NamedParameter& p : params) p.var.zero_grad();
+    Tape tape;
+    Var h = tanh(add_bias(matmul(scale(x, float(part + 1)), params[0].var), params[1].var));
+    tape.backward(sum(matmul(h, params[2].var)), observer);
+  };
+  distributed::SingleProcess one;
+  distributed::GradientBuckets after(params, 8), during(params, 8);
+  CHECK(during.bucket_count() == 2);  // w2 alone (8 floats), then b1 and w1
+  for (std::uint64_t part = 0; part < 3; ++part) {
+    backward(part, nullptr);
+    after.accumulate();
+    if (part < 2) during.accumulate();
+  }
+  after.reduce(one, 3);
+  std::vector<Tensor> expected;
+  for (const NamedParameter& p : params) expected.push_back(p.var.grad());
+  backward(2, &during.exchange_during_backward(one));
+  during.reduce(one, 3);
+  for (std::size_t i = 0; i < params.size(); ++i)
+    CHECK(std::equal(expected[i].data(), expected[i].data() + expected[i].size(), params[i].var.grad().data()));
+  // A backward that did not run: reduce adds what it left (no gradient: zeros), as accumulate would.
+  for (NamedParameter& p : params) p.var.zero_grad();
+  during.exchange_during_backward(one);
+  during.reduce(one, 1);
+  CHECK(params[0].var.grad()[0] == 0.0f);
+}
+
+TEST_CASE("ZeRO-1 shards: contiguous, in rank order, covering every element once") {
+  CHECK(distributed::optimizer_shard(10, 0, 3).begin == 0);
+  CHECK(distributed::optimizer_shard(10, 0, 3).end == 4);
+  CHECK(distributed::optimizer_shard(10, 2, 3).begin == 8);
+  CHECK(distributed::optimizer_shard(10, 2, 3).end == 10);
+  CHECK(distributed::optimizer_shard(2, 2, 3).size() == 0);  // more ranks than elements: empty shards
+  distributed::SingleProcess one;
+  ParameterList params = {{"a", parameter({3})}};
+  const Tensor before = params[0].var.value();
+  distributed::allgather_parameters(one, params);  // one rank: its shard is everything
+  CHECK(std::equal(before.data(), before.data() + 3, params[0].var.value().data()));
 }
 
 TEST_CASE("the replica hash changes with any parameter bit, and one process always agrees with itself") {
@@ -202,6 +259,40 @@ TEST_CASE("2 and 3 ranks write the checkpoint of one process with --micro-batche
     Result r = run_mpi(2, tiny6(data, tcp, 20) + Args{"--eval-every", "10"}, tcp_loopback());
     REQUIRE_MESSAGE(r.status == 0, r.err);
     CHECK(read_bytes(tcp) == read_bytes(dir / "micro2.safetensors"));
+  }
+}
+
+TEST_CASE("--shard-optimizer: N ranks write the bytes of --micro-batches N, and a run resumes with another N, with or without it") {
+  if (!mpi_available()) return;
+  fs::path dir = work_dir("dp_zero"), data = write_corpus(dir);
+  // Three gradient buckets (small6), so exchanges overlap backward.
+  const Args model = {"--eval-every", "0", "--decay-steps", "20", "--warmup", "2"};
+  auto path = [&](const std::string& name, int ranks) { return dir / fmt::format("{}{}.safetensors", name, ranks); };
+  for (int ranks : {2, 3}) {
+    CAPTURE(ranks);
+    const fs::path micro = path("micro", ranks), sharded = path("sharded", ranks);
+    REQUIRE(run("train_char", small6(data, micro, 6) + model + Args{"--micro-batches", std::to_string(ranks)}).status == 0);
+    Result r = run_mpi(ranks, small6(data, sharded, 6) + model + Args{"--shard-optimizer", "--save-every", "3"});
+    REQUIRE_MESSAGE(r.status == 0, r.err);
+    CHECK(test::contains(r.out, "in 3 buckets"));
+    CHECK(test::contains(r.out, "sharded optimizer state (--shard-optimizer): rank 0 keeps"));
+    CHECK(read_bytes(micro) == read_bytes(sharded));
+  }
+  // 3 sharded ranks' checkpoint continued by 2 sharded ranks, and 2 sharded ranks' by 3 plain
+  // ones, as one process continues them with --micro-batches 2 and 3.
+  for (const auto& [from, to, flag] : {std::tuple{3, 2, true}, std::tuple{2, 3, false}}) {
+    CAPTURE(from);
+    const fs::path ranked = path("continued", to), micro = path("micro_continued", to);
+    fs::copy_file(path("sharded", from), ranked, fs::copy_options::overwrite_existing);
+    fs::copy_file(path("sharded", from), micro, fs::copy_options::overwrite_existing);
+    Result r = run_mpi(to, small6(data, ranked, 9) + model + Args{"--resume", ranked.string()} +
+                               (flag ? Args{"--shard-optimizer"} : Args{}));
+    REQUIRE_MESSAGE(r.status == 0, r.err);
+    REQUIRE(run("train_char", small6(data, micro, 9) + model +
+                                  Args{"--micro-batches", std::to_string(to), "--resume", micro.string()})
+                .status == 0);
+    CHECK(saved_step(ranked) == 9);
+    CHECK(read_bytes(ranked) == read_bytes(micro));
   }
 }
 

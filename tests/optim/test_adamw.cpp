@@ -2,7 +2,9 @@
 // export and restore (directly and through a safetensors file), and overfitting one batch.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <memory>
 #include <cstdio>
 #include <filesystem>
 #include <string>
@@ -200,4 +202,63 @@ TEST_CASE("AdamW refuses invalid hyperparameters, naming them and their values")
   CHECK(contains(error_of([&] { optim::AdamW({{"w", w}}, {.weight_decay = -0.1f}); }), "weight_decay"));
   optim::AdamW opt({{"w", w}});
   CHECK(contains(error_of([&] { opt.set_lr(INFINITY); }), "AdamW: lr must be finite and >= 0, got inf"));
+}
+
+TEST_CASE("AdamW kept to ranges of the flat order (ZeRO-1 shards) updates every element as the whole optimizer does") {
+  const test::TinyBatch batch;
+  test::TinyModel whole_model(21);
+  optim::AdamW whole(whole_model.params, {.lr = 1e-2f, .weight_decay = 0.1f});
+  const std::size_t total = optim::flat_size(whole_model.params);
+  REQUIRE(total == 272);
+  // Three "ranks", cut inside parameters and off any SIMD width.
+  const std::vector<optim::FlatRange> ranges = {{0, 37}, {37, 150}, {150, total}};
+  std::vector<test::TinyModel> models;
+  std::vector<std::unique_ptr<optim::AdamW>> shards;
+  for (std::size_t r = 0; r < ranges.size(); ++r) {
+    models.emplace_back(21);
+    shards.push_back(std::make_unique<optim::AdamW>(models[r].params, whole.options()));
+    shards[r]->keep_only(ranges[r]);
+    CHECK(shards[r]->state_bytes() == 2 * ranges[r].size() * sizeof(float));
+  }
+  CHECK(whole.state_bytes() == 2 * total * sizeof(float));
+  for (int step = 1; step <= 3; ++step) {
+    test::train_step(whole_model, batch, whole, 1e-2f);
+    for (std::size_t r = 0; r < ranges.size(); ++r) test::train_step(models[r], batch, *shards[r], 1e-2f);
+    for (std::size_t r = 0; r < ranges.size(); ++r)  // every rank's updated range to every replica
+      for (const optim::ParameterPiece& piece : optim::pieces_in(models[r].params, ranges[r]))
+        for (test::TinyModel& other : models)
+          std::copy_n(models[r].params[piece.parameter].var.value().data() + piece.begin, piece.count,
+                      other.params[piece.parameter].var.mutable_value().data() + piece.begin);
+  }
+  for (const test::TinyModel& m : models)
+    for (std::size_t i = 0; i < m.params.size(); ++i)
+      CHECK(test::bitwise_equal(m.params[i].var.value(), whole_model.params[i].var.value()));
+
+  // The state put together from the pieces is the whole optimizer's.
+  CHECK_THROWS_WITH_AS(shards[0]->state(), doctest::Contains("keeps the state of elements [0, 37) of 272 only"),
+                       std::logic_error);
+  std::vector<std::vector<std::vector<float>>> held(ranges.size());  // [rank][slot]
+  for (std::size_t r = 0; r < ranges.size(); ++r)
+    shards[r]->state([&](std::span<const float> mine) {
+      held[r].emplace_back(mine.begin(), mine.end());
+      return std::vector<float>(total);
+    });
+  std::size_t slot = 0;
+  const optim::OptimizerState gathered = shards[1]->state([&](std::span<const float>) {
+    std::vector<float> all;
+    for (const auto& rank : held) all.insert(all.end(), rank[slot].begin(), rank[slot].end());
+    ++slot;
+    return all;
+  });
+  const optim::OptimizerState expected = whole.state();
+  REQUIRE(gathered.tensors.size() == expected.tensors.size());
+  CHECK(gathered.step == expected.step);
+  for (std::size_t t = 0; t < expected.tensors.size(); ++t) {
+    CHECK(gathered.tensors[t].name == expected.tensors[t].name);
+    CHECK(test::bitwise_equal(gathered.tensors[t].value, expected.tensors[t].value));
+  }
+  // A whole state loads into a shard (it keeps its range), and a range outside the held one is refused.
+  shards[2]->load_state(expected);
+  CHECK_THROWS_WITH_AS(shards[2]->keep_only({0, 200}), doctest::Contains("is not within the held elements [150, 272)"),
+                       std::invalid_argument);
 }
