@@ -3,7 +3,7 @@
 set -euo pipefail
 packages=(build-essential cmake ccache libxtensor-dev xtl-dev libxsimd-dev doctest-dev
           clang libclang-rt-14-dev libomp-dev libfmt-dev libopenblas-dev libopenblas-openmp-dev libcli11-dev nlohmann-json3-dev python3-numpy doxygen
-          libopenmpi-dev openmpi-bin)
+          libopenmpi-dev openmpi-bin iproute2)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
