@@ -1,6 +1,7 @@
-// Helpers for the tests that start train_char under mpirun (tests/distributed/): the launch with the
-// environment a container needs, a deadline on every run (a hang fails instead of stalling the
-// suite), the ranks of a running job, and the loud refusal to skip silently in CI.
+// Helpers for the tests that start train_char under mpirun (tests/distributed/): the tiny model's
+// arguments, the launch with the environment a container needs, a deadline on every run (a hang
+// fails instead of stalling the suite), the ranks of a running job, and the loud refusal to skip
+// silently in CI.
 #pragma once
 
 #include <doctest/doctest.h>
@@ -20,9 +21,35 @@
 #include <vector>
 
 #include "core/simd.h"
+#include "nn/checkpoint.h"
 #include "support/programs.h"
 
 namespace tapegrad::test {
+
+using Args = std::vector<std::string>;
+
+/// The tiny model of tests/examples with a batch that 1, 2, 3 and 6 ranks or micro-batches divide.
+inline Args tiny6(const std::filesystem::path& data, const std::filesystem::path& out, int steps, int batch = 6) {
+  return {"--data",    data.string(), "--out",     out.string(), "--d-model",      "16", "--heads",
+          "2",         "--blocks",    "1",         "--max-len",  "32",             "--seq",
+          "16",        "--batch",     std::to_string(batch),     "--threads",      "1",
+          "--eval-batches", "2",      "--steps",   std::to_string(steps)};
+}
+
+/// The step a training checkpoint was saved at (loading it checks that it is whole).
+inline std::int64_t saved_step(const std::filesystem::path& ckpt) {
+  return std::stoll(nn::load_checkpoint(ckpt.string()).metadata.at("step"));
+}
+
+/// Waits until text appears in a file (at most 30 s).
+inline bool appears(const std::filesystem::path& file, const std::string& text) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  while (std::chrono::steady_clock::now() < deadline) {
+    if (read_bytes(file).find(text) != std::string::npos) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  return false;
+}
 
 /// Whether train_char was built with MPI. Without it, the MPI tests pass with a loud message, but
 /// fail under CI (CI=true), where a build that silently lost MPI would otherwise go unnoticed.
