@@ -140,6 +140,7 @@ for ((i = 0; i < hosts; ++i)); do echo "$subnet.$((i + 1)) slots=1"; done >"$wor
 
 mpirun_args=(--hostfile "$work/hostfile" --mca plm_rsh_agent "$work/agent" --allow-run-as-root
              --mca btl self,tcp --mca btl_tcp_if_include "$subnet.0/24" --mca oob_tcp_if_include "$subnet.0/24"
+             --mca hwloc_base_binding_policy none
              --mca oob_tcp_keepalive_time 10 --mca oob_tcp_keepalive_intvl 2 --mca oob_tcp_keepalive_probes 3)
 export NETNS_HOSTS="${host_names[*]}" NETNS_HOSTFILE="$work/hostfile" NETNS_MPIRUN_ARGS="${mpirun_args[*]}"
 
