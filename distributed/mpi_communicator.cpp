@@ -38,7 +38,7 @@ using Clock = std::chrono::steady_clock;
 
 /// Waits for one nonblocking collective for at most `timeout` (none when zero). Past it, a roll
 /// call on `health` (a communicator of its own): every rank that is waiting too answers at once, so
-/// the ranks that do not answer within `grace` are the lost ones, and every rank that can still
+/// the ranks that do not answer within 2 s are the lost ones, and every rank that can still
 /// talk names them before the job ends. Roll calls from other ranks are answered all along.
 class Watchdog {
  public:
@@ -59,8 +59,6 @@ class Watchdog {
       if (timeout_.count() > 0 && now - start > timeout_) lost(what);
     }
   }
-
-  std::chrono::milliseconds timeout() const { return timeout_; }
 
  private:
   static constexpr int kCall = 1, kAnswer = 2;
@@ -128,12 +126,13 @@ class Watchdog {
 class MpiCommunicator final : public Communicator {
  public:
   MpiCommunicator(int& argc, char**& argv) {
+    const std::chrono::milliseconds timeout = peer_timeout_from_environment();  // refused before MPI starts
     int provided = 0;
     check(MPI_Init_thread(&argc, &argv, MPI_THREAD_FUNNELED, &provided), "MPI_Init_thread");
     MPI_Comm_rank(MPI_COMM_WORLD, &rank_);
     MPI_Comm_size(MPI_COMM_WORLD, &size_);
     check(MPI_Comm_dup(MPI_COMM_WORLD, &health_), "MPI_Comm_dup");
-    watchdog_.emplace(health_, rank_, size_, peer_timeout_from_environment());
+    watchdog_.emplace(health_, rank_, size_, timeout);
   }
   ~MpiCommunicator() override {
     MPI_Comm_free(&health_);

@@ -12,6 +12,7 @@
 #include <sstream>
 #include <thread>
 
+#include "distributed/communicator.h"
 #include "support/helpers.h"
 #include "support/programs.h"
 #include "tests/distributed/mpi_runs.h"
@@ -95,6 +96,23 @@ struct EndBedOnExit {
 };
 
 }  // namespace
+
+TEST_CASE("TAPEGRAD_PEER_TIMEOUT sets how long a rank waits in a collective; a value that is no time is refused") {
+  ::unsetenv("TAPEGRAD_PEER_TIMEOUT");
+  CHECK(distributed::peer_timeout_from_environment() == std::chrono::minutes(10));
+  ::setenv("TAPEGRAD_PEER_TIMEOUT", "2.5", 1);
+  CHECK(distributed::peer_timeout_from_environment() == std::chrono::milliseconds(2500));
+  ::setenv("TAPEGRAD_PEER_TIMEOUT", "0", 1);
+  CHECK(distributed::peer_timeout_from_environment().count() == 0);
+  for (const char* bad : {"", "ten", "5s", "-1", "nan"}) {
+    CAPTURE(bad);
+    ::setenv("TAPEGRAD_PEER_TIMEOUT", bad, 1);
+    CHECK_THROWS_WITH_AS(distributed::peer_timeout_from_environment(),
+                         doctest::Contains(fmt::format("TAPEGRAD_PEER_TIMEOUT={} is not a number of seconds", bad)),
+                         std::runtime_error);
+  }
+  ::unsetenv("TAPEGRAD_PEER_TIMEOUT");
+}
 
 TEST_CASE("2 and 3 namespace hosts over TCP write the checkpoint of one process with --micro-batches N; another "
           "host count resumes it") {
