@@ -108,7 +108,7 @@ TEST_CASE("TAPEGRAD_PEER_TIMEOUT sets how long a rank waits in a collective; a v
     CAPTURE(bad);
     ::setenv("TAPEGRAD_PEER_TIMEOUT", bad, 1);
     CHECK_THROWS_WITH_AS(distributed::peer_timeout_from_environment(),
-                         doctest::Contains(fmt::format("TAPEGRAD_PEER_TIMEOUT={} is not a number of seconds", bad)),
+                         doctest::Contains(fmt::format("TAPEGRAD_PEER_TIMEOUT={} is not a number of seconds", bad).c_str()),
                          std::runtime_error);
   }
   ::unsetenv("TAPEGRAD_PEER_TIMEOUT");
