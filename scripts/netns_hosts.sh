@@ -94,17 +94,21 @@ done
 made=1
 ip link add "$bridge" type bridge || cannot "ip link add $bridge type bridge failed"
 ip link set "$bridge" up
-# Limits on a link: tbf shapes to the rate, netem below it adds the delay.
+# Limits on a link: tbf shapes to the rate (a bucket of 64 KB: a NIC has no burst above its line
+# rate, and a larger bucket would let a whole gradient shard through unshaped), netem below it
+# adds the delay.
 shape() {  # shape DEVICE [NETNS]
   local run=()
   if [ $# -ge 2 ]; then run=(ip netns exec "$2"); fi
-  if [ -n "$rate" ] && [ -n "$delay" ]; then
-    "${run[@]}" tc qdisc add dev "$1" root handle 1: tbf rate "$rate" burst 1mb latency 50ms
-    "${run[@]}" tc qdisc add dev "$1" parent 1:1 handle 10: netem delay "$delay" limit 100000
-  elif [ -n "$rate" ]; then
-    "${run[@]}" tc qdisc add dev "$1" root tbf rate "$rate" burst 1mb latency 50ms
-  elif [ -n "$delay" ]; then
-    "${run[@]}" tc qdisc add dev "$1" root netem delay "$delay" limit 100000
+  local parent=(root)
+  if [ -n "$rate" ]; then
+    "${run[@]}" tc qdisc add dev "$1" root handle 1: tbf rate "$rate" burst 64kb latency 100ms ||
+      die "tc cannot shape $1 to --rate $rate (tbf)"
+    parent=(parent 1:1)
+  fi
+  if [ -n "$delay" ]; then
+    "${run[@]}" tc qdisc add dev "$1" "${parent[@]}" handle 10: netem delay "$delay" limit 100000 ||
+      die "tc cannot add --delay $delay (netem; is the kernel's sch_netem there?)"
   fi
 }
 for ((i = 0; i < hosts; ++i)); do
