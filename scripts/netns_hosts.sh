@@ -21,7 +21,7 @@
 #   bash scripts/netns_hosts.sh --hosts 3 mpirun -np 3 build/train_char --data input.txt --batch 12
 set -euo pipefail
 
-usage() { sed -n '11,22p' "$0" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '11,21p' "$0" | sed 's/^# \{0,1\}//'; }
 die() { echo "netns_hosts: $*" >&2; exit 2; }
 
 hosts=2
