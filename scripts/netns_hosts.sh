@@ -64,6 +64,15 @@ cleanup() {
   local status=$?
   trap - EXIT INT TERM
   if [ "$made" = 0 ]; then rm -rf "$work"; exit "$status"; fi
+  # Daemons end a moment after mpirun: up to 2 s for the hosts to empty by themselves.
+  for ((wait = 0; wait < 20; ++wait)); do
+    local busy=0
+    for host in "${host_names[@]}"; do
+      if [ -e "/run/netns/$host" ] && [ -n "$(ip netns pids "$host" 2>/dev/null)" ]; then busy=1; fi
+    done
+    [ "$busy" = 1 ] || break
+    sleep 0.1
+  done
   for host in "${host_names[@]}"; do
     [ -e "/run/netns/$host" ] || continue
     # What still runs in a host was started by this bed (daemons, ranks cut off from mpirun).
