@@ -146,7 +146,11 @@ case "\$address" in
 $(for ((i = 0; i < hosts; ++i)); do echo "  $subnet.$((i + 1))) host=${host_names[$i]} ;;"; done)
   *) echo "netns_hosts agent: no host has the address \$address" >&2; exit 1 ;;
 esac
-exec ip netns exec "\$host" /bin/sh -c "\$*"
+# Each daemon its own session folder: the hosts share one file system and one host name, and the
+# daemons would otherwise make and remove the same folders under /tmp at once. (Not mpirun's: a
+# folder set for mpirun is passed on to every daemon.)
+mkdir -p "$work/\$host"
+exec ip netns exec "\$host" env OMPI_MCA_orte_tmpdir_base="$work/\$host" /bin/sh -c "\$*"
 EOF
 chmod +x "$work/agent"
 for ((i = 0; i < hosts; ++i)); do echo "$subnet.$((i + 1)) slots=1"; done >"$work/hostfile"
