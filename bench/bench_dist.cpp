@@ -4,9 +4,10 @@
 // exchange (distributed::GradientBuckets::reduce) per step and its share of the step: after
 // backward, and overlapped with backward (the time left visible in the step); and 2 ranks with the
 // AdamW state sharded (ZeRO-1): its bytes per rank and the parameter gather.
-// Usage: bench_dist [--configs a,b,c] [--steps N] [--rounds R] [--out FILE]: starts itself as
-// workers (`bench_dist --worker CONFIG ...`, directly or under mpirun) and writes
-// bench/results/dist_cpu.json.
+// Usage: bench_dist [--configs a,b,c] [--steps N] [--rounds R] [--out FILE] [--tcp-args ARGS]:
+// starts itself as workers (`bench_dist --worker CONFIG ...`, directly or under mpirun) and writes
+// bench/results/dist_cpu.json. --tcp-args replaces the TCP variant's mpirun options (e.g. the
+// namespace hosts of scripts/netns_hosts.sh: --tcp-args "$NETNS_MPIRUN_ARGS").
 #include <omp.h>
 
 #include <cstdio>
@@ -149,6 +150,7 @@ json median_run(std::vector<json> runs) {
 int main(int argc, char** argv) try {
   std::string configs = "a,b,c", out_path = std::string(TAPEGRAD_SOURCE_DIR) + "/bench/results/dist_cpu.json";
   std::string worker_config;
+  std::string tcp = "--mca btl self,tcp --mca btl_tcp_if_include lo --mca oob_tcp_if_include lo";
   int steps = 20, rounds = 3, threads = 1;
   bool shard = false;
   try {  // a usage error: exit 2, as the other benches
@@ -156,7 +158,8 @@ int main(int argc, char** argv) try {
       const std::string arg = argv[i];
       const bool has_value = i + 1 < argc;
       if (arg == "--help") {
-        fmt::print("usage: bench_dist [--configs a,b,c] [--steps N] [--rounds R] [--out FILE]\n{}", bench::simd_usage_line());
+        fmt::print("usage: bench_dist [--configs a,b,c] [--steps N] [--rounds R] [--out FILE] [--tcp-args ARGS]\n{}",
+                   bench::simd_usage_line());
         return 0;
       }
       if (arg == "--worker" && has_value) worker_config = argv[++i];
@@ -166,8 +169,9 @@ int main(int argc, char** argv) try {
       else if (arg == "--threads" && has_value) threads = bench::positive_int(arg, argv[++i]);
       else if (arg == "--out" && has_value) out_path = argv[++i];
       else if (arg == "--shard-optimizer") shard = true;
+      else if (arg == "--tcp-args" && has_value) tcp = argv[++i];
       else throw std::invalid_argument("unknown or incomplete argument " + arg +
-                                       " (usage: bench_dist [--configs a,b,c] [--steps N] [--rounds R] [--out FILE])");
+                                       " (usage: bench_dist [--configs a,b,c] [--steps N] [--rounds R] [--out FILE] [--tcp-args ARGS])");
     }
   } catch (const std::exception& e) {
     std::fprintf(stderr, "bench_dist: bad argument: %s\n", e.what());
@@ -185,12 +189,11 @@ int main(int argc, char** argv) try {
   if (length <= 0) throw std::runtime_error("cannot find this program's path");
   const std::string program(path, std::size_t(length));
   const std::string mpirun = std::string(TAPEGRAD_MPIEXEC) + " -np 2 --bind-to none ";
-  const std::string tcp = "--mca btl self,tcp --mca btl_tcp_if_include lo --mca oob_tcp_if_include lo ";
   json results = run_header();
   results["what"] =
       "tokens/s of one training step (forward, backward, gradient exchange, clip, AdamW) on the global batch of "
       "each config; ranks2_threads1: 2 MPI ranks x 1 thread, each B/2 rows, over shared memory; "
-      "tcp_ranks2_threads1: the same over TCP on loopback; ranks1_threads2: 1 process x 2 threads, the whole "
+      "tcp_ranks2_threads1: the same over TCP with the mpirun options tcp_args (loopback unless told); ranks1_threads2: 1 process x 2 threads, the whole "
       "batch. comm_ms: median time in GradientBuckets::reduce (alltoall + ordered sum + allgather) after a barrier; "
       "wait_ms: the median time in that barrier (waiting for the slower rank); comm_share = comm_ms / step_ms; "
       "exchange_only_ms: the reduce alone, 30 times after the steps, ranks in step. Each worker alternates steps with the "
@@ -202,6 +205,7 @@ int main(int argc, char** argv) try {
       "steps each; the variants alternate, --rounds times, and the round of median tokens/s is kept.";
   const char* wait_policy = std::getenv("OMP_WAIT_POLICY");
   results["omp_wait_policy"] = wait_policy ? wait_policy : "default (unset)";
+  results["tcp_args"] = tcp;
   results["steps"] = steps;
   results["rounds"] = rounds;
   for (std::size_t at = 0; at < configs.size(); at += 2) {
@@ -212,7 +216,7 @@ int main(int argc, char** argv) try {
     for (int round = 0; round < rounds; ++round) {
       one.push_back(run_worker(program + args + " --threads 2"));
       two.push_back(run_worker(mpirun + program + args + " --threads 1"));
-      two_tcp.push_back(run_worker(mpirun + tcp + program + args + " --threads 1"));
+      two_tcp.push_back(run_worker(mpirun + tcp + " " + program + args + " --threads 1"));
       two_sharded.push_back(run_worker(mpirun + program + args + " --threads 1 --shard-optimizer"));
     }
     json entry = {{"shape", {{"d_model", c.d_model}, {"heads", c.n_heads}, {"blocks", c.n_blocks},

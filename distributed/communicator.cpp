@@ -37,6 +37,23 @@ std::optional<LaunchSize> launch_size_from_environment() {
   return std::nullopt;
 }
 
+std::chrono::milliseconds peer_timeout_from_environment() {
+  const char* value = std::getenv("TAPEGRAD_PEER_TIMEOUT");
+  if (!value) return std::chrono::minutes(10);
+  const std::string text(value);
+  double seconds = -1;
+  std::size_t end = 0;
+  try {
+    seconds = std::stod(text, &end);
+  } catch (const std::exception&) {
+    end = 0;
+  }
+  if (end == 0 || end != text.size() || !(seconds >= 0) || seconds > 1e7)
+    throw std::runtime_error(fmt::format(
+        "the environment variable TAPEGRAD_PEER_TIMEOUT={} is not a number of seconds (0 waits without limit)", text));
+  return std::chrono::milliseconds(std::int64_t(seconds * 1e3));
+}
+
 bool built_with_mpi() { return TAPEGRAD_HAVE_MPI != 0; }
 
 std::optional<std::string> launch_mismatch(const std::optional<LaunchSize>& launch, std::optional<int> world_size) {

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <algorithm>
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -75,6 +76,13 @@ struct LaunchSize {
 };
 /// The launcher's process count (LaunchSize), or nullopt when no launcher variable is set.
 std::optional<LaunchSize> launch_size_from_environment();
+
+/// How long a rank waits in one collective before it calls the roll of the other ranks, names
+/// those that do not answer (a host or link down) and ends the job: TAPEGRAD_PEER_TIMEOUT seconds,
+/// 600 when unset, 0 for no limit. Raise it above the longest work rank 0 does alone (writing a
+/// checkpoint, validating) while the others wait. Throws std::runtime_error naming a value that is
+/// not a number of seconds.
+std::chrono::milliseconds peer_timeout_from_environment();
 
 /// Whether this build has the MPI communicator (CMake option TAPEGRAD_MPI).
 bool built_with_mpi();

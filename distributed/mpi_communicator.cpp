@@ -1,16 +1,21 @@
 // Communicator over MPI_COMM_WORLD. ordered_sum is a reduce-scatter made of an alltoall of shards
 // and a local sum in rank order, then an allgather: an allreduce whose result does not depend on
 // MPI's algorithm or transport. Both steps are nonblocking collectives, advanced by MPI_Test from
-// the thread that started them (the main thread: MPI_THREAD_FUNNELED suffices).
+// the thread that started them (the main thread: MPI_THREAD_FUNNELED suffices). A blocked rank waits
+// with a deadline (peer_timeout_from_environment): a rank cut off from the others (its host's link
+// down) would otherwise leave every rank waiting for as long as TCP retries.
 #include "distributed/mpi_communicator.h"
 
 #include <fmt/format.h>
 #include <mpi.h>
 
 #include <algorithm>
+#include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <functional>
 #include <limits>
+#include <optional>
 #include <stdexcept>
 
 namespace tapegrad::distributed {
@@ -30,6 +35,95 @@ int to_int(std::size_t count, const char* what) {
     throw std::invalid_argument(fmt::format("{}: {} elements exceed MPI's int counts; use smaller buckets", what, count));
   return int(count);
 }
+
+using Clock = std::chrono::steady_clock;
+
+/// Waits for one nonblocking collective for at most `timeout` (none when zero). Past it, a roll
+/// call on `health` (a communicator of its own): every rank that is waiting too answers at once, so
+/// the ranks that do not answer within 2 s are the lost ones, and every rank that can still
+/// talk names them before the job ends. Roll calls from other ranks are answered all along.
+class Watchdog {
+ public:
+  Watchdog(MPI_Comm health, int rank, int size, std::chrono::milliseconds timeout)
+      : health_(health), rank_(rank), size_(size), timeout_(timeout) {}
+
+  void wait(MPI_Request& request, const char* what) {
+    const Clock::time_point start = Clock::now();
+    Clock::time_point next_look = start;
+    for (;;) {
+      int done = 0;
+      check(MPI_Test(&request, &done, MPI_STATUS_IGNORE), what);
+      if (done) return;
+      const Clock::time_point now = Clock::now();
+      if (now < next_look) continue;
+      next_look = now + std::chrono::milliseconds(1);
+      answer_roll_calls();
+      if (timeout_.count() > 0 && now - start > timeout_) lost(what);
+    }
+  }
+
+ private:
+  static constexpr int kCall = 1, kAnswer = 2;
+
+  void answer_roll_calls() {
+    for (;;) {
+      int waiting = 0;
+      MPI_Status status;
+      MPI_Iprobe(MPI_ANY_SOURCE, kCall, health_, &waiting, &status);
+      if (!waiting) return;
+      int call = 0;
+      MPI_Recv(&call, 1, MPI_INT, status.MPI_SOURCE, kCall, health_, MPI_STATUS_IGNORE);
+      MPI_Request answer;  // a small message: sent eagerly, nothing to wait for
+      MPI_Isend(&answer_, 1, MPI_INT, status.MPI_SOURCE, kAnswer, health_, &answer);
+      MPI_Request_free(&answer);
+    }
+  }
+
+  [[noreturn]] void lost(const char* what) {
+    const auto grace = std::chrono::milliseconds(2000);
+    std::vector<int> answers(std::size_t(size_), 0);
+    std::vector<MPI_Request> receives(std::size_t(size_), MPI_REQUEST_NULL);
+    for (int r = 0; r < size_; ++r) {
+      if (r == rank_) continue;
+      MPI_Irecv(&answers[std::size_t(r)], 1, MPI_INT, r, kAnswer, health_, &receives[std::size_t(r)]);
+      MPI_Request call;  // a lost rank never takes it; the job ends before that matters
+      MPI_Isend(&call_, 1, MPI_INT, r, kCall, health_, &call);
+      MPI_Request_free(&call);
+    }
+    const Clock::time_point until = Clock::now() + grace;
+    std::vector<int> silent;
+    while (Clock::now() < until) {
+      answer_roll_calls();
+      silent.clear();
+      for (int r = 0; r < size_; ++r) {
+        int done = 1;
+        if (receives[std::size_t(r)] != MPI_REQUEST_NULL) MPI_Test(&receives[std::size_t(r)], &done, MPI_STATUS_IGNORE);
+        if (!done) silent.push_back(r);
+      }
+      if (silent.empty()) break;
+    }
+    std::string names;
+    for (int r : silent) names += fmt::format("{}{}", names.empty() ? "" : ", ", r);
+    const double waited = double(timeout_.count()) / 1e3;
+    const std::string message =
+        silent.empty()
+            ? fmt::format("rank {}: {} waited {:.0f} s, yet every rank answered a roll call: a rank is slower than "
+                          "TAPEGRAD_PEER_TIMEOUT={:.0f} allows (raise it) or stuck; ending the job\n",
+                          rank_, what, waited, waited)
+            : fmt::format("rank {}: {} waited {:.0f} s; lost rank{} {} (no answer to a roll call within {:.0f} s: its "
+                          "host, its link or the process is down); ending the job\n",
+                          rank_, what, waited, silent.size() > 1 ? "s" : "", names, double(grace.count()) / 1e3);
+    std::fputs(message.c_str(), stderr);
+    std::fflush(stderr);
+    MPI_Abort(MPI_COMM_WORLD, 1);
+    std::_Exit(1);
+  }
+
+  MPI_Comm health_;
+  int rank_, size_;
+  std::chrono::milliseconds timeout_;
+  int call_ = 0, answer_ = 0;  // the payloads: they must outlive the sends
+};
 
 /// How a blocked rank waits for one request (what: the call, for messages).
 using WaitFor = std::function<void(MPI_Request& request, const char* what)>;
@@ -119,16 +213,20 @@ class OrderedSum final : public PendingSum {
 class MpiCommunicator final : public Communicator {
  public:
   MpiCommunicator(int& argc, char**& argv) {
+    const std::chrono::milliseconds timeout = peer_timeout_from_environment();  // refused before MPI starts
     int provided = 0;
     check(MPI_Init_thread(&argc, &argv, MPI_THREAD_FUNNELED, &provided), "MPI_Init_thread");
     MPI_Comm_rank(MPI_COMM_WORLD, &rank_);
     MPI_Comm_size(MPI_COMM_WORLD, &size_);
     check(MPI_Comm_dup(MPI_COMM_WORLD, &sums_.shards), "MPI_Comm_dup");
     check(MPI_Comm_dup(MPI_COMM_WORLD, &sums_.gather), "MPI_Comm_dup");
+    check(MPI_Comm_dup(MPI_COMM_WORLD, &health_), "MPI_Comm_dup");
+    watchdog_.emplace(health_, rank_, size_, timeout);
   }
   ~MpiCommunicator() override {
     MPI_Comm_free(&sums_.shards);
     MPI_Comm_free(&sums_.gather);
+    MPI_Comm_free(&health_);
     MPI_Finalize();
   }
 
@@ -145,7 +243,7 @@ class MpiCommunicator final : public Communicator {
 
   std::unique_ptr<PendingSum> start_ordered_sum(std::span<float> buffer) override {
     return std::make_unique<OrderedSum>(buffer, rank_, size_, sums_,
-                                        [this](MPI_Request& request, const char* what) { wait(request, what); });
+                                        [this](MPI_Request& request, const char* what) { watchdog_->wait(request, what); });
   }
 
   void broadcast(std::span<std::byte> bytes, int root) override {
@@ -153,21 +251,27 @@ class MpiCommunicator final : public Communicator {
     constexpr std::size_t piece = std::size_t(1) << 30;
     for (std::size_t at = 0; at < bytes.size(); at += piece) {
       const std::size_t count = std::min(piece, bytes.size() - at);
-      check(MPI_Bcast(bytes.data() + at, int(count), MPI_BYTE, root, MPI_COMM_WORLD), "MPI_Bcast");
+      MPI_Request request;
+      check(MPI_Ibcast(bytes.data() + at, int(count), MPI_BYTE, root, MPI_COMM_WORLD, &request), "MPI_Ibcast");
+      watchdog_->wait(request, "a broadcast (MPI_Ibcast)");
     }
   }
 
   std::vector<std::byte> allgather(std::span<const std::byte> mine) override {
     std::vector<std::byte> all(mine.size() * std::size_t(size_));
     const int count = to_int(mine.size(), "allgather");
-    check(MPI_Allgather(mine.data(), count, MPI_BYTE, all.data(), count, MPI_BYTE, MPI_COMM_WORLD), "MPI_Allgather");
+    MPI_Request request;
+    check(MPI_Iallgather(mine.data(), count, MPI_BYTE, all.data(), count, MPI_BYTE, MPI_COMM_WORLD, &request),
+          "MPI_Iallgather");
+    watchdog_->wait(request, "an allgather (MPI_Iallgather)");
     return all;
   }
 
-  void barrier() override { check(MPI_Barrier(MPI_COMM_WORLD), "MPI_Barrier"); }
-
-  /// Blocks until request is done (the one place a blocked ordered sum waits).
-  void wait(MPI_Request& request, const char* what) { check(MPI_Wait(&request, MPI_STATUS_IGNORE), what); }
+  void barrier() override {
+    MPI_Request request;
+    check(MPI_Ibarrier(MPI_COMM_WORLD, &request), "MPI_Ibarrier");
+    watchdog_->wait(request, "a barrier (MPI_Ibarrier)");
+  }
 
   [[noreturn]] void abort(int status) override {
     MPI_Abort(MPI_COMM_WORLD, status);
@@ -177,6 +281,8 @@ class MpiCommunicator final : public Communicator {
  private:
   int rank_ = 0, size_ = 1;
   SumCommunicators sums_;
+  MPI_Comm health_ = MPI_COMM_NULL;  // the watchdog's roll calls, apart from the collectives
+  std::optional<Watchdog> watchdog_;
 };
 
 }  // namespace

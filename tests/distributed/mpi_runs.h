@@ -1,6 +1,7 @@
-// Helpers for the tests that start train_char under mpirun (tests/distributed/): the launch with the
-// environment a container needs, a deadline on every run (a hang fails instead of stalling the
-// suite), the ranks of a running job, and the loud refusal to skip silently in CI.
+// Helpers for the tests that start train_char under mpirun (tests/distributed/): the tiny model's
+// arguments, the launch with the environment a container needs, a deadline on every run (a hang
+// fails instead of stalling the suite), the ranks of a running job, and the loud refusal to skip
+// silently in CI.
 #pragma once
 
 #include <doctest/doctest.h>
@@ -20,9 +21,35 @@
 #include <vector>
 
 #include "core/simd.h"
+#include "nn/checkpoint.h"
 #include "support/programs.h"
 
 namespace tapegrad::test {
+
+using Args = std::vector<std::string>;
+
+/// The tiny model of tests/examples with a batch that 1, 2, 3 and 6 ranks or micro-batches divide.
+inline Args tiny6(const std::filesystem::path& data, const std::filesystem::path& out, int steps, int batch = 6) {
+  return {"--data",    data.string(), "--out",     out.string(), "--d-model",      "16", "--heads",
+          "2",         "--blocks",    "1",         "--max-len",  "32",             "--seq",
+          "16",        "--batch",     std::to_string(batch),     "--threads",      "1",
+          "--eval-batches", "2",      "--steps",   std::to_string(steps)};
+}
+
+/// The step a training checkpoint was saved at (loading it checks that it is whole).
+inline std::int64_t saved_step(const std::filesystem::path& ckpt) {
+  return std::stoll(nn::load_checkpoint(ckpt.string()).metadata.at("step"));
+}
+
+/// Waits until text appears in a file (at most 30 s).
+inline bool appears(const std::filesystem::path& file, const std::string& text) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  while (std::chrono::steady_clock::now() < deadline) {
+    if (read_bytes(file).find(text) != std::string::npos) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  return false;
+}
 
 /// Whether train_char was built with MPI. Without it, the MPI tests pass with a loud message, but
 /// fail under CI (CI=true), where a build that silently lost MPI would otherwise go unnoticed.
@@ -62,15 +89,20 @@ inline std::vector<std::string> tcp_loopback() {
   return {"--mca", "btl", "self,tcp", "--mca", "btl_tcp_if_include", "lo", "--mca", "oob_tcp_if_include", "lo"};
 }
 
-/// Starts `mpirun -np ranks [mpirun_args] train_char args` in its own process group (so that a
-/// deadline can end the launcher and every rank), stdout and stderr to files.
-inline pid_t start_mpirun(int ranks, const std::vector<std::string>& args, const std::filesystem::path& out,
-                          const std::filesystem::path& err, const std::vector<std::string>& mpirun_args = {},
-                          const std::vector<std::string>& env = {}) {
+/// `mpirun -np ranks --bind-to none [mpirun_args] train_char args`, as an argument list.
+inline std::vector<std::string> mpirun_command(int ranks, const std::vector<std::string>& args,
+                                               const std::vector<std::string>& mpirun_args = {}) {
   std::vector<std::string> argv_text = {TAPEGRAD_MPIEXEC, "-np", std::to_string(ranks), "--bind-to", "none"};
   argv_text.insert(argv_text.end(), mpirun_args.begin(), mpirun_args.end());
   argv_text.push_back((std::filesystem::path(TAPEGRAD_BINARY_DIR) / "train_char").string());
   argv_text.insert(argv_text.end(), args.begin(), args.end());
+  return argv_text;
+}
+
+/// Starts a job (mpirun, or a launcher around it) in its own process group (so that a deadline can
+/// end the launcher and every rank), with the environment MPI needs, stdout and stderr to files.
+inline pid_t start_job(std::vector<std::string> argv_text, const std::filesystem::path& out,
+                       const std::filesystem::path& err, const std::vector<std::string>& env = {}) {
   std::vector<char*> argv;
   for (auto& a : argv_text) argv.push_back(a.data());
   argv.push_back(nullptr);
@@ -95,11 +127,18 @@ inline pid_t start_mpirun(int ranks, const std::vector<std::string>& args, const
   posix_spawnattr_setflags(&attributes, POSIX_SPAWN_SETPGROUP);
   posix_spawnattr_setpgroup(&attributes, 0);
   pid_t pid = -1;
-  const int rc = posix_spawn(&pid, argv_text[0].c_str(), &actions, &attributes, argv.data(), envp.data());
+  const int rc = posix_spawnp(&pid, argv_text[0].c_str(), &actions, &attributes, argv.data(), envp.data());
   posix_spawn_file_actions_destroy(&actions);
   posix_spawnattr_destroy(&attributes);
   REQUIRE_MESSAGE(rc == 0, "posix_spawn " << argv_text[0] << " failed: " << rc);
   return pid;
+}
+
+/// Starts `mpirun -np ranks [mpirun_args] train_char args` (start_job).
+inline pid_t start_mpirun(int ranks, const std::vector<std::string>& args, const std::filesystem::path& out,
+                          const std::filesystem::path& err, const std::vector<std::string>& mpirun_args = {},
+                          const std::vector<std::string>& env = {}) {
+  return start_job(mpirun_command(ranks, args, mpirun_args), out, err, env);
 }
 
 /// Waits for a job started by start_mpirun; past the deadline, kills its process group and fails.

@@ -27,16 +27,6 @@ namespace fs = std::filesystem;
 
 namespace {
 
-using Args = std::vector<std::string>;
-
-/// The tiny model of tests/examples with a batch that 1, 2, 3 and 6 ranks or micro-batches divide.
-Args tiny6(const fs::path& data, const fs::path& out, int steps, int batch = 6) {
-  return {"--data",    data.string(), "--out",     out.string(), "--d-model",      "16", "--heads",
-          "2",         "--blocks",    "1",         "--max-len",  "32",             "--seq",
-          "16",        "--batch",     std::to_string(batch),     "--threads",      "1",
-          "--eval-batches", "2",      "--steps",   std::to_string(steps)};
-}
-
 /// tiny6 at d_model 64 with 2 blocks: about 140,000 parameters, three gradient buckets.
 Args small6(const fs::path& data, const fs::path& out, int steps) {
   Args args = tiny6(data, out, steps);
@@ -55,18 +45,6 @@ double last_val_loss(const fs::path& csv) {
   std::string field;
   for (int i = 0; i < 3; ++i) std::getline(row, field, ',');
   return std::stod(field);
-}
-
-std::int64_t saved_step(const fs::path& ckpt) { return std::stoll(nn::load_checkpoint(ckpt.string()).metadata.at("step")); }
-
-/// Waits until text appears in a file (at most 30 s).
-bool appears(const fs::path& file, const std::string& text) {
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
-  while (std::chrono::steady_clock::now() < deadline) {
-    if (test::contains(read_bytes(file), text)) return true;
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  }
-  return false;
 }
 
 /// Whether a process has ended (or is a zombie, ended but not yet reaped) within 5 s.
