@@ -57,10 +57,20 @@ int main(int argc, char** argv) {
     sigaddset(&signals, SIGINT);
     pthread_sigmask(SIG_BLOCK, &signals, nullptr);
     serve::Server server(options);
-    fmt::print(stderr, "serve: {} on http://{}:{}/ ({} sequences, queue {}, weights {})\n", options.checkpoint,
-               options.host, server.port(), options.scheduler.parallel, options.scheduler.queue,
-               server.scheduler().weights()->fingerprint);
+    fmt::print(stderr, "serve: {} on http://{}:{}/ ({} sequences, queue {}), loading\n", options.checkpoint,
+               options.host, server.port(), options.scheduler.parallel, options.scheduler.queue);
     std::thread http([&] { server.run(); });
+    // Clients get 503 "loading" meanwhile; weights that fail to load at start end the program (a
+    // signal meanwhile is taken once the load is over).
+    std::shared_ptr<const serve::Weights> weights;
+    try {
+      weights = server.scheduler().wait_loaded();
+    } catch (...) {
+      server.shutdown();
+      http.join();
+      throw;
+    }
+    fmt::print(stderr, "serve: ready: weights {} (step {})\n", weights->fingerprint, weights->step);
     int signal = 0;
     sigwait(&signals, &signal);
     fmt::print(stderr, "serve: {}: draining ({} running, {} waiting)\n", signal == SIGTERM ? "SIGTERM" : "SIGINT",

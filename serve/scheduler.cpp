@@ -6,6 +6,8 @@
 #include <sys/stat.h>
 
 #include <algorithm>
+#include <cerrno>
+#include <cstring>
 #include <fstream>
 #include <random>
 
@@ -86,14 +88,13 @@ Scheduler::Scheduler(std::string checkpoint, SchedulerOptions options, Metrics& 
     : checkpoint_(std::move(checkpoint)), options_(options), metrics_(metrics) {
   if (options_.parallel == 0) throw std::invalid_argument("Scheduler: parallel (the sequences decoded together) must be at least 1");
   if (options_.prefill_chunk == 0) throw std::invalid_argument("Scheduler: prefill_chunk must be at least 1");
+  // The weights load on the loop's thread (see loop()); a missing file is refused here, before
+  // the server listens.
   struct stat st {};
-  if (::stat(checkpoint_.c_str(), &st) == 0)
-    signature_ = FileSignature{std::uint64_t(st.st_ino), std::uint64_t(st.st_size),
-                               std::int64_t(st.st_mtim.tv_sec) * 1000000000 + st.st_mtim.tv_nsec};
-  current_ = load_weights(checkpoint_);
-  generations_.emplace_back(current_, options_.parallel);
-  metrics_.weights(current_->fingerprint);
-  last_poll_ = Clock::now();
+  if (::stat(checkpoint_.c_str(), &st) != 0)
+    throw std::runtime_error(fmt::format("{}: cannot open: {}", checkpoint_, std::strerror(errno)));
+  signature_ = FileSignature{std::uint64_t(st.st_ino), std::uint64_t(st.st_size),
+                             std::int64_t(st.st_mtim.tv_sec) * 1000000000 + st.st_mtim.tv_nsec};
   thread_ = std::thread([this] { loop(); });
 }
 
@@ -125,11 +126,16 @@ void Scheduler::stop() {
       }
 }
 
+ApiError loading_error() {
+  return {.status = 503, .message = "the model is loading; retry shortly", .type = "server_error", .code = "loading"};
+}
+
 std::variant<std::shared_ptr<Job>, ApiError> Scheduler::submit(const CompletionRequest& request) {
   const ApiError draining{.status = 503, .message = "the server is shutting down and admits no new requests",
                          .type = "server_error", .code = "draining"};
   if (draining_) return draining;
   const std::shared_ptr<const Weights> weights = this->weights();
+  if (!weights) return loading_error();
   const ModelLimits limits{.max_len = weights->model.config().max_len,
                            .max_tokens = options_.max_tokens ? options_.max_tokens : weights->model.config().max_len,
                            .parallel = options_.parallel};
@@ -157,6 +163,13 @@ std::variant<std::shared_ptr<Job>, ApiError> Scheduler::submit(const CompletionR
 
 std::shared_ptr<const Weights> Scheduler::weights() const {
   std::lock_guard lock(mutex_);
+  return current_;
+}
+
+std::shared_ptr<const Weights> Scheduler::wait_loaded() {
+  std::unique_lock lock(mutex_);
+  loaded_.wait(lock, [&] { return current_ || load_error_; });
+  if (load_error_) std::rethrow_exception(load_error_);
   return current_;
 }
 
@@ -193,6 +206,21 @@ void Scheduler::end_job(Job& job, std::optional<ApiError> error) {
 
 void Scheduler::loop() {
   NoGradScope no_grad;
+  // The first load happens here, not in the constructor, so that the server listens meanwhile and
+  // answers 503 "loading" rather than refusing connections (as llama.cpp's server does).
+  try {
+    std::shared_ptr<const Weights> weights = options_.load(checkpoint_);
+    generations_.emplace_back(weights, options_.parallel);
+    metrics_.weights(weights->fingerprint);
+    std::lock_guard lock(mutex_);
+    current_ = std::move(weights);
+  } catch (...) {
+    std::lock_guard lock(mutex_);
+    load_error_ = std::current_exception();
+  }
+  loaded_.notify_all();
+  if (generations_.empty()) return;
+  last_poll_ = Clock::now();
   for (;;) {
     {
       std::unique_lock lock(mutex_);
@@ -250,7 +278,7 @@ void Scheduler::reload_if_changed() {
   signature_ = signature;  // a broken file is tried once, not at every poll
   std::shared_ptr<const Weights> weights;
   try {
-    weights = load_weights(checkpoint_);
+    weights = options_.load(checkpoint_);
   } catch (const std::exception& e) {
     fmt::print(stderr, "serve: the changed checkpoint could not be loaded, still serving {}: {}\n",
                generations_.back().weights->fingerprint, e.what());

@@ -10,6 +10,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
+#include <exception>
 #include <functional>
 #include <list>
 #include <map>
@@ -39,6 +40,9 @@ struct Weights {
 
 /// Reads a checkpoint of any architecture; throws (naming the file) like load_model_checkpoint.
 std::shared_ptr<const Weights> load_weights(const std::string& path);
+
+/// The 503 (code "loading") that requests get until the checkpoint has loaded.
+ApiError loading_error();
 
 /// One request's progress: written by the decoding loop, read by the HTTP handler that waits
 /// for it. The fields below `mutex` are guarded by it.
@@ -75,6 +79,9 @@ struct SchedulerOptions {
   std::size_t max_tokens = 0;      ///< the cap on a request's max_tokens (0: the model's max_len)
   std::size_t prefill_chunk = 64;  ///< prompt tokens a sequence prefills per step
   std::chrono::milliseconds poll{100};  ///< how often the checkpoint file is checked for a change
+  /// Reads the checkpoint, at start and whenever the file changes (called on the loop's thread):
+  /// tests hold the first load here.
+  std::function<std::shared_ptr<const Weights>(const std::string& path)> load = load_weights;
   /// Called on the loop's thread before each decoding pass (while any sequence runs), after the
   /// step boundary's reload, cancellations and admissions: tests hold the loop here.
   std::function<void()> before_step;
@@ -83,17 +90,21 @@ struct SchedulerOptions {
 /// The decoding loop and its queue.
 class Scheduler {
  public:
-  /// Loads the checkpoint (throws if it cannot) and starts the loop's thread.
+  /// Checks that the checkpoint file exists (throws if not) and starts the loop's thread, which
+  /// loads it first: until then requests get loading_error().
   Scheduler(std::string checkpoint, SchedulerOptions options, Metrics& metrics);
   ~Scheduler();  ///< stop().
   Scheduler(const Scheduler&) = delete;
   Scheduler& operator=(const Scheduler&) = delete;
 
   /// Queues a request, or refuses it: 400 (its checks against the current model), 503 with
-  /// code "queue_full" (the queue holds options.queue requests) or "draining".
+  /// code "loading", "queue_full" (the queue holds options.queue requests) or "draining".
   std::variant<std::shared_ptr<Job>, ApiError> submit(const CompletionRequest& request);
 
-  std::shared_ptr<const Weights> weights() const;  ///< The weights new requests get.
+  std::shared_ptr<const Weights> weights() const;  ///< The weights new requests get (null while loading).
+  /// Waits for the first load to end: returns its weights, or throws its error (the loop then
+  /// stops and every request gets loading_error()).
+  std::shared_ptr<const Weights> wait_loaded();
   const SchedulerOptions& options() const { return options_; }  ///< As constructed.
   /// Stops admitting new requests (they get 503 "draining"); the queued and running ones go on.
   void drain();
@@ -125,9 +136,10 @@ class Scheduler {
   Metrics& metrics_;
 
   mutable std::mutex mutex_;  // guards the fields up to thread_
-  std::condition_variable wake_;
+  std::condition_variable wake_, loaded_;
   std::deque<std::shared_ptr<Job>> waiting_;
-  std::shared_ptr<const Weights> current_;
+  std::shared_ptr<const Weights> current_;  // null until the first load
+  std::exception_ptr load_error_;           // why the first load failed
   std::size_t used_ = 0;  // sequences in use, over every generation
   bool stop_ = false;
   std::atomic<bool> draining_{false};

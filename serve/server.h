@@ -30,8 +30,9 @@ struct ServerOptions {
 /// An HTTP server bound to its port, serving a checkpoint.
 class Server {
  public:
-  /// Loads the checkpoint, starts the decoding loop and binds the port; throws std::runtime_error
-  /// naming the file or the address if either fails.
+  /// Starts the decoding loop, which loads the checkpoint (/health says 503 "loading" until it has:
+  /// Scheduler::wait_loaded), and binds the port; throws std::runtime_error naming the file (if it
+  /// does not exist) or the address.
   explicit Server(ServerOptions options);
   ~Server();  ///< shutdown(), then waits for run() to return if it runs on another thread.
 

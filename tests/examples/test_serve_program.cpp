@@ -4,6 +4,7 @@
 #include <signal.h>
 
 #include <chrono>
+#include <fstream>
 #include <thread>
 
 #include "../serve/serve_helpers.h"
@@ -24,6 +25,13 @@ TEST_CASE("serve answers as generate does, refuses a bad flag or a port in use, 
   Result missing = run("serve", {"--checkpoint", (dir / "none.safetensors").string()});
   CHECK(missing.status == 1);
   CHECK(one_error_line(missing, "serve"));
+  // A file there but not loadable fails on the decoding loop's thread, after the server listens.
+  const fs::path broken = dir / "broken.safetensors";
+  std::ofstream(broken, std::ios::binary) << "not a checkpoint";
+  Result unloadable = run("serve", {"--checkpoint", broken.string(), "--port", "0"});
+  CHECK(unloadable.status == 1);
+  CHECK(contains(unloadable.err, ", loading\nserve: "));
+  CHECK(contains(unloadable.err, broken.string() + ": header length"));
 
   const fs::path out = dir / "serve.out", err = dir / "serve.err";
   const pid_t pid = start("serve", {"--checkpoint", ckpt.string(), "--port", "0", "--parallel", "4", "--threads", "1"},

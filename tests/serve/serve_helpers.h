@@ -144,15 +144,18 @@ inline serve::ServerOptions test_options(const fs::path& checkpoint) {
   return options;
 }
 
-/// A server running in this process on its own thread, shut down (drained) when it goes. Its
-/// decoding loop passes through `gate` (open unless a test closes it).
+/// A server running in this process on its own thread, its weights loaded unless told not to
+/// wait for them, shut down (drained) when it goes. Its decoding loop passes through `gate` (open
+/// unless a test closes it).
 struct TestServer {
   StepGate gate;
   serve::Server server;
   std::thread thread;
 
-  explicit TestServer(serve::ServerOptions options) : server(with_gate(std::move(options), gate)) {
+  explicit TestServer(serve::ServerOptions options, bool wait_loaded = true)
+      : server(with_gate(std::move(options), gate)) {
     thread = std::thread([this] { server.run(); });
+    if (wait_loaded) server.scheduler().wait_loaded();
   }
   ~TestServer() {
     gate.open();
@@ -188,16 +191,18 @@ bool eventually(Condition condition, std::chrono::milliseconds limit = std::chro
 }
 
 /// The port a started serve program listens on, from its first line on stderr ("... on
-/// http://host:port/"), waited for.
+/// http://host:port/"), waited for with its weights loaded ("serve: ready").
 inline int port_of(const fs::path& err) {
   int port = 0;
   eventually([&] {
     std::smatch m;
     const std::string text = read_bytes(err);
-    if (std::regex_search(text, m, std::regex("http://127\\.0\\.0\\.1:([0-9]+)/"))) port = std::stoi(m[1]);
+    if (text.find("serve: ready") != std::string::npos &&
+        std::regex_search(text, m, std::regex("http://127\\.0\\.0\\.1:([0-9]+)/")))
+      port = std::stoi(m[1]);
     return port != 0;
   });
-  REQUIRE_MESSAGE(port != 0, "serve printed no address: " << read_bytes(err));
+  REQUIRE_MESSAGE(port != 0, "serve printed no address, or never got ready: " << read_bytes(err));
   return port;
 }
 

@@ -2,6 +2,8 @@
 // shapes, streams that never split a character, and every error of the contract with its body.
 #include <doctest/doctest.h>
 
+#include <future>
+
 #include "nn/tokenizer.h"
 #include "serve/server.h"
 #include "serve_helpers.h"
@@ -80,6 +82,51 @@ TEST_CASE("serve answers /health, /v1/models, /metrics and the playground page")
   CHECK(metric(text, "tapegrad_checkpoint_reload_failures_total") == 0);
   CHECK(contains(text, "# TYPE tapegrad_time_per_token_seconds histogram\n"));
   CHECK(contains(text, "tapegrad_time_to_first_token_seconds_bucket{le=\"+Inf\"} 1\n"));
+}
+
+TEST_CASE("/health is 503 while the checkpoint loads, after the server listens, and 200 once it has") {
+  ServeDir dir("loading");
+  const fs::path ckpt = dir.path / "tiny.safetensors";
+  write_tiny_checkpoint(ckpt, 5);
+  serve::ServerOptions options = test_options(ckpt);
+  std::promise<void> release;
+  options.scheduler.load = [loadable = release.get_future().share()](const std::string& path) {
+    loadable.wait_for(std::chrono::seconds(20));  // bounded: a failing test cannot hang
+    return serve::load_weights(path);
+  };
+  TestServer s(options, /*wait_loaded=*/false);
+  httplib::Client client = s.client();
+
+  auto health = client.Get("/health");
+  REQUIRE(health);
+  CHECK(health->status == 503);
+  CHECK(json::parse(health->body) == json{{"status", "loading"}});
+  auto check_loading = [](const httplib::Result& r) {
+    const json e = error_of(r, 503);
+    CHECK(r->get_header_value("Retry-After") == "1");
+    CHECK(e["code"] == "loading");
+    CHECK(contains(e["message"], "the model is loading"));
+  };
+  check_loading(client.Post("/v1/completions", R"({"prompt": "ab", "max_tokens": 5})", "application/json"));
+  check_loading(client.Get("/v1/models"));
+  auto metrics = client.Get("/metrics");
+  REQUIRE(metrics);
+  CHECK(metrics->status == 200);
+  auto page = client.Get("/");
+  REQUIRE(page);
+  CHECK(page->status == 200);
+
+  release.set_value();
+  CHECK(s.server.scheduler().wait_loaded()->fingerprint.starts_with("fp_0_"));
+  health = client.Get("/health");
+  REQUIRE(health);
+  CHECK(health->status == 200);
+  CHECK(json::parse(health->body) == json{{"status", "ok"}});
+  auto r = client.Post("/v1/completions", R"({"prompt": "ab", "max_tokens": 5, "seed": 3, "temperature": 0})",
+                       "application/json");
+  REQUIRE(r);
+  CHECK(r->status == 200);
+  CHECK(json::parse(r->body)["choices"][0]["text"] == reference_texts(ckpt, "ab", {.temperature = 0}, 5, 3)[0]);
 }
 
 TEST_CASE("/v1/completions answers OpenAI's shape, with usage, stop strings, echo and n samples") {
