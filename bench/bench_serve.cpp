@@ -1,9 +1,10 @@
 // bench_serve: build/serve under load on loopback, beside bench_kv_cache's batched decoding.
 //  - Load: C = 1, 8, 64 concurrent streaming clients, each sending its share of the requests one
-//    after another (prompts of 8 random characters, 100 new tokens, greedy, so that every request
-//    does bench_kv_cache's work); completion tokens/s of the whole round, and per request the
-//    time to first token and the time per token after it (p50, p99). Errors and lost requests
-//    (an answer without all its tokens, its finish_reason or its [DONE]) must be 0.
+//    after another (prompts of 8 random characters, 50 to 150 new tokens, 100 on average, greedy,
+//    so that the requests do bench_kv_cache's work on average); completion tokens/s of the whole
+//    round, and per request the time to first token and the time per token after it (p50, p99).
+//    Errors and lost requests (an answer without all its tokens, its finish_reason or its [DONE])
+//    must be 0.
 //  - --pairs P (default 3) pairs of bench_kv_cache --sizes 64 and a C = 64 round, in alternation:
 //    the server's tokens/s as a share of the batched decoding of 64 sequences it is built on, at
 //    the same thread count (the median of the pairs' shares, so that a shared host's changes in
@@ -279,7 +280,13 @@ std::string random_prompt(const nn::CharTokenizer& tokenizer, std::size_t n, Rng
   return tokenizer.decode(ids);
 }
 
-/// One load round: C clients, `per_client` streaming requests each, 100 greedy tokens each.
+/// The new tokens request i asks for: from new_tokens / 2 to 3 new_tokens / 2, new_tokens on
+/// average. Requests of one length, started together, would finish together: every sequence
+/// would free at the same step and the decoding loop would wait, empty, for the clients' next
+/// requests, a lockstep that no server's traffic has.
+std::size_t request_tokens(std::size_t i, std::size_t new_tokens) { return new_tokens / 2 + (i * 37) % (new_tokens + 1); }
+
+/// One load round: C clients, `per_client` streaming greedy requests each (request_tokens).
 json load_round(const Target& target, int clients, int per_client, std::size_t new_tokens, bool& ok) {
   auto answers = std::vector<std::vector<Answer>>(std::size_t(clients));
   std::vector<std::string> prompts;
@@ -291,7 +298,8 @@ json load_round(const Target& target, int clients, int per_client, std::size_t n
     threads.emplace_back([&, c] {
       httplib::Client client = make_client(target);
       for (int r = 0; r < per_client; ++r) {
-        json body = {{"prompt", prompts[std::size_t(c * per_client + r)]}, {"max_tokens", new_tokens},
+        const std::size_t i = std::size_t(c * per_client + r);
+        json body = {{"prompt", prompts[i]}, {"max_tokens", request_tokens(i, new_tokens)},
                      {"temperature", 0}, {"stream", true}, {"stream_options", {{"include_usage", true}}}};
         answers[std::size_t(c)].push_back(complete(client, body));
       }
@@ -301,20 +309,22 @@ json load_round(const Target& target, int clients, int per_client, std::size_t n
   std::vector<double> ttft, tpot;
   std::size_t tokens = 0, errors = 0, lost = 0;
   std::string first_problem;
-  for (const auto& per : answers)
-    for (const Answer& a : per) {
+  for (std::size_t c = 0; c < answers.size(); ++c)
+    for (std::size_t r = 0; r < answers[c].size(); ++r) {
+      const Answer& a = answers[c][r];
+      const std::size_t want = request_tokens(c * std::size_t(per_client) + r, new_tokens);
       if (a.status != 200 || !a.error.empty()) {
         ++errors;
         if (first_problem.empty()) first_problem = fmt::format("status {}: {}", a.status, a.error);
         continue;
       }
-      const bool whole = a.done_events == 1 && a.finishes == 1 && a.completion_tokens == new_tokens &&
-                         a.tokens_seen == new_tokens && a.finish.count(0) && a.finish.at(0) == "length";
+      const bool whole = a.done_events == 1 && a.finishes == 1 && a.completion_tokens == want &&
+                         a.tokens_seen == want && a.finish.count(0) && a.finish.at(0) == "length";
       if (!whole) {
         ++lost;
         if (first_problem.empty())
           first_problem = fmt::format("incomplete answer: {} [DONE], {} finish_reasons, {} of {} tokens", a.done_events,
-                                      a.finishes, a.tokens_seen, new_tokens);
+                                      a.finishes, a.tokens_seen, want);
         continue;
       }
       tokens += a.tokens_seen;
@@ -583,7 +593,7 @@ int main(int argc, char** argv) try {
     json warm = {{"prompt", "a"}, {"max_tokens", 8}, {"stream", true}};
     complete(probe, warm);
   }
-  fmt::print("bench_serve: serve --parallel {} --threads {}, {} new tokens per request, greedy; {}\n", parallel, threads,
+  fmt::print("bench_serve: serve --parallel {} --threads {}, {} new tokens per request on average, greedy; {}\n", parallel, threads,
              new_tokens, bench::machine());
   bool ok = true;
   json rounds = json::array();
@@ -653,7 +663,7 @@ int main(int argc, char** argv) try {
   j["new_tokens"] = new_tokens;
   j["prompt_chars"] = 8;
   j["rounds"] = rounds;
-  j["rounds_note"] = "C streaming clients, each sending its requests one after another (greedy, max_tokens new tokens, "
+  j["rounds_note"] = "C streaming clients, each sending its requests one after another (greedy, new_tokens / 2 to 3 new_tokens / 2 new tokens, new_tokens on average, "
                      "prompts of 8 random characters); tokens_per_s = completion tokens / wall time of the round; "
                      "time_per_token = (last token - first token) / (tokens - 1) per request";
   if (!at64.is_null()) j["c64_against_kv_cache"] = at64;
