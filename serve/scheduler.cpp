@@ -9,6 +9,7 @@
 #include <cerrno>
 #include <cstring>
 #include <fstream>
+#include <mutex>
 #include <random>
 
 #include "core/tape.h"
@@ -130,6 +131,15 @@ ApiError loading_error() {
   return {.status = 503, .message = "the model is loading; retry shortly", .type = "server_error", .code = "loading"};
 }
 
+// From one engine seeded once by std::random_device: constructing a random_device for every
+// request took about a tenth of the request threads' time under load (perf, 64 streaming clients).
+static std::uint64_t random_seed() {
+  static std::mutex mutex;
+  static std::mt19937_64 engine{(std::uint64_t(std::random_device{}()) << 32) | std::random_device{}()};
+  std::lock_guard lock(mutex);
+  return engine();
+}
+
 std::variant<std::shared_ptr<Job>, ApiError> Scheduler::submit(const CompletionRequest& request) {
   const ApiError draining{.status = 503, .message = "the server is shutting down and admits no new requests",
                          .type = "server_error", .code = "draining"};
@@ -142,8 +152,7 @@ std::variant<std::shared_ptr<Job>, ApiError> Scheduler::submit(const CompletionR
   auto checked = check_against_model(request, weights->tokenizer, limits);
   if (auto* error = std::get_if<ApiError>(&checked)) return *error;
   // A request without a seed gets a random one: its samples still differ from each other.
-  const std::uint64_t seed = request.seed ? *request.seed : (std::uint64_t(std::random_device{}()) << 32) |
-                                                                std::random_device{}();
+  const std::uint64_t seed = request.seed ? *request.seed : random_seed();
   auto job = std::make_shared<Job>(request, std::move(std::get<std::vector<std::int32_t>>(checked)), seed);
   {
     std::lock_guard lock(mutex_);
