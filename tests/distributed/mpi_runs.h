@@ -141,15 +141,31 @@ inline pid_t start_mpirun(int ranks, const std::vector<std::string>& args, const
   return start_job(mpirun_command(ranks, args, mpirun_args), out, err, env);
 }
 
-/// Waits for a job started by start_mpirun; past the deadline, kills its process group and fails.
+/// Ends a job (start_job) if it still runs: SIGTERM to its launcher, which ends what it started
+/// (mpirun its ranks; scripts/netns_hosts.sh its hosts, namespaces and links), then after 10 s
+/// SIGKILL to its whole process group.
+inline void end_job(pid_t pid) {
+  if (::waitpid(pid, nullptr, WNOHANG) != 0) return;
+  ::kill(pid, SIGTERM);
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (::waitpid(pid, nullptr, WNOHANG) == 0) {
+    if (std::chrono::steady_clock::now() > deadline) {
+      ::kill(-pid, SIGKILL);
+      ::waitpid(pid, nullptr, 0);
+      return;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+}
+
+/// Waits for a job started by start_job; past the deadline, ends it (end_job) and fails.
 inline int wait_within(pid_t pid, std::chrono::seconds limit, const std::filesystem::path& err) {
   const auto deadline = std::chrono::steady_clock::now() + limit;
   int raw = 0;
   while (::waitpid(pid, &raw, WNOHANG) == 0) {
     if (std::chrono::steady_clock::now() > deadline) {
-      ::kill(-pid, SIGKILL);
-      ::waitpid(pid, &raw, 0);
-      FAIL("mpirun did not finish within " << limit.count() << " s: " << read_bytes(err));
+      end_job(pid);
+      FAIL("the job did not finish within " << limit.count() << " s: " << read_bytes(err));
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
@@ -169,15 +185,10 @@ inline Result run_mpi(int ranks, const std::vector<std::string>& args, const std
   return r;
 }
 
-/// Ends a job's process group if it is still running when the scope exits.
+/// Ends a job still running when the scope exits (end_job), also when a check fails.
 struct EndJobOnExit {
   pid_t pid;
-  ~EndJobOnExit() {
-    if (::waitpid(pid, nullptr, WNOHANG) == 0) {
-      ::kill(-pid, SIGKILL);
-      ::waitpid(pid, nullptr, 0);
-    }
-  }
+  ~EndJobOnExit() { end_job(pid); }
 };
 
 /// The pids of the running processes named `name` whose parent is `parent` (mpirun's ranks).

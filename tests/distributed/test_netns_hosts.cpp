@@ -76,25 +76,6 @@ Result run_on_hosts(int hosts, const Args& args) {
   return r;
 }
 
-/// Ends a bed still running when the scope exits: SIGTERM to the script (it removes the bed),
-/// then, after 10 s, SIGKILL to its process group.
-struct EndBedOnExit {
-  pid_t pid;
-  ~EndBedOnExit() {
-    if (::waitpid(pid, nullptr, WNOHANG) != 0) return;
-    ::kill(pid, SIGTERM);
-    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
-    while (::waitpid(pid, nullptr, WNOHANG) == 0) {
-      if (std::chrono::steady_clock::now() > deadline) {
-        ::kill(-pid, SIGKILL);
-        ::waitpid(pid, nullptr, 0);
-        return;
-      }
-      std::this_thread::sleep_for(std::chrono::milliseconds(20));
-    }
-  }
-};
-
 }  // namespace
 
 TEST_CASE("TAPEGRAD_PEER_TIMEOUT sets how long a rank waits in a collective; a value that is no time is refused") {
@@ -153,7 +134,7 @@ TEST_CASE("a host whose link goes down ends every rank and mpirun within 30 s, n
   const pid_t bed = start_job(on_hosts(3, name, tiny6(data, ckpt, 1000000) + Args{"--eval-every", "0", "--save-every",
                                                                                  "20"}),
                               out, err, {"TAPEGRAD_PEER_TIMEOUT=5"});
-  const EndBedOnExit end{bed};
+  const EndJobOnExit end{bed};  // SIGTERM first: the script removes the bed
   REQUIRE_MESSAGE(appears(out, "step 20/1000000: saved"), read_bytes(err));
   const auto cut = std::chrono::steady_clock::now();
   REQUIRE(run_within({"ip", "link", "set", name + "-v2", "down"}, std::chrono::seconds(10), dir / "ip_out.txt",
