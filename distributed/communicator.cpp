@@ -4,6 +4,7 @@
 #include <fmt/format.h>
 
 #include <charconv>
+#include <cmath>
 #include <cstdlib>
 #include <stdexcept>
 
@@ -51,7 +52,8 @@ std::chrono::milliseconds peer_timeout_from_environment() {
   if (end == 0 || end != text.size() || !(seconds >= 0) || seconds > 1e7)
     throw std::runtime_error(fmt::format(
         "the environment variable TAPEGRAD_PEER_TIMEOUT={} is not a number of seconds (0 waits without limit)", text));
-  return std::chrono::milliseconds(std::int64_t(seconds * 1e3));
+  // Rounded up: a positive timeout under a millisecond must not become 0, which waits without limit.
+  return std::chrono::milliseconds(std::int64_t(std::ceil(seconds * 1e3)));
 }
 
 bool built_with_mpi() { return TAPEGRAD_HAVE_MPI != 0; }

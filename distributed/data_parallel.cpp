@@ -67,7 +67,7 @@ void GradientBuckets::accumulate() {
 BackwardObserver& GradientBuckets::exchange_during_backward(Communicator& comm) {
   if (comm_) throw std::logic_error("GradientBuckets::exchange_during_backward: the last exchange was not reduced");
   comm_ = &comm;
-  next_start_ = 0;
+  next_start_ = next_done_ = 0;
   std::fill(pending_.begin(), pending_.end(), true);
   for (Bucket& b : buckets_) b.waiting = b.last - b.first;
   return *this;
@@ -88,13 +88,11 @@ void GradientBuckets::start_ready_buckets() {
 }
 
 void GradientBuckets::entry_done() {
-  bool any = false;
-  for (std::size_t b = 0; b < next_start_ && !any; ++b) any = buckets_[b].sum != nullptr;
-  if (!any) return;
+  if (next_done_ == next_start_) return;
   const auto started = std::chrono::steady_clock::now();
-  for (std::size_t b = 0; b < next_start_; ++b)  // in order: a later sum waits on an earlier one anyway
-    if (buckets_[b].sum && buckets_[b].sum->test()) buckets_[b].sum.reset();
-    else if (buckets_[b].sum) break;
+  // The earliest unfinished sum first, stopping at one not done: sums must advance in the order
+  // they started (each rank starts their second steps in that order).
+  while (next_done_ < next_start_ && buckets_[next_done_].sum->test()) buckets_[next_done_++].sum.reset();
   comm_seconds_ += seconds_since(started);
 }
 
@@ -106,13 +104,13 @@ double GradientBuckets::reduce(Communicator& comm, std::size_t parts) {
   } else {
     if (empty_) throw std::logic_error("GradientBuckets::reduce: accumulate() the gradients first");
     comm_ = &comm;
-    next_start_ = 0;
+    next_start_ = next_done_ = 0;
     for (Bucket& b : buckets_) b.waiting = 0;
     start_ready_buckets();
   }
   const auto started = std::chrono::steady_clock::now();
-  for (Bucket& b : buckets_)
-    if (b.sum) b.sum->wait(), b.sum.reset();
+  for (; next_done_ < buckets_.size(); ++next_done_)
+    if (auto& sum = buckets_[next_done_].sum) sum->wait(), sum.reset();
   const double seconds = comm_seconds_ + seconds_since(started);
   const float divisor = float(parts);
   for (const Bucket& b : buckets_) {

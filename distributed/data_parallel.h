@@ -71,6 +71,7 @@ class GradientBuckets : private BackwardObserver {
   std::vector<bool> pending_;             // not yet added during an overlapped backward
   Communicator* comm_ = nullptr;          // set while an overlapped exchange is under way
   std::size_t next_start_ = 0;            // the next bucket whose sum starts
+  std::size_t next_done_ = 0;             // the earliest bucket whose sum may not be done
   double comm_seconds_ = 0;               // in the communicator's calls this step
   bool empty_ = true;
 };

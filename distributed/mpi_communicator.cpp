@@ -1,4 +1,5 @@
-// Communicator over MPI_COMM_WORLD. ordered_sum is a reduce-scatter made of an alltoall of shards
+// Communicator over MPI_COMM_WORLD (and three duplicates of it: the two steps of ordered sums, and
+// the watchdog's roll calls). ordered_sum is a reduce-scatter made of an alltoall of shards
 // and a local sum in rank order, then an allgather: an allreduce whose result does not depend on
 // MPI's algorithm or transport. Both steps are nonblocking collectives, advanced by MPI_Test from
 // the thread that started them (the main thread: MPI_THREAD_FUNNELED suffices). A blocked rank waits
@@ -13,7 +14,6 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
-#include <functional>
 #include <limits>
 #include <optional>
 #include <stdexcept>
@@ -40,8 +40,9 @@ using Clock = std::chrono::steady_clock;
 
 /// Waits for one nonblocking collective for at most `timeout` (none when zero). Past it, a roll
 /// call on `health` (a communicator of its own): every rank that is waiting too answers at once, so
-/// the ranks that do not answer within 2 s are the lost ones, and every rank that can still
-/// talk names them before the job ends. Roll calls from other ranks are answered all along.
+/// the ranks that do not answer within 2 s are the lost ones (or busy outside a collective for that
+/// long), and every rank that can still talk names them before the job ends. A rank answers roll
+/// calls while it waits here.
 class Watchdog {
  public:
   Watchdog(MPI_Comm health, int rank, int size, std::chrono::milliseconds timeout)
@@ -107,11 +108,12 @@ class Watchdog {
     const double waited = double(timeout_.count()) / 1e3;
     const std::string message =
         silent.empty()
-            ? fmt::format("rank {}: {} waited {:.0f} s, yet every rank answered a roll call: a rank is slower than "
-                          "TAPEGRAD_PEER_TIMEOUT={:.0f} allows (raise it) or stuck; ending the job\n",
+            ? fmt::format("rank {}: {} waited {:g} s, yet every rank answered a roll call: a rank is slower than "
+                          "TAPEGRAD_PEER_TIMEOUT={:g} allows (raise it) or stuck; ending the job\n",
                           rank_, what, waited, waited)
-            : fmt::format("rank {}: {} waited {:.0f} s; lost rank{} {} (no answer to a roll call within {:.0f} s: its "
-                          "host, its link or the process is down); ending the job\n",
+            : fmt::format("rank {}: {} waited {:g} s; lost rank{} {} (no answer to a roll call within {:g} s: its "
+                          "host, its link or the process is down, or it was busy outside a collective that long); "
+                          "ending the job\n",
                           rank_, what, waited, silent.size() > 1 ? "s" : "", names, double(grace.count()) / 1e3);
     std::fputs(message.c_str(), stderr);
     std::fflush(stderr);
@@ -125,9 +127,6 @@ class Watchdog {
   int call_ = 0, answer_ = 0;  // the payloads: they must outlive the sends
 };
 
-/// How a blocked rank waits for one request (what: the call, for messages).
-using WaitFor = std::function<void(MPI_Request& request, const char* what)>;
-
 /// The communicators of ordered sums in progress: one for their first steps, one for their second
 /// steps. MPI needs every rank to start the collectives of a communicator in the same order; the
 /// sums start in the same order everywhere, but when each one's second step starts depends on
@@ -139,10 +138,13 @@ struct SumCommunicators {
 /// The ordered sum of one buffer in two nonblocking steps: MPI_Ialltoallv sends shard j of the
 /// buffer to rank j; once it is done, the local sum of my shard in rank order; then
 /// MPI_Iallgatherv shares every rank's summed shard. test() moves from one step to the next.
+/// Sums must be advanced in the order they started (each starts its gather when its first step
+/// is done, and every rank must start the gathers in one order): callers test or wait for the
+/// earliest unfinished sum first.
 class OrderedSum final : public PendingSum {
  public:
-  OrderedSum(std::span<float> buffer, int rank, int size, SumCommunicators comms, WaitFor wait_for)
-      : buffer_(buffer), rank_(std::size_t(rank)), comms_(comms), wait_for_(std::move(wait_for)) {
+  OrderedSum(std::span<float> buffer, int rank, int size, SumCommunicators comms, Watchdog& watchdog)
+      : buffer_(buffer), rank_(std::size_t(rank)), comms_(comms), watchdog_(watchdog) {
     const std::size_t n = buffer.size(), ranks = std::size_t(size);
     if (ranks == 1) return;
     counts_.resize(ranks), offsets_.resize(ranks);
@@ -162,6 +164,14 @@ class OrderedSum final : public PendingSum {
           "MPI_Ialltoallv");
     step_ = Step::shards;
   }
+  // MPI still reads and writes the buffers of an unfinished sum (say, backward threw on this rank
+  // while sums were in flight): freeing them under it is not an option, so the job ends.
+  ~OrderedSum() override {
+    if (step_ == Step::done) return;
+    std::fputs("ordered_sum: a gradient exchange was abandoned before it finished; ending the job\n", stderr);
+    std::fflush(stderr);
+    MPI_Abort(MPI_COMM_WORLD, 1);
+  }
   bool test() override {
     while (step_ != Step::done) {
       int done = 0;
@@ -173,7 +183,7 @@ class OrderedSum final : public PendingSum {
   }
   void wait() override {
     while (step_ != Step::done) {
-      wait_for_(request_, step_ == Step::shards ? "the gradient exchange (MPI_Ialltoallv)"
+      watchdog_.wait(request_, step_ == Step::shards ? "the gradient exchange (MPI_Ialltoallv)"
                                                 : "the gradient exchange (MPI_Iallgatherv)");
       advance();
     }
@@ -203,7 +213,7 @@ class OrderedSum final : public PendingSum {
   std::span<float> buffer_;
   std::size_t rank_;
   SumCommunicators comms_;
-  WaitFor wait_for_;
+  Watchdog& watchdog_;
   std::vector<int> counts_, offsets_, receive_counts_, receive_offsets_;
   std::vector<float> shards_;
   MPI_Request request_ = MPI_REQUEST_NULL;
@@ -242,8 +252,7 @@ class MpiCommunicator final : public Communicator {
   }
 
   std::unique_ptr<PendingSum> start_ordered_sum(std::span<float> buffer) override {
-    return std::make_unique<OrderedSum>(buffer, rank_, size_, sums_,
-                                        [this](MPI_Request& request, const char* what) { watchdog_->wait(request, what); });
+    return std::make_unique<OrderedSum>(buffer, rank_, size_, sums_, *watchdog_);
   }
 
   void broadcast(std::span<std::byte> bytes, int root) override {

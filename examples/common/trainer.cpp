@@ -697,7 +697,8 @@ class TrainingLoop {
                     run_.step, format_duration(elapsed), tokens, elapsed, tokens / elapsed, val, val / std::log(2.0)));
     log(fmt::format("saved {}; metrics {} and {}", o_.out, metrics_.csv_path(), metrics_.svg_path()));
     if (ranks_ > 1 && steps_run_ > 0)
-      log(fmt::format("gradient exchange: {:.3f} ms per step, {:.1f}% of the step time (outside backward)",
+      log(fmt::format("gradient exchange: {:.3f} ms per step, {:.1f}% of the step time (what backward did not hide, "
+                      "and the parameter gather of --shard-optimizer)",
                       1e3 * exchange_seconds_ / double(steps_run_), 100.0 * exchange_seconds_ / step_seconds_));
     comm_.barrier();
   }
