@@ -127,8 +127,19 @@ void Scheduler::stop() {
       }
 }
 
-ApiError loading_error() {
-  return {.status = 503, .message = "the model is loading; retry shortly", .type = "server_error", .code = "loading"};
+ApiError Scheduler::not_ready() const {
+  std::lock_guard lock(mutex_);
+  if (!load_error_)
+    return {.status = 503, .message = "the model is loading; retry shortly", .type = "server_error", .code = "loading"};
+  std::string why = "unknown error";
+  try {
+    std::rethrow_exception(load_error_);
+  } catch (const std::exception& e) {
+    why = e.what();
+  } catch (...) {
+  }
+  return {.status = 500, .message = "the checkpoint could not be loaded: " + why, .type = "server_error",
+          .code = "load_failed"};
 }
 
 // From one engine seeded once by std::random_device: constructing a random_device for every
@@ -145,7 +156,7 @@ std::variant<std::shared_ptr<Job>, ApiError> Scheduler::submit(const CompletionR
                          .type = "server_error", .code = "draining"};
   if (draining_) return draining;
   const std::shared_ptr<const Weights> weights = this->weights();
-  if (!weights) return loading_error();
+  if (!weights) return not_ready();
   const ModelLimits limits{.max_len = weights->model.config().max_len,
                            .max_tokens = options_.max_tokens ? options_.max_tokens : weights->model.config().max_len,
                            .parallel = options_.parallel};

@@ -41,9 +41,6 @@ struct Weights {
 /// Reads a checkpoint of any architecture; throws (naming the file) like load_model_checkpoint.
 std::shared_ptr<const Weights> load_weights(const std::string& path);
 
-/// The 503 (code "loading") that requests get until the checkpoint has loaded.
-ApiError loading_error();
-
 /// One request's progress: written by the decoding loop, read by the HTTP handler that waits
 /// for it. The fields below `mutex` are guarded by it.
 struct Job {
@@ -91,7 +88,7 @@ struct SchedulerOptions {
 class Scheduler {
  public:
   /// Checks that the checkpoint file exists (throws if not) and starts the loop's thread, which
-  /// loads it first: until then requests get loading_error().
+  /// loads it first: until then requests get not_ready().
   Scheduler(std::string checkpoint, SchedulerOptions options, Metrics& metrics);
   ~Scheduler();  ///< stop().
   Scheduler(const Scheduler&) = delete;
@@ -103,8 +100,11 @@ class Scheduler {
 
   std::shared_ptr<const Weights> weights() const;  ///< The weights new requests get (null while loading).
   /// Waits for the first load to end: returns its weights, or throws its error (the loop then
-  /// stops and every request gets loading_error()).
+  /// stops and every request gets not_ready()).
   std::shared_ptr<const Weights> wait_loaded();
+  /// Why requests cannot be served while there are no weights: 503 "loading" during the first load
+  /// (retry shortly), 500 "load_failed" naming the error once it failed (retrying will not help).
+  ApiError not_ready() const;
   const SchedulerOptions& options() const { return options_; }  ///< As constructed.
   /// Stops admitting new requests (they get 503 "draining"); the queued and running ones go on.
   void drain();

@@ -100,16 +100,17 @@ struct Server::Impl {
       res.set_content(std::string(playground_html()), "text/html; charset=utf-8");
     });
     http.Get("/health", [this](const httplib::Request&, httplib::Response& res) {
-      const bool draining = scheduler.draining(), loading = !scheduler.weights();
-      res.status = draining || loading ? 503 : 200;
-      res.set_content(dump({{"status", draining ? "draining" : loading ? "loading" : "ok"}}), "application/json");
+      const bool draining = scheduler.draining(), ready = scheduler.weights() != nullptr;
+      const std::string status = draining ? "draining" : ready ? "ok" : scheduler.not_ready().code.value_or("loading");
+      res.status = status == "ok" ? 200 : 503;
+      res.set_content(dump({{"status", status}}), "application/json");
     });
     http.Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
       res.set_content(metrics.prometheus_text(), "text/plain; version=0.0.4; charset=utf-8");
     });
     http.Get("/v1/models", [this](const httplib::Request&, httplib::Response& res) {
       const std::shared_ptr<const Weights> weights = scheduler.weights();
-      if (!weights) return reply_error(res, loading_error());
+      if (!weights) return reply_error(res, scheduler.not_ready());
       json model = {{"id", model_name},
                     {"object", "model"},
                     {"created", std::int64_t(std::time(nullptr))},

@@ -155,7 +155,15 @@ struct TestServer {
   explicit TestServer(serve::ServerOptions options, bool wait_loaded = true)
       : server(with_gate(std::move(options), gate)) {
     thread = std::thread([this] { server.run(); });
-    if (wait_loaded) server.scheduler().wait_loaded();
+    if (!wait_loaded) return;
+    try {
+      server.scheduler().wait_loaded();
+    } catch (...) {  // a joinable thread must not be destroyed: stop it before the error goes on
+      gate.open();
+      server.shutdown();
+      thread.join();
+      throw;
+    }
   }
   ~TestServer() {
     gate.open();

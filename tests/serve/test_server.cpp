@@ -129,6 +129,32 @@ TEST_CASE("/health is 503 while the checkpoint loads, after the server listens, 
   CHECK(json::parse(r->body)["choices"][0]["text"] == reference_texts(ckpt, "ab", {.temperature = 0}, 5, 3)[0]);
 }
 
+TEST_CASE("a first load that fails: /health 503 load_failed and requests 500 naming the error, not 'loading'") {
+  ServeDir dir("load_failed");
+  const fs::path ckpt = dir.path / "tiny.safetensors";
+  write_tiny_checkpoint(ckpt, 5);
+  serve::ServerOptions options = test_options(ckpt);
+  options.scheduler.load = [](const std::string& path) -> std::shared_ptr<const serve::Weights> {
+    throw std::runtime_error(path + ": a forged header");
+  };
+  TestServer s(options, /*wait_loaded=*/false);
+  CHECK_THROWS_WITH(s.server.scheduler().wait_loaded(), doctest::Contains("a forged header"));
+  httplib::Client client = s.client();
+  auto health = client.Get("/health");
+  REQUIRE(health);
+  CHECK(health->status == 503);
+  CHECK(json::parse(health->body) == json{{"status", "load_failed"}});
+  auto check_failed = [](const httplib::Result& r) {
+    const json e = error_of(r, 500);
+    CHECK(e["code"] == "load_failed");
+    CHECK(contains(e["message"], "the checkpoint could not be loaded: "));
+    CHECK(contains(e["message"], "a forged header"));
+    CHECK(!r->has_header("Retry-After"));
+  };
+  check_failed(client.Post("/v1/completions", R"({"prompt": "ab", "max_tokens": 5})", "application/json"));
+  check_failed(client.Get("/v1/models"));
+}
+
 TEST_CASE("/v1/completions answers OpenAI's shape, with usage, stop strings, echo and n samples") {
   ServeDir dir("completions");
   const fs::path ckpt = dir.path / "tiny.safetensors";
