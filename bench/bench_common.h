@@ -52,14 +52,18 @@ inline std::vector<std::string> split_list(const std::string& text) {
   return out;
 }
 
-/// A flag's value as a positive integer; anything else (0, -1, "2x", "") throws, naming both.
-inline int positive_int(const std::string& flag, const std::string& text) {
+/// A flag's value as an integer of at least `least`; anything else (-1, "2x", "") throws, naming both.
+inline int int_at_least(const std::string& flag, const std::string& text, int least) {
   int n = 0;
   auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), n);
-  if (error != std::errc() || end != text.data() + text.size() || n < 1)
-    throw std::invalid_argument(fmt::format("{} takes positive integers, not '{}'", flag, text));
+  if (error != std::errc() || end != text.data() + text.size() || n < least)
+    throw std::invalid_argument(fmt::format("{} takes {}, not '{}'", flag,
+                                            least == 1 ? "positive integers" : fmt::format("integers of {} or more", least),
+                                            text));
   return n;
 }
+/// A flag's value as a positive integer (int_at_least 1).
+inline int positive_int(const std::string& flag, const std::string& text) { return int_at_least(flag, text, 1); }
 
 /// A flag's comma-separated positive integers ("1,2"); an empty list or a bad item throws.
 inline std::vector<int> positive_list(const std::string& flag, const std::string& text) {

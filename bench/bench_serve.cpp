@@ -546,8 +546,7 @@ int main(int argc, char** argv) try {
       } else if (arg == "--parallel" && i + 1 < argc) {
         parallel = bench::positive_int(arg, argv[++i]);
       } else if (arg == "--pairs" && i + 1 < argc) {
-        pairs = std::stoi(argv[++i]);
-        if (pairs < 0) throw std::invalid_argument("--pairs takes 0 or more");
+        pairs = bench::int_at_least(arg, argv[++i], 0);
       } else if (arg == "--mixed" && i + 1 < argc) {
         mixed = bench::positive_int(arg, argv[++i]);
       } else if (arg == "--checkpoint" && i + 1 < argc) {
@@ -566,13 +565,26 @@ int main(int argc, char** argv) try {
   set_num_threads(1);  // the references are single sequences
   const fs::path work = fs::temp_directory_path() / fmt::format("bench_serve_{}", ::getpid());
   fs::create_directories(work);
+  const bool checkpoint_given = !checkpoint_path.empty();
   if (checkpoint_path.empty()) {
     checkpoint_path = (work / "bench_model.safetensors").string();
     write_bench_checkpoint(checkpoint_path);
   }
   Target target{"127.0.0.1", free_port(), nn::load_model_checkpoint(checkpoint_path)};
   target.checkpoint.model.set_training(false);
-  const std::size_t new_tokens = std::min<std::size_t>(100, target.checkpoint.model.config().max_len - 8);
+  // Requests ask for up to 3/2 of new_tokens after a prompt of 8 (request_tokens).
+  const std::size_t max_len = target.checkpoint.model.config().max_len;
+  const std::size_t new_tokens = std::min<std::size_t>(100, max_len > 8 ? (max_len - 8) * 2 / 3 : 0);
+  if (new_tokens < 4)  // the shortest request then has 2 tokens: a time per token
+    throw std::invalid_argument(fmt::format("the checkpoint's max_len {} is too short for bench_serve's requests (a "
+                                            "prompt of 8, then 2 to 6 new tokens at least: max_len 14 or more)",
+                                            max_len));
+  // bench_kv_cache decodes its own model at S = 64: the pairs compare like with like only then.
+  if (pairs > 0 && (checkpoint_given || parallel != 64)) {
+    fmt::print("bench_serve: no pairs with bench_kv_cache (it runs the bench model at S = 64; this run has {})\n",
+               checkpoint_given ? "--checkpoint" : fmt::format("--parallel {}", parallel));
+    pairs = 0;
+  }
 
   const int most_clients = *std::max_element(client_counts.begin(), client_counts.end());
   ServerProcess server(own_dir() / "serve",
@@ -670,7 +682,7 @@ int main(int argc, char** argv) try {
   if (mixed) j["mixed"] = mixed_results;
   j["checks_passed"] = ok && exit_status == 0;
   j.update(bench::run_header());
-  bench::write_results(out_path, j);
+  if (ok && exit_status == 0) bench::write_results(out_path, j);  // a failed run leaves the last results
   if (ok && exit_status == 0) fs::remove_all(work);
   else fmt::print(stderr, "bench_serve: the server's log: {}\n", (work / "serve.log").string());
   if (exit_status != 0) fmt::print(stderr, "bench_serve: serve exited with status {} after SIGTERM\n", exit_status);
