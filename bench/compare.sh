@@ -8,13 +8,15 @@
 # bench/torch_reference.py, and prints one table of ratios against PyTorch's best
 # (bench/compare_report.py), also saved as bench/results/compare.md.
 #   [STEPS=30] [REPEATS=5] [MODES=eager,compile] [CONFIGS="a b c d a-gpt2"] [PIP_TORCH=1]
-#   [TORCH_VENV=DIR] [WAIT_QUIET=seconds] [BUILD_DIR=build] [RESULTS_DIR=bench/results] bash bench/compare.sh
+#   [TORCH_VENV=DIR] [WAIT_QUIET=seconds] [BUILD_DIR=build-bench] [RESULTS_DIR=bench/results] bash bench/compare.sh
 # tapegrad and every PyTorch run back to back per config, so that a change in the load of a shared
 # machine hits every side of a ratio alike; the per-config results are merged into train_cpu.json and
 # torch_cpu.json (the sgemm and FMA peaks are the best of every measurement).
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
-build="${BUILD_DIR:-$root/build}"
+# A build of its own: it configures without tests and examples, which would leave a developer's
+# build/ with a stale test binary.
+build="${BUILD_DIR:-$root/build-bench}"
 steps="${STEPS:-30}"
 repeats="${REPEATS:-5}"
 modes="${MODES:-eager,compile}"
