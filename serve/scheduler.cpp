@@ -3,6 +3,7 @@
 #include "serve/scheduler.h"
 
 #include <fmt/format.h>
+#include <pthread.h>
 #include <sys/stat.h>
 
 #include <algorithm>
@@ -225,6 +226,7 @@ void Scheduler::end_job(Job& job, std::optional<ApiError> error) {
 }
 
 void Scheduler::loop() {
+  ::pthread_setname_np(::pthread_self(), "serve-decode");  // as top -H and perf name it
   NoGradScope no_grad;
   // The first load happens here, not in the constructor, so that the server listens meanwhile and
   // answers 503 "loading" rather than refusing connections (as llama.cpp's server does).
