@@ -192,6 +192,8 @@ def main():
                "text": browser.evaluate("document.getElementById('output').textContent"),
                "status": browser.evaluate("document.getElementById('status').textContent"),
                "error": browser.evaluate("document.getElementById('error').textContent")}
+        browser.wait_until("document.getElementById('model').textContent !== ''", 10)
+        out["model"] = browser.evaluate("document.getElementById('model').textContent")
         if args.screenshot:
             height = browser.evaluate("Math.ceil(document.getElementById('output').getBoundingClientRect().bottom) + 24")
             shot = browser.call("Page.captureScreenshot", {"format": "png", "clip": {

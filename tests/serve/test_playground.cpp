@@ -69,6 +69,7 @@ TEST_CASE("the playground in headless Chromium streams generate's text for a see
   CHECK(page["state"] == "done");
   CHECK(page["error"] == "");
   CHECK(page["text"] == reference.out);  // the prompt and the completion, as generate prints them
+  CHECK(page["model"] == "model (step 0)");  // the checkpoint's name and training step, from /v1/models
   CHECK(page["stop_state"] == "stopped");
   CHECK(page["stopped_chars"].get<int>() < 1900);
   CHECK(page["cancelled"].get<double>() >= 1);
