@@ -122,7 +122,7 @@ TEST_CASE("a client that hangs up mid-stream is cancelled within a step; its seq
     REQUIRE(eventually([&] { return s.gate.passed() == 3 && s.gate.holding(); }));
     stream.hang_up();
   }
-  // The handler notices within its poll (5 ms); at the next step boundary the sequence is free.
+  // The handler notices within its poll (10 ms); at the next step boundary the sequence is free.
   // Steps go one at a time until it is (at most 20 of the 57 left).
   std::this_thread::sleep_for(std::chrono::milliseconds(200));
   std::size_t extra = 0;
