@@ -1,10 +1,13 @@
 // serve: an OpenAI-compatible HTTP server for a checkpoint of any architecture, decoding many
 // requests together (serve/). SIGTERM or SIGINT drains it: no new requests, the running ones
-// finish (within --drain-timeout), then it exits 0.
+// finish (within --drain-timeout), then it exits 0; while the checkpoint is still loading it exits
+// 0 at once.
 #include <fmt/format.h>
 #include <pthread.h>
 #include <signal.h>
 
+#include <chrono>
+#include <cstdlib>
 #include <thread>
 
 #include "common/program.h"
@@ -60,11 +63,18 @@ int main(int argc, char** argv) {
     fmt::print(stderr, "serve: {} on http://{}:{}/ ({} sequences, queue {}), loading\n", options.checkpoint,
                options.host, server.port(), options.scheduler.parallel, options.scheduler.queue);
     std::thread http([&] { server.run(); });
-    // Clients get 503 "loading" meanwhile; weights that fail to load at start end the program (a
-    // signal meanwhile is taken once the load is over).
+    // Clients get 503 "loading" meanwhile; weights that fail to load at start end the program. A
+    // signal meanwhile ends it at once: nothing is served yet, so there is nothing to drain, and
+    // a large checkpoint may take long to load (the loading thread cannot be joined before then).
     std::shared_ptr<const serve::Weights> weights;
     try {
-      weights = server.scheduler().wait_loaded();
+      while (!(weights = server.scheduler().wait_loaded_for(std::chrono::milliseconds(50)))) {
+        const timespec now{};
+        if (const int caught = sigtimedwait(&signals, nullptr, &now); caught > 0) {
+          fmt::print(stderr, "serve: {} while loading the checkpoint: stopped\n", caught == SIGTERM ? "SIGTERM" : "SIGINT");
+          std::_Exit(0);
+        }
+      }
     } catch (...) {
       server.shutdown();
       http.join();

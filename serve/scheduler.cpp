@@ -194,6 +194,13 @@ std::shared_ptr<const Weights> Scheduler::wait_loaded() {
   return current_;
 }
 
+std::shared_ptr<const Weights> Scheduler::wait_loaded_for(std::chrono::milliseconds limit) {
+  std::unique_lock lock(mutex_);
+  loaded_.wait_for(lock, limit, [&] { return current_ || load_error_; });
+  if (load_error_) std::rethrow_exception(load_error_);
+  return current_;
+}
+
 void Scheduler::drain() {
   draining_ = true;
   wake_.notify_all();

@@ -102,6 +102,8 @@ class Scheduler {
   /// Waits for the first load to end: returns its weights, or throws its error (the loop then
   /// stops and every request gets not_ready()).
   std::shared_ptr<const Weights> wait_loaded();
+  /// wait_loaded() for at most `limit`: null if the first load is still going on then.
+  std::shared_ptr<const Weights> wait_loaded_for(std::chrono::milliseconds limit);
   /// Why requests cannot be served while there are no weights: 503 "loading" during the first load
   /// (retry shortly), 500 "load_failed" naming the error once it failed (retrying will not help).
   ApiError not_ready() const;

@@ -2,6 +2,8 @@
 // SIGTERM (exit 0); and serving while a real train_char run replaces its checkpoint.
 #include <doctest/doctest.h>
 #include <signal.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
 
 #include <chrono>
 #include <fstream>
@@ -32,6 +34,20 @@ TEST_CASE("serve answers as generate does, refuses a bad flag or a port in use, 
   CHECK(unloadable.status == 1);
   CHECK(contains(unloadable.err, ", loading\nserve: "));
   CHECK(contains(unloadable.err, broken.string() + ": header length"));
+  // A load that does not end (a FIFO nobody writes: reading it waits), then SIGINT: serve stops at
+  // once, status 0, rather than after the load.
+  const fs::path endless = dir / "endless.safetensors";
+  REQUIRE(::mkfifo(endless.c_str(), 0600) == 0);
+  const fs::path loading_err = dir / "loading.err";
+  const pid_t loading = start("serve", {"--checkpoint", endless.string(), "--port", "0"}, dir / "loading.out", loading_err);
+  REQUIRE(eventually([&] { return contains(read_bytes(loading_err), ", loading\n"); }));
+  REQUIRE(::kill(loading, SIGINT) == 0);
+  int raw = 0;
+  const bool ended = eventually([&] { return ::waitpid(loading, &raw, WNOHANG) == loading; });
+  if (!ended) ::kill(loading, SIGKILL), ::waitpid(loading, &raw, 0);
+  CHECK_MESSAGE(ended, "serve did not stop within 10 s of SIGINT while loading");
+  CHECK((ended && WIFEXITED(raw) && WEXITSTATUS(raw) == 0));
+  CHECK(contains(read_bytes(loading_err), "serve: SIGINT while loading the checkpoint: stopped"));
 
   const fs::path out = dir / "serve.out", err = dir / "serve.err";
   const pid_t pid = start("serve", {"--checkpoint", ckpt.string(), "--port", "0", "--parallel", "4", "--threads", "1"},
