@@ -90,9 +90,16 @@ cleanup() {
   say "removed $hosts hosts and $bridge"
   exit "$status"
 }
+child=""  # the command's pid, once it runs
+# A stop is passed on to the command first (mpirun then ends its ranks and daemons itself); the
+# cleanup then waits briefly for the hosts to empty and ends whatever is left.
+stop() {  # stop SIGNAL STATUS
+  if [ -n "$child" ]; then kill -s "$1" "$child" 2>/dev/null || true; fi
+  exit "$2"
+}
 trap cleanup EXIT
-trap 'exit 143' TERM
-trap 'exit 130' INT
+trap 'stop TERM 143' TERM
+trap 'stop INT 130' INT
 
 for host in "${host_names[@]}" "$bridge"; do
   if [ -e "/run/netns/$host" ] || ip link show "$host" >/dev/null 2>&1; then
@@ -171,7 +178,8 @@ case "$(basename "$1")" in
   mpirun|mpiexec|orterun) command=("$1" "${mpirun_args[@]}" "${@:2}") ;;
 esac
 say "in ${host_names[0]}: ${command[*]}"
-# In the background, so that a signal to this script runs the cleanup at once.
+# In the background, so that a signal to this script reaches stop() at once. (ip netns exec
+# execs the command: its pid is the command's.)
 ip netns exec "${host_names[0]}" "${command[@]}" &
 child=$!
 set +e
