@@ -110,7 +110,8 @@ int main(int argc, char** argv) try {
   }
   // A token's step reads every weight once but the embedding table, of which one row: its floor is
   // one pass over that many bytes at the machine's read rate from cache.
-  const std::size_t weight_bytes = (model.num_params() - (65 - 1) * 64) * sizeof(float);
+  const nn::RotaryDecoderConfig& shape = model.config();
+  const std::size_t weight_bytes = (model.num_params() - (shape.vocab - 1) * shape.d_model) * sizeof(float);
   const bench::ReadLimit read = bench::measure_read_limit(simd_level(), weight_bytes);
   const double step_s = with.median / 100;
   double speedup = without.median / with.median;
