@@ -270,9 +270,10 @@ struct Target {
 /// core. The server is measured, not the load generator, whose 64 threads would otherwise take
 /// the cores from the server's decoding thread as clients on other machines would not.
 void idle_priority_client() {
+  static std::atomic<bool> warned{false};
   const sched_param none{};
-  if (pthread_setschedparam(pthread_self(), SCHED_IDLE, &none) != 0)
-    fmt::print(stderr, "bench_serve: could not put a client thread under SCHED_IDLE; the clients compete with the server\n");
+  if (pthread_setschedparam(pthread_self(), SCHED_IDLE, &none) != 0 && !warned.exchange(true))
+    fmt::print(stderr, "bench_serve: could not put the client threads under SCHED_IDLE; they compete with the server\n");
 }
 
 httplib::Client make_client(const Target& target) {
