@@ -3,12 +3,8 @@
 
 #include <fmt/format.h>
 #include <httplib.h>
-#include <pthread.h>
-#include <sys/resource.h>
 #include <sys/socket.h>
-#include <unistd.h>
 
-#include <algorithm>
 #include <atomic>
 #include <ctime>
 #include <filesystem>
@@ -39,30 +35,6 @@ void reply_error(httplib::Response& res, const ApiError& error) {
 // 100 writes a second a reader sees no steps.
 constexpr auto kStreamPoll = std::chrono::milliseconds(10);
 
-// httplib's pool, with every worker (named serve-http) at a lower priority than the decoding loop.
-// A worker only copies a stream's new text to its socket, and 64 of them waking every few
-// milliseconds preempted the decoding thread, which every stream waits on: under load it waited a
-// third of its time in the run queue. Ten nice levels below weigh a worker at a tenth of the loop (the
-// kernel's scheduler weights), so the loop keeps its core while the workers still run whenever it is not
-// asking for one. Any thread may lower its own priority; raising the loop's would need privileges.
-class WorkerPool : public httplib::ThreadPool {
- public:
-  static constexpr int kNiceBelowLoop = 10;
-  explicit WorkerPool(std::size_t workers) : httplib::ThreadPool(workers) {}
-  void enqueue(std::function<void()> task) override {
-    httplib::ThreadPool::enqueue([task = std::move(task)] {
-      // Once per thread. A failure leaves the worker at the loop's priority, as httplib made it.
-      thread_local const bool set_up = [] {
-        ::pthread_setname_np(::pthread_self(), "serve-http");
-        const int nice = ::getpriority(PRIO_PROCESS, ::gettid());
-        return ::setpriority(PRIO_PROCESS, ::gettid(), std::min(nice + kNiceBelowLoop, 19)) == 0;
-      }();
-      (void)set_up;
-      task();
-    });
-  }
-};
-
 }  // namespace
 
 struct Server::Impl {
@@ -86,7 +58,7 @@ struct Server::Impl {
     // A connection holds a worker while it streams: enough for every sequence, every queued
     // request and a few quick requests (/health, /metrics) besides.
     const std::size_t workers = options.scheduler.parallel + options.scheduler.queue + 8;
-    http.new_task_queue = [workers] { return new WorkerPool(workers); };
+    http.new_task_queue = [workers] { return new httplib::ThreadPool(workers); };
     http.set_payload_max_length(options.body_limit);
     http.set_keep_alive_timeout(1);  // an idle connection holds up shutdown for at most this
     // Without it a stream's small writes wait for the client's delayed ACK (Nagle): 40 ms stalls.
