@@ -2,13 +2,7 @@
 // shapes, streams that never split a character, and every error of the contract with its body.
 #include <doctest/doctest.h>
 
-#include <sys/resource.h>
-#include <unistd.h>
-
-#include <filesystem>
-#include <fstream>
 #include <future>
-#include <sstream>
 
 #include "nn/tokenizer.h"
 #include "serve/server.h"
@@ -324,42 +318,4 @@ TEST_CASE("every error of the contract has its status and OpenAI's error body") 
   REQUIRE(fine);
   CHECK(fine->status == 200);
   CHECK(json::parse(fine->body)["choices"][0]["text"] == reference_texts(ckpt, "ab", {.temperature = 0}, 5, 2)[0]);
-}
-
-namespace {
-
-// The nice value of each of this process's threads named `name` (/proc/self/task/*/comm and the
-// 19th field of its stat, after the parenthesised name).
-std::vector<int> nice_of_threads(const std::string& name) {
-  std::vector<int> nice;
-  for (const auto& task : std::filesystem::directory_iterator("/proc/self/task")) {
-    std::ifstream comm_file(task.path() / "comm"), stat_file(task.path() / "stat");
-    std::string comm, stat;
-    std::getline(comm_file, comm);
-    std::getline(stat_file, stat);
-    if (comm != name || stat.empty()) continue;
-    std::istringstream fields(stat.substr(stat.rfind(')') + 2));  // from field 3, the state
-    std::string field;
-    for (int i = 3; i <= 19 && fields >> field; ++i) {}
-    nice.push_back(std::stoi(field));
-  }
-  return nice;
-}
-
-}  // namespace
-
-TEST_CASE("the HTTP workers run below the decoding loop's priority, so that streams do not preempt it") {
-  ServeDir dir("priority");
-  write_tiny_checkpoint(dir.path / "tiny.safetensors", 1, "rotary", 42);
-  TestServer s(test_options(dir.path / "tiny.safetensors"));
-  httplib::Client client = s.client();
-  auto r = client.Post("/v1/completions", json{{"prompt", "ab"}, {"max_tokens", 4}, {"stream", true}}.dump(),
-                       "application/json");
-  REQUIRE(r);
-  CHECK(r->status == 200);
-  const int caller = ::getpriority(PRIO_PROCESS, ::gettid());  // the suite may run under nice
-  CHECK(nice_of_threads("serve-decode") == std::vector<int>{caller});
-  const std::vector<int> workers = nice_of_threads("serve-http");
-  REQUIRE(!workers.empty());  // the worker that answered, at least
-  for (int nice : workers) CHECK(nice == std::min(caller + 10, 19));
 }
