@@ -91,15 +91,23 @@ cleanup() {
   exit "$status"
 }
 child=""  # the command's pid, once it runs
-# A stop is passed on to the command first (mpirun then ends its ranks and daemons itself); the
-# cleanup then waits briefly for the hosts to empty and ends whatever is left.
-stop() {  # stop SIGNAL STATUS
-  if [ -n "$child" ]; then kill -s "$1" "$child" 2>/dev/null || true; fi
-  exit "$2"
+# A stop is passed on to the command as SIGTERM (a background job of a script starts with SIGINT
+# ignored, so INT would reach only commands that set their own handler, as mpirun does), and the
+# command gets up to 30 s to end by itself: mpirun ends its ranks and daemons, and train_char's
+# ranks save a checkpoint first. The cleanup then ends whatever is left.
+stop() {  # stop STATUS
+  if [ -n "$child" ]; then
+    kill -s TERM "$child" 2>/dev/null || true
+    for ((tenths = 0; tenths < 300; ++tenths)); do
+      kill -0 "$child" 2>/dev/null || break
+      sleep 0.1
+    done
+  fi
+  exit "$1"
 }
 trap cleanup EXIT
-trap 'stop TERM 143' TERM
-trap 'stop INT 130' INT
+trap 'stop 143' TERM
+trap 'stop 130' INT
 
 for host in "${host_names[@]}" "$bridge"; do
   if [ -e "/run/netns/$host" ] || ip link show "$host" >/dev/null 2>&1; then

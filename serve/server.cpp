@@ -30,9 +30,9 @@ void reply_error(httplib::Response& res, const ApiError& error) {
 // How often a stream's thread wakes: it writes what has come at most this often, and looks at its
 // connection at least this often (a client that hung up is noticed within it). At 64 streams, 5 ms
 // gave 60-63% of bench_kv_cache's S = 64 tokens/s and 10 ms 67-81% (three alternating runs of
-// bench_serve --clients 64 --pairs 4, 2 vCPUs): the streams' wake-ups and writes share the cores
-// with the decoding loop and with the clients, whose next requests keep the sequences busy. At
-// 100 writes a second a reader sees no steps.
+// bench_serve --clients 64 --pairs 4, 2 vCPUs, commit cc8f7d0): the streams' wake-ups and writes
+// share the cores with the decoding loop and with the clients, whose next requests keep the
+// sequences busy.
 constexpr auto kStreamPoll = std::chrono::milliseconds(10);
 
 }  // namespace

@@ -153,23 +153,31 @@ TEST_CASE("a host whose link goes down ends every rank and mpirun within 30 s, n
   CHECK(!has_temporary_files(dir));
 }
 
-TEST_CASE("SIGTERM to the bed reaches its command first, which ends by itself; then the hosts are removed") {
+TEST_CASE("SIGTERM or SIGINT to the bed reaches its command first as SIGTERM, and it ends by itself; then the hosts "
+          "are removed") {
   if (!hosts_available()) return;
-  const fs::path dir = work_dir("netns_stop");
-  const std::string name = bed_name();
-  // The command says when it runs and when SIGTERM reaches it, and leaves nothing behind.
-  const std::string command = "trap 'echo got TERM; kill $!; exit 0' TERM; echo ready; sleep 60 & wait";
-  const pid_t bed = start_job({"bash", kScript, "--hosts", "1", "--name", name, "bash", "-c", command},
-                              dir / "out.txt", dir / "err.txt");
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
-  while (read_bytes(dir / "out.txt").find("ready") == std::string::npos && std::chrono::steady_clock::now() < deadline)
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  REQUIRE_MESSAGE(read_bytes(dir / "out.txt").find("ready") != std::string::npos, read_bytes(dir / "err.txt"));
-  ::kill(bed, SIGTERM);
-  CHECK(wait_within(bed, std::chrono::seconds(20), dir / "err.txt") == 143);
-  CHECK(read_bytes(dir / "out.txt").find("got TERM") != std::string::npos);
-  const std::string err = read_bytes(dir / "err.txt");
-  CHECK_MESSAGE(err.find("ended what still ran") == std::string::npos, err);  // nothing left to kill
-  CHECK_FALSE(fs::exists("/run/netns/" + name + "-h0"));
-  fs::remove_all(dir);
+  for (const auto& [signal, status] : {std::pair{SIGTERM, 143}, std::pair{SIGINT, 130}}) {
+    CAPTURE(signal);
+    const fs::path dir = work_dir("netns_stop");
+    const std::string name = bed_name();
+    // The command says when it runs and when SIGTERM reaches it, and leaves nothing behind.
+    const std::string command = "trap 'echo got TERM; kill $!; exit 0' TERM; echo ready; sleep 60 & wait";
+    const pid_t bed = start_job({"bash", kScript, "--hosts", "1", "--name", name, "bash", "-c", command},
+                                dir / "out.txt", dir / "err.txt");
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+    while (read_bytes(dir / "out.txt").find("ready") == std::string::npos &&
+           std::chrono::steady_clock::now() < deadline)
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    if (read_bytes(dir / "out.txt").find("ready") == std::string::npos) {
+      end_job(bed);
+      FAIL("the bed's command did not start: " << read_bytes(dir / "err.txt"));
+    }
+    ::kill(bed, signal);
+    CHECK(wait_within(bed, std::chrono::seconds(40), dir / "err.txt") == status);
+    CHECK(read_bytes(dir / "out.txt").find("got TERM") != std::string::npos);
+    const std::string err = read_bytes(dir / "err.txt");
+    CHECK_MESSAGE(err.find("ended what still ran") == std::string::npos, err);  // nothing left to kill
+    CHECK_FALSE(fs::exists("/run/netns/" + name + "-h0"));
+    fs::remove_all(dir);
+  }
 }

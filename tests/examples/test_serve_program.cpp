@@ -34,13 +34,16 @@ TEST_CASE("serve answers as generate does, refuses a bad flag or a port in use, 
   CHECK(unloadable.status == 1);
   CHECK(contains(unloadable.err, ", loading\nserve: "));
   CHECK(contains(unloadable.err, broken.string() + ": header length"));
-  // A load that does not end (a FIFO nobody writes: reading it waits), then SIGINT: serve stops at
-  // once, status 0, rather than after the load.
+  // A load that does not end (a FIFO nobody writes to: opening it waits), then SIGINT: serve stops
+  // at once, status 0, rather than after the load.
   const fs::path endless = dir / "endless.safetensors";
   REQUIRE(::mkfifo(endless.c_str(), 0600) == 0);
   const fs::path loading_err = dir / "loading.err";
   const pid_t loading = start("serve", {"--checkpoint", endless.string(), "--port", "0"}, dir / "loading.out", loading_err);
-  REQUIRE(eventually([&] { return contains(read_bytes(loading_err), ", loading\n"); }));
+  if (!eventually([&] { return contains(read_bytes(loading_err), ", loading\n"); })) {
+    ::kill(loading, SIGKILL), ::waitpid(loading, nullptr, 0);
+    FAIL("serve did not start loading: " << read_bytes(loading_err));
+  }
   REQUIRE(::kill(loading, SIGINT) == 0);
   int raw = 0;
   const bool ended = eventually([&] { return ::waitpid(loading, &raw, WNOHANG) == loading; });
