@@ -11,6 +11,16 @@ namespace tapegrad::serve {
 
 using nlohmann::json;
 
+std::string message_of(std::exception_ptr error) {
+  try {
+    std::rethrow_exception(error);
+  } catch (const std::exception& e) {
+    return e.what();
+  } catch (...) {
+    return "unknown error";
+  }
+}
+
 std::string error_body(const ApiError& error) {
   json body = {{"error",
                 {{"message", error.message},

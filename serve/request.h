@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <exception>
 #include <optional>
 #include <span>
 #include <string>
@@ -26,6 +27,10 @@ struct ApiError {
 
 /// The JSON text of OpenAI's error body for an error.
 std::string error_body(const ApiError& error);
+
+/// What an exception says (its what(), or "unknown error" for one that is not a std::exception),
+/// for an error body.
+std::string message_of(std::exception_ptr error);
 
 /// A completion request: OpenAI's fields (top_k is an extension); absent fields take OpenAI's
 /// defaults. Unknown fields are ignored, as OpenAI clients send fields this server has no use for.

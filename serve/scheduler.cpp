@@ -132,14 +132,7 @@ ApiError Scheduler::not_ready() const {
   std::lock_guard lock(mutex_);
   if (!load_error_)
     return {.status = 503, .message = "the model is loading; retry shortly", .type = "server_error", .code = "loading"};
-  std::string why = "unknown error";
-  try {
-    std::rethrow_exception(load_error_);
-  } catch (const std::exception& e) {
-    why = e.what();
-  } catch (...) {
-  }
-  return {.status = 500, .message = "the checkpoint could not be loaded: " + why, .type = "server_error",
+  return {.status = 500, .message = "the checkpoint could not be loaded: " + message_of(load_error_), .type = "server_error",
           .code = "load_failed"};
 }
 

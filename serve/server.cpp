@@ -171,14 +171,7 @@ struct Server::Impl {
       return httplib::Server::HandlerResponse::Handled;
     }));
     http.set_exception_handler([](const httplib::Request&, httplib::Response& res, std::exception_ptr ep) {
-      std::string message = "unknown error";
-      try {
-        std::rethrow_exception(ep);
-      } catch (const std::exception& e) {
-        message = e.what();
-      } catch (...) {
-      }
-      reply_error(res, {.status = 500, .message = "internal error: " + message, .type = "server_error"});
+      reply_error(res, {.status = 500, .message = "internal error: " + message_of(ep), .type = "server_error"});
     });
   }
 
