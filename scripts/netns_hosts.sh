@@ -93,12 +93,13 @@ cleanup() {
 child=""  # the command's pid, once it runs
 # A stop is passed on to the command as SIGTERM (a background job of a script starts with SIGINT
 # ignored, so INT would reach only commands that set their own handler, as mpirun does), and the
-# command gets up to 30 s to end by itself: mpirun ends its ranks and daemons, and train_char's
-# ranks save a checkpoint first. The cleanup then ends whatever is left.
+# command gets up to 5 s to end by itself: mpirun ends its ranks and daemons, and train_char's
+# ranks save a checkpoint first. The cleanup then ends whatever is left. (5 s, not more: a caller
+# that gives up and kills the process group, as the tests do after 10 s, would leave the hosts.)
 stop() {  # stop STATUS
   if [ -n "$child" ]; then
     kill -s TERM "$child" 2>/dev/null || true
-    for ((tenths = 0; tenths < 300; ++tenths)); do
+    for ((tenths = 0; tenths < 50; ++tenths)); do
       kill -0 "$child" 2>/dev/null || break
       sleep 0.1
     done
