@@ -1,6 +1,6 @@
 // bench_serve: build/serve under load on loopback, beside bench_kv_cache's batched decoding.
-//  - Load: C = 1, 8, 64 concurrent streaming clients, each sending its share of the requests one
-//    after another (prompts of 8 random characters, 50 to 150 new tokens, 100 on average, greedy,
+//  - Load: C = 1, 8, 64 concurrent streaming clients sharing 16 C requests (at least 64), each
+//    client sending the next as soon as its last has ended (prompts of 8 random characters, 50 to 150 new tokens, 100 on average, greedy,
 //    so that the requests do bench_kv_cache's work on average); completion tokens/s of the whole
 //    round, and per request the time to first token and the time per token after it (p50, p99).
 //    Errors and lost requests (an answer without all its tokens, its finish_reason or its [DONE])
@@ -298,23 +298,30 @@ std::string random_prompt(const nn::CharTokenizer& tokenizer, std::size_t n, Rng
 /// requests, a lockstep that no server's traffic has.
 std::size_t request_tokens(std::size_t i, std::size_t new_tokens) { return new_tokens / 2 + (i * 37) % (new_tokens + 1); }
 
-/// One load round: C clients, `per_client` streaming greedy requests each (request_tokens).
-json load_round(const Target& target, int clients, int per_client, std::size_t new_tokens, bool& ok) {
-  auto answers = std::vector<std::vector<Answer>>(std::size_t(clients));
+/// Requests per client in a load round (at least 64 requests in all).
+constexpr int kRequestsPerClient = 16;
+
+/// One load round: C clients sharing a list of `requests` streaming greedy requests
+/// (request_tokens), each client taking the next one as soon as its last has ended, as a serving
+/// benchmark with a concurrency limit does. The round ends in a tail of about one request's
+/// length in which ever fewer clients are left: at C = 64 it caps the busy sequences at 82% of
+/// the server's 64 over 256 requests, and at 95% over 1,024 (kRequestsPerClient).
+json load_round(const Target& target, int clients, int requests, std::size_t new_tokens, bool& ok) {
+  auto answers = std::vector<Answer>(std::size_t(requests));
   std::vector<std::string> prompts;
   Rng rng{std::uint64_t(clients)};
-  for (int i = 0; i < clients * per_client; ++i) prompts.push_back(random_prompt(target.checkpoint.tokenizer, 8, rng));
+  for (int i = 0; i < requests; ++i) prompts.push_back(random_prompt(target.checkpoint.tokenizer, 8, rng));
+  std::atomic<int> next{0};
   const auto start = Clock::now();
   std::vector<std::thread> threads;
   for (int c = 0; c < clients; ++c)
-    threads.emplace_back([&, c] {
+    threads.emplace_back([&] {
       idle_priority_client();
       httplib::Client client = make_client(target);
-      for (int r = 0; r < per_client; ++r) {
-        const std::size_t i = std::size_t(c * per_client + r);
-        json body = {{"prompt", prompts[i]}, {"max_tokens", request_tokens(i, new_tokens)},
+      for (int i = next++; i < requests; i = next++) {
+        json body = {{"prompt", prompts[std::size_t(i)]}, {"max_tokens", request_tokens(std::size_t(i), new_tokens)},
                      {"temperature", 0}, {"stream", true}, {"stream_options", {{"include_usage", true}}}};
-        answers[std::size_t(c)].push_back(complete(client, body));
+        answers[std::size_t(i)] = complete(client, body);
       }
     });
   for (auto& t : threads) t.join();
@@ -322,35 +329,34 @@ json load_round(const Target& target, int clients, int per_client, std::size_t n
   std::vector<double> ttft, tpot;
   std::size_t tokens = 0, errors = 0, lost = 0;
   std::string first_problem;
-  for (std::size_t c = 0; c < answers.size(); ++c)
-    for (std::size_t r = 0; r < answers[c].size(); ++r) {
-      const Answer& a = answers[c][r];
-      const std::size_t want = request_tokens(c * std::size_t(per_client) + r, new_tokens);
-      if (a.status != 200 || !a.error.empty()) {
-        ++errors;
-        if (first_problem.empty()) first_problem = fmt::format("status {}: {}", a.status, a.error);
-        continue;
-      }
-      const bool whole = a.done_events == 1 && a.finishes == 1 && a.completion_tokens == want &&
-                         a.tokens_seen == want && a.finish.count(0) && a.finish.at(0) == "length";
-      if (!whole) {
-        ++lost;
-        if (first_problem.empty())
-          first_problem = fmt::format("incomplete answer: {} [DONE], {} finish_reasons, {} of {} tokens", a.done_events,
-                                      a.finishes, a.tokens_seen, want);
-        continue;
-      }
-      tokens += a.tokens_seen;
-      ttft.push_back(a.ttft);
-      tpot.push_back((a.last_token - a.ttft) / double(a.tokens_seen - 1));
+  for (std::size_t i = 0; i < answers.size(); ++i) {
+    const Answer& a = answers[i];
+    const std::size_t want = request_tokens(i, new_tokens);
+    if (a.status != 200 || !a.error.empty()) {
+      ++errors;
+      if (first_problem.empty()) first_problem = fmt::format("status {}: {}", a.status, a.error);
+      continue;
     }
+    const bool whole = a.done_events == 1 && a.finishes == 1 && a.completion_tokens == want &&
+                       a.tokens_seen == want && a.finish.count(0) && a.finish.at(0) == "length";
+    if (!whole) {
+      ++lost;
+      if (first_problem.empty())
+        first_problem = fmt::format("incomplete answer: {} [DONE], {} finish_reasons, {} of {} tokens", a.done_events,
+                                    a.finishes, a.tokens_seen, want);
+      continue;
+    }
+    tokens += a.tokens_seen;
+    ttft.push_back(a.ttft);
+    tpot.push_back((a.last_token - a.ttft) / double(a.tokens_seen - 1));
+  }
   if (errors || lost) {
     ok = false;
     fmt::print(stderr, "bench_serve: C={}: {} errors, {} lost; the first: {}\n", clients, errors, lost, first_problem);
   }
   const double tokens_per_s = double(tokens) / wall;
   json out = {{"clients", clients},
-              {"requests", clients * per_client},
+              {"requests", requests},
               {"completion_tokens", tokens},
               {"seconds", wall},
               {"tokens_per_s", tokens_per_s},
@@ -360,7 +366,7 @@ json load_round(const Target& target, int clients, int per_client, std::size_t n
               {"lost", lost}};
   fmt::print("  C={:<3} {:4} requests  {:9.0f} tokens/s  first token p50 {:7.2f} ms p99 {:7.2f} ms  "
              "per token p50 {:6.3f} ms p99 {:6.3f} ms  errors {} lost {}\n",
-             clients, clients * per_client, tokens_per_s, percentile(ttft, 50) * 1e3, percentile(ttft, 99) * 1e3,
+             clients, requests, tokens_per_s, percentile(ttft, 50) * 1e3, percentile(ttft, 99) * 1e3,
              percentile(tpot, 50) * 1e3, percentile(tpot, 99) * 1e3, errors, lost);
   return out;
 }
@@ -624,7 +630,7 @@ int main(int argc, char** argv) try {
   bool ok = true;
   json rounds = json::array();
   for (int clients : client_counts)
-    rounds.push_back(load_round(target, clients, std::max(4, 64 / clients), new_tokens, ok));
+    rounds.push_back(load_round(target, clients, kRequestsPerClient * std::max(clients, 4), new_tokens, ok));
   json mixed_results;
   if (mixed) mixed_results = mixed_run(target, std::size_t(mixed), 64, ok);
   // The comparison: bench_kv_cache's S = 64 and the C = 64 round in alternation, so that a
@@ -633,7 +639,7 @@ int main(int argc, char** argv) try {
   json pair_rounds = json::array(), kv_runs = json::array();
   for (int p = 0; p < pairs; ++p) {
     kv_runs.push_back(kv_cache_figure(threads));
-    pair_rounds.push_back(load_round(target, 64, 4, new_tokens, ok));
+    pair_rounds.push_back(load_round(target, 64, kRequestsPerClient * 64, new_tokens, ok));
     kv_samples.push_back(kv_runs.back()["tokens_per_s"].get<double>());
     server_samples.push_back(pair_rounds.back()["tokens_per_s"].get<double>());
     shares.push_back(server_samples.back() / kv_samples.back());
@@ -689,7 +695,7 @@ int main(int argc, char** argv) try {
   j["new_tokens"] = new_tokens;
   j["prompt_chars"] = 8;
   j["rounds"] = rounds;
-  j["rounds_note"] = "C streaming clients, each sending its requests one after another (greedy, new_tokens / 2 to 3 new_tokens / 2 new tokens, new_tokens on average, "
+  j["rounds_note"] = "C streaming clients sharing a list of 16 C requests (at least 64), each taking the next one when its last has ended (greedy, new_tokens / 2 to 3 new_tokens / 2 new tokens, new_tokens on average, "
                      "prompts of 8 random characters); tokens_per_s = completion tokens / wall time of the round; "
                      "time_per_token = (last token - first token) / (tokens - 1) per request";
   if (!at64.is_null()) j["c64_against_kv_cache"] = at64;
