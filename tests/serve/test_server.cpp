@@ -2,6 +2,10 @@
 // shapes, streams that never split a character, and every error of the contract with its body.
 #include <doctest/doctest.h>
 
+#include <sched.h>
+
+#include <filesystem>
+#include <fstream>
 #include <future>
 
 #include "nn/tokenizer.h"
@@ -82,6 +86,28 @@ TEST_CASE("serve answers /health, /v1/models, /metrics and the playground page")
   CHECK(metric(text, "tapegrad_checkpoint_reload_failures_total") == 0);
   CHECK(contains(text, "# TYPE tapegrad_time_per_token_seconds histogram\n"));
   CHECK(contains(text, "tapegrad_time_to_first_token_seconds_bucket{le=\"+Inf\"} 1\n"));
+}
+
+TEST_CASE("the HTTP workers run under SCHED_BATCH, so that their wake-ups never preempt the decoding thread") {
+  ServeDir dir("batch");
+  write_tiny_checkpoint(dir.path / "tiny.safetensors", 1, "rotary", 1);
+  TestServer s(test_options(dir.path / "tiny.safetensors"));
+  httplib::Client client = s.client();
+  REQUIRE(client.Post("/v1/completions", R"({"prompt": "ab", "max_tokens": 2})", "application/json"));
+  std::size_t batch = 0, decoding = 0;
+  for (const auto& task : std::filesystem::directory_iterator("/proc/self/task")) {
+    std::ifstream comm_file(task.path() / "comm");
+    std::string comm;
+    std::getline(comm_file, comm);
+    const int policy = sched_getscheduler(std::stoi(task.path().filename().string()));
+    if (comm == "serve-decode") {
+      ++decoding;
+      CHECK(policy == SCHED_OTHER);
+    }
+    if (policy == SCHED_BATCH) ++batch;
+  }
+  CHECK(decoding == 1);
+  CHECK(batch >= 1);  // the worker that answered, at least
 }
 
 TEST_CASE("/health is 503 while the checkpoint loads, after the server listens, and 200 once it has") {
