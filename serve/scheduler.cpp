@@ -355,7 +355,6 @@ void Scheduler::admit() {
       if (request.echo)
         for (auto& choice : job->choices) choice.text = request.prompt;
     }
-    job->changed.notify_all();  // a stream starts once its request is admitted
     // The weights may have changed since the request was checked: check it again on these.
     const ModelLimits limits{.max_len = weights.model.config().max_len,
                              .max_tokens = options_.max_tokens ? options_.max_tokens : weights.model.config().max_len,

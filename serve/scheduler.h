@@ -61,7 +61,7 @@ struct Job {
   std::atomic<bool> cancelled{false};          ///< set by the handler when its client has gone
 
   std::mutex mutex;                   ///< guards the fields below
-  std::condition_variable changed;    ///< notified at admission, when done, and (streams) at every token
+  std::condition_variable changed;    ///< notified when done and (streams) at every token
   std::condition_variable ended;      ///< notified once, when done is set
   std::vector<Choice> choices;         ///< request.n of them
   std::string fingerprint;             ///< the weights it decodes with, once admitted

@@ -7,6 +7,7 @@
 #include <sched.h>
 #include <sys/socket.h>
 
+#include <algorithm>
 #include <atomic>
 #include <ctime>
 #include <filesystem>
@@ -216,9 +217,13 @@ struct Server::Impl {
       metrics.request_done(200);
       return;
     }
-    // A stream starts once the request is admitted, so that an error found at admission is
-    // still an HTTP error status.
-    job->changed.wait(lock, [&] { return job->done || !job->fingerprint.empty(); });
+    // A stream starts with its first token, so that an error found at admission is still an HTTP
+    // error status; the decoding thread wakes this one once for both (a wake-up costs it 10-20
+    // us on a virtual machine, where waking another core is a trap to the hypervisor).
+    job->changed.wait(lock, [&] {
+      return job->done || std::any_of(job->choices.begin(), job->choices.end(),
+                                      [](const Job::Choice& choice) { return choice.tokens > 0; });
+    });
     if (job->error) return reply_error(res, *job->error);
     lock.unlock();
     metrics.request_done(200);
