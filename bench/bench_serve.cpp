@@ -1,5 +1,5 @@
 // bench_serve: build/serve under load on loopback, beside bench_kv_cache's batched decoding.
-//  - Load: C = 1, 8, 64 concurrent streaming clients sharing 16 C requests (at least 64), each
+//  - Load: C = 1, 8, 64 concurrent streaming clients sharing 32 C requests (at least 128), each
 //    client sending the next as soon as its last has ended (prompts of 8 random characters, 50 to 150 new tokens, 100 on average, greedy,
 //    so that the requests do bench_kv_cache's work on average); completion tokens/s of the whole
 //    round, and per request the time to first token and the time per token after it (p50, p99).
@@ -298,14 +298,14 @@ std::string random_prompt(const nn::CharTokenizer& tokenizer, std::size_t n, Rng
 /// requests, a lockstep that no server's traffic has.
 std::size_t request_tokens(std::size_t i, std::size_t new_tokens) { return new_tokens / 2 + (i * 37) % (new_tokens + 1); }
 
-/// Requests per client in a load round (at least 64 requests in all).
-constexpr int kRequestsPerClient = 16;
+/// Requests per client in a load round (at least 128 requests in all).
+constexpr int kRequestsPerClient = 32;
 
 /// One load round: C clients sharing a list of `requests` streaming greedy requests
 /// (request_tokens), each client taking the next one as soon as its last has ended, as a serving
 /// benchmark with a concurrency limit does. The round ends in a tail of about one request's
 /// length in which ever fewer clients are left: at C = 64 it caps the busy sequences at 82% of
-/// the server's 64 over 256 requests, and at 95% over 1,024 (kRequestsPerClient).
+/// the server's 64 over 256 requests, at 95% over 1,024 and at 97% over 2,048 (kRequestsPerClient).
 json load_round(const Target& target, int clients, int requests, std::size_t new_tokens, bool& ok) {
   auto answers = std::vector<Answer>(std::size_t(requests));
   std::vector<std::string> prompts;
@@ -695,7 +695,7 @@ int main(int argc, char** argv) try {
   j["new_tokens"] = new_tokens;
   j["prompt_chars"] = 8;
   j["rounds"] = rounds;
-  j["rounds_note"] = "C streaming clients sharing a list of 16 C requests (at least 64), each taking the next one when its last has ended (greedy, new_tokens / 2 to 3 new_tokens / 2 new tokens, new_tokens on average, "
+  j["rounds_note"] = "C streaming clients sharing a list of 32 C requests (at least 128), each taking the next one when its last has ended (greedy, new_tokens / 2 to 3 new_tokens / 2 new tokens, new_tokens on average, "
                      "prompts of 8 random characters); tokens_per_s = completion tokens / wall time of the round; "
                      "time_per_token = (last token - first token) / (tokens - 1) per request";
   if (!at64.is_null()) j["c64_against_kv_cache"] = at64;
