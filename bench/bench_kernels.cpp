@@ -19,6 +19,10 @@
 #include "core/kernels.h"
 #include "core/random.h"
 
+#ifdef TAPEGRAD_BENCH_ONEDNN
+#include <oneapi/dnnl/dnnl.hpp>
+#endif
+
 namespace kernels = tapegrad::kernels;
 using namespace tapegrad::bench;
 
@@ -247,6 +251,43 @@ void cblas_sgemm_split(bool ta, bool tb, std::size_t M, std::size_t N, std::size
   }
 }
 
+#ifdef TAPEGRAD_BENCH_ONEDNN
+/// C = op(A) op(B) + beta C by oneDNN's matmul primitive, which picks its JIT kernel by the CPU's
+/// instruction sets (its name, for example brg:avx512_core, is printed with the case), on
+/// tapegrad's kernel threads. A peer at gemm's shapes: the library a provider per shape would be.
+Case onednn_case(bool ta, bool tb, std::size_t M, std::size_t N, std::size_t K, float beta) {
+  using dnnl::memory;
+  struct Primitive {
+    dnnl::engine engine{dnnl::engine::kind::cpu, 0};
+    dnnl::stream stream{engine};
+    dnnl::matmul::primitive_desc desc;
+    dnnl::matmul matmul;
+  };
+  auto p = std::make_shared<Primitive>();
+  const auto m = memory::dim(M), n = memory::dim(N), k = memory::dim(K);
+  const memory::desc a({m, k}, memory::data_type::f32, ta ? memory::dims{1, m} : memory::dims{k, 1});
+  const memory::desc b({k, n}, memory::data_type::f32, tb ? memory::dims{1, k} : memory::dims{n, 1});
+  const memory::desc c({m, n}, memory::data_type::f32, memory::dims{n, 1});
+  dnnl::primitive_attr attr;
+  if (beta != 0) {
+    dnnl::post_ops sum;
+    sum.append_sum(beta);
+    attr.set_post_ops(sum);
+  }
+  p->desc = dnnl::matmul::primitive_desc(dnnl::matmul::desc(a, b, c), attr, p->engine);
+  p->matmul = dnnl::matmul(p->desc);
+  const char* form = ta ? "TN" : tb ? "NT" : "NN";
+  return product_case(fmt::format("oneDNN {} {} b={}", p->desc.impl_info_str(), form, beta), ta, tb, M, N, K, beta,
+                      [=](const float* x, const float* y, float* z) {
+                        omp_set_num_threads(tapegrad::num_threads());  // its OpenMP runtime's team size
+                        memory am(a, p->engine, const_cast<float*>(x)), bm(b, p->engine, const_cast<float*>(y)),
+                            cm(c, p->engine, z);
+                        p->matmul.execute(p->stream, {{DNNL_ARG_SRC, am}, {DNNL_ARG_WEIGHTS, bm}, {DNNL_ARG_DST, cm}});
+                        p->stream.wait();
+                      });
+}
+#endif
+
 std::vector<Case> matmul_cases() {
   auto forward = [](std::size_t M, std::size_t K, std::size_t N) {
     return product_case("matmul_forward", false, false, M, N, K, 0.0f,
@@ -278,6 +319,9 @@ std::vector<Case> matmul_cases() {
                                  [=](const float* a, const float* b, float* c) {
                                    cblas_sgemm_split(ta, tb, M, N, K, a, ta ? M : K, b, tb ? K : N, beta, c, N);
                                  }));
+#ifdef TAPEGRAD_BENCH_ONEDNN
+    cases.push_back(onednn_case(ta, tb, M, N, K, beta));
+#endif
   };
   for (auto [rows, d] : {std::pair<std::size_t, std::size_t>{2048, 64}, {768, 128}, {2048, 256}}) {
     const std::size_t R = rows, D = d;  // named: lambdas cannot capture bindings in clang 14
@@ -538,6 +582,10 @@ int main(int argc, char** argv) try {
              json["machine"]["cpu"].get<std::string>(), omp_get_num_procs(), tapegrad::simd_level_name(tapegrad::simd_level()),
              openblas_get_corename(), options.repeats);
   print_blas_warning();
+#ifndef TAPEGRAD_BENCH_ONEDNN
+  if (options.only.empty() || options.only == "matmul")
+    fmt::print("  oneDNN's matmul is not among the products: install libdnnl-dev and configure again to add it\n");
+#endif
   nlohmann::json results = nlohmann::json::array(), peak, copy;  // references by thread count: median and best rate
   // The FMA peak of every level by thread count, and of the level the kernels run at (% fma).
   nlohmann::json fma_peaks;
