@@ -7,6 +7,7 @@
 #include <immintrin.h>
 
 #include <cmath>
+#include <cstdint>
 #include <stdexcept>
 #include <vector>
 
@@ -64,10 +65,15 @@ inline ReadLimit measure_read_limit(SimdLevel level, std::size_t bytes, int samp
   float (*pass)(const float*, std::size_t) = level == SimdLevel::avx512 ? read_pass_avx512
                                              : level == SimdLevel::avx2 ? read_pass_avx2
                                                                         : read_pass_sse2;
-  std::vector<float> buffer(bytes / sizeof(float), 1.0f);
+  // 64-byte aligned, as a Tensor's storage is: 16 bytes off (where std::vector's memory starts),
+  // every 64-byte load splits two cache lines, and a pass over 530 KB at avx512 took 10.2 us
+  // against 6.2-6.5 aligned (Emerald Rapids).
+  const std::size_t n = bytes / sizeof(float);
+  std::vector<float> storage(n + 16, 1.0f);
+  const float* buffer = storage.data() + (64 - reinterpret_cast<std::uintptr_t>(storage.data()) % 64) % 64 / sizeof(float);
   float sink = 0;
   auto passes = [&](int count) {
-    for (int p = 0; p < count; ++p) sink += pass(buffer.data(), buffer.size());
+    for (int p = 0; p < count; ++p) sink += pass(buffer, n);
   };
   passes(2);
   double once = seconds([&] { passes(1); });
