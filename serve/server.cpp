@@ -218,8 +218,8 @@ struct Server::Impl {
       return;
     }
     // A stream starts with its first token, so that an error found at admission is still an HTTP
-    // error status; the decoding thread wakes this one once for both (a wake-up costs it 10-20
-    // us on a virtual machine, where waking another core is a trap to the hypervisor).
+    // error status; the decoding thread wakes this one once for both (a wake-up of another thread
+    // cost it about 15 us on a 2-vCPU virtual machine).
     job->changed.wait(lock, [&] {
       return job->done || std::any_of(job->choices.begin(), job->choices.end(),
                                       [](const Job::Choice& choice) { return choice.tokens > 0; });
