@@ -44,7 +44,7 @@ constexpr auto kStreamPoll = std::chrono::milliseconds(10);
 // wake-ups a second could land on the decoding thread's core and preempt it: at C = 64 on 2 vCPUs
 // it was preempted 700 to 1,350 times a second and waited 8-13% of its time for its core; under
 // SCHED_BATCH 170 to 300 times, 4-5% (schedstat and nonvoluntary_ctxt_switches, three runs
-// each). Unlike a lower priority, it needs no privilege and does not change a thread's share.
+// each). Unlike a higher nice value, it leaves the workers' share of the cores as it was.
 void yield_to_decoding() {
   static thread_local const bool done = [] {
     const sched_param none{};
