@@ -58,7 +58,7 @@ struct Job {
   std::vector<std::int32_t> prompt_ids;
   const std::uint64_t seed;                    ///< sample i draws with seed + i
   const std::chrono::steady_clock::time_point arrival;  ///< when it was submitted (time to first token)
-  std::atomic<bool> cancelled{false};          ///< set by the handler when its client has gone
+  std::atomic<bool> cancelled{false};          ///< set when its client has gone (HangupWatch, or its stream)
 
   std::mutex mutex;                   ///< guards the fields below
   std::condition_variable changed;    ///< notified when done and (streams) at every token

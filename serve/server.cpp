@@ -5,15 +5,21 @@
 #include <httplib.h>
 #include <pthread.h>
 #include <sched.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <sys/socket.h>
 
 #include <algorithm>
 #include <atomic>
+#include <charconv>
+#include <cstring>
 #include <ctime>
 #include <filesystem>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <thread>
+
+#include "serve/hangup_watch.h"
 
 namespace tapegrad::serve {
 
@@ -31,7 +37,8 @@ void reply_error(httplib::Response& res, const ApiError& error) {
 }
 
 // How often a stream's thread wakes: it writes what has come at most this often, and looks at its
-// connection at least this often (a client that hung up is noticed within it). At 64 streams, 5 ms
+// connection at least this often (a client that closed it is noticed at once by HangupWatch; this
+// catches a peer that vanished without closing). At 64 streams, 5 ms
 // gave 60-63% of bench_kv_cache's S = 64 tokens/s and 10 ms 67-81% (three alternating runs of
 // bench_serve --clients 64 --pairs 4, 2 vCPUs, commit cc8f7d0): the streams' wake-ups and writes
 // share the cores with the decoding loop and with the clients, whose next requests keep the
@@ -53,12 +60,50 @@ void yield_to_decoding() {
   (void)done;
 }
 
+// Whether `fd` is a socket connected to the peer a request came from.
+bool connected_to(int fd, const httplib::Request& req) {
+  sockaddr_storage peer{};
+  socklen_t size = sizeof peer;
+  if (::getpeername(fd, reinterpret_cast<sockaddr*>(&peer), &size) != 0) return false;
+  if (peer.ss_family == AF_INET) {
+    const auto& v4 = reinterpret_cast<const sockaddr_in&>(peer);
+    in_addr addr{};
+    return ::inet_pton(AF_INET, req.remote_addr.c_str(), &addr) == 1 && addr.s_addr == v4.sin_addr.s_addr &&
+           ntohs(v4.sin_port) == req.remote_port;
+  }
+  if (peer.ss_family == AF_INET6) {
+    const auto& v6 = reinterpret_cast<const sockaddr_in6&>(peer);
+    in6_addr addr{};
+    return ::inet_pton(AF_INET6, req.remote_addr.c_str(), &addr) == 1 &&
+           std::memcmp(&addr, &v6.sin6_addr, sizeof addr) == 0 && ntohs(v6.sin6_port) == req.remote_port;
+  }
+  return false;
+}
+
+// The socket of the connection a request came on, or -1. httplib does not say; a worker thread
+// serves one connection at a time, so each thread remembers the socket it found last (checked
+// again by one getpeername) and looks for a new connection's among the process's open files.
+int connection_socket(const httplib::Request& req) {
+  thread_local int last = -1;
+  if (last >= 0 && connected_to(last, req)) return last;
+  last = -1;
+  std::error_code error;
+  for (const auto& entry : std::filesystem::directory_iterator("/proc/self/fd", error)) {
+    int fd = -1;
+    const std::string name = entry.path().filename().string();
+    if (std::from_chars(name.data(), name.data() + name.size(), fd).ec == std::errc() && connected_to(fd, req))
+      return last = fd;
+  }
+  return -1;
+}
+
 }  // namespace
 
 struct Server::Impl {
   ServerOptions options;
   Metrics metrics;
   Scheduler scheduler;
+  HangupWatch hangups;  // before http: the workers' watches end before it does
   httplib::Server http;
   std::string model_name;
   int port = 0;
@@ -200,6 +245,7 @@ struct Server::Impl {
     auto submitted = scheduler.submit(std::get<CompletionRequest>(parsed));
     if (auto* error = std::get_if<ApiError>(&submitted)) return reply_error(res, *error);
     std::shared_ptr<Job> job = std::get<std::shared_ptr<Job>>(submitted);
+    HangupWatch::Watch watch = hangups.watch(connection_socket(req), job);
     const CompletionRequest& request = job->request;
     std::unique_lock lock(job->mutex);
     if (!request.stream) {
@@ -228,7 +274,7 @@ struct Server::Impl {
     lock.unlock();
     metrics.request_done(200);
     res.set_header("Cache-Control", "no-cache");
-    auto state = std::make_shared<StreamState>(fmt::format("cmpl-{}", next_id++), job->choices.size());
+    auto state = std::make_shared<StreamState>(fmt::format("cmpl-{}", next_id++), job->choices.size(), std::move(watch));
     res.set_chunked_content_provider("text/event-stream", [this, job, state](
                                                               std::size_t, httplib::DataSink& sink) {
       return stream_step(*job, *state, sink);
@@ -237,12 +283,14 @@ struct Server::Impl {
 
   // Where a stream is: how much of each choice's text it has sent, and whether its finish.
   struct StreamState {
-    StreamState(std::string i, std::size_t choices) : id(std::move(i)), sent(choices, 0), finished(choices, false) {}
+    StreamState(std::string i, std::size_t choices, HangupWatch::Watch w)
+        : id(std::move(i)), sent(choices, 0), finished(choices, false), watch(std::move(w)) {}
     std::string id;
     std::vector<std::size_t> sent;
     std::vector<bool> finished;
     Clock::time_point last_check = Clock::now();
     std::optional<Clock::time_point> last_send;  // when it last wrote events
+    HangupWatch::Watch watch;                    // for as long as the stream lives
   };
 
   // One call of the stream's content provider: waits briefly for news, sends it as events, and
@@ -255,20 +303,21 @@ struct Server::Impl {
     // waits on `ended`, not `changed`, so that new tokens do not wake it and its end does.
     if (state.last_send) {
       std::unique_lock lock(job.mutex);
-      job.ended.wait_until(lock, *state.last_send + kStreamPoll, [&] { return job.done; });
+      job.ended.wait_until(lock, *state.last_send + kStreamPoll, [&] { return job.done || job.cancelled; });
     }
     std::vector<std::string> events;
     bool done = false;
     {
       std::unique_lock lock(job.mutex);
       auto news = [&] {
-        if (job.done) return true;
+        if (job.done || job.cancelled) return true;
         for (std::size_t i = 0; i < job.choices.size(); ++i)
           if (job.choices[i].text.size() > state.sent[i] || (job.choices[i].finish_reason && !state.finished[i]))
             return true;
         return false;
       };
       job.changed.wait_for(lock, kStreamPoll, news);
+      if (job.cancelled) return false;  // its client has gone: nothing more to send
       const json base = base_object(job, state.id);
       for (std::size_t i = 0; i < job.choices.size(); ++i) {
         const Job::Choice& choice = job.choices[i];

@@ -2,9 +2,14 @@
 // cancellation of a client that hangs up, draining, and live weights.
 #include <doctest/doctest.h>
 
+#include <sys/socket.h>
+#include <unistd.h>
+
 #include <atomic>
 #include <fstream>
+#include <thread>
 
+#include "serve/hangup_watch.h"
 #include "serve_helpers.h"
 #include "support/helpers.h"
 
@@ -138,6 +143,65 @@ TEST_CASE("a client that hangs up mid-stream is cancelled within a step; its seq
   const std::string metrics = metrics_with(client, "tapegrad_requests_running", 0);
   CHECK(metric(metrics, "tapegrad_requests_cancelled_total") == 1);
   CHECK(metric(metrics, "tapegrad_requests_running") == 0);
+  CHECK(metric(metrics, "tapegrad_completion_tokens_total") == 0);  // it never finished
+}
+
+TEST_CASE("HangupWatch cancels a watched job once its peer closes, wakes its waiters, and forgets unwatched sockets") {
+  serve::HangupWatch hangups;
+  int pair[2];
+  REQUIRE(::socketpair(AF_UNIX, SOCK_STREAM, 0, pair) == 0);
+  auto job = std::make_shared<serve::Job>(serve::CompletionRequest{.prompt = "ab"}, std::vector<std::int32_t>{1, 2}, 0);
+  std::atomic<bool> woke{false};
+  std::thread waiter([&] {
+    std::unique_lock lock(job->mutex);
+    job->ended.wait_for(lock, std::chrono::seconds(10), [&] { return job->cancelled.load(); });
+    woke = job->cancelled.load();
+  });
+  {
+    serve::HangupWatch::Watch watch = hangups.watch(pair[0], job);
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    CHECK(!job->cancelled);  // nothing happened to the connection yet
+    ::close(pair[1]);
+    CHECK(eventually([&] { return job->cancelled.load(); }));
+    waiter.join();
+    CHECK(woke);
+  }
+  ::close(pair[0]);
+
+  // A watch that has ended leaves its job alone, and a socket it cannot watch gives an idle one.
+  REQUIRE(::socketpair(AF_UNIX, SOCK_STREAM, 0, pair) == 0);
+  auto other = std::make_shared<serve::Job>(serve::CompletionRequest{.prompt = "ab"}, std::vector<std::int32_t>{1, 2}, 0);
+  { serve::HangupWatch::Watch watch = hangups.watch(pair[0], other); }
+  { serve::HangupWatch::Watch none = hangups.watch(-1, other); }
+  ::close(pair[1]);
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  CHECK(!other->cancelled);
+  ::close(pair[0]);
+}
+
+TEST_CASE("a non-streaming request whose client hangs up is cancelled, its sequence freed at the next step") {
+  ServeDir dir("cancel_whole");
+  const fs::path ckpt = dir.path / "tiny.safetensors";
+  write_tiny_checkpoint(ckpt, 7);
+  TestServer s(test_options(ckpt));
+  s.gate.close();
+  {
+    RawStream request(s.port(), R"({"prompt": "ab", "max_tokens": 60, "seed": 1})");
+    REQUIRE(eventually([&] { return s.server.scheduler().running() == 1; }));
+    s.gate.allow(3);
+    REQUIRE(eventually([&] { return s.gate.passed() == 3 && s.gate.holding(); }));
+    request.hang_up();
+  }
+  // Nothing but the hang-up watch sees a waiting handler's client go (its handler only waits for
+  // the answer). The loop, held before its fourth pass, frees the sequence when that pass ends.
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  s.gate.allow(1);
+  CHECK(eventually([&] { return s.server.scheduler().running() == 0; }, std::chrono::seconds(5)));
+  CHECK(s.gate.passed() == 4);
+  auto client = s.client();
+  s.gate.open();
+  const std::string metrics = metrics_with(client, "tapegrad_requests_running", 0);
+  CHECK(metric(metrics, "tapegrad_requests_cancelled_total") == 1);
   CHECK(metric(metrics, "tapegrad_completion_tokens_total") == 0);  // it never finished
 }
 
