@@ -1,12 +1,12 @@
 // The HTTP routes of `serve` on cpp-httplib, the server-sent event stream, and the error bodies.
 #include "serve/server.h"
 
+#include <arpa/inet.h>
 #include <fmt/format.h>
 #include <httplib.h>
+#include <netinet/in.h>
 #include <pthread.h>
 #include <sched.h>
-#include <arpa/inet.h>
-#include <netinet/in.h>
 #include <sys/socket.h>
 
 #include <algorithm>
