@@ -13,6 +13,7 @@
 
 namespace tapegrad::serve {
 
+/// Cancels requests whose clients close their connections (see the file's comment).
 class HangupWatch {
  public:
   HangupWatch();   ///< Starts the watching thread; throws std::system_error if epoll is unavailable.
@@ -23,9 +24,11 @@ class HangupWatch {
   /// A connection watched for as long as it lives.
   class Watch {
    public:
-    Watch() = default;
+    Watch() = default;  ///< Watches nothing.
+    /// Takes over other's watch; other then watches nothing.
     Watch(Watch&& other) noexcept : owner_(other.owner_), key_(other.key_) { other.owner_ = nullptr; }
     Watch& operator=(Watch&&) = delete;
+    /// Ends the watch.
     ~Watch() {
       if (owner_) owner_->forget(key_);
     }
