@@ -1,8 +1,9 @@
 // bench_serve: build/serve under load on loopback, beside bench_kv_cache's batched decoding.
 //  - Load: C = 1, 8, 64 concurrent streaming clients sharing 32 C requests (at least 128), each
-//    client sending the next as soon as its last has ended (prompts of 8 random characters, 50 to 150 new tokens, 100 on average, greedy,
-//    so that the requests do bench_kv_cache's work on average); completion tokens/s of the whole
-//    round, and per request the time to first token and the time per token after it (p50, p99).
+//    client sending the next as soon as its last has ended (prompts of 8 random characters, 50 to
+//    150 new tokens, 100 on average, greedy, so that the requests do bench_kv_cache's work on
+//    average); completion tokens/s of the whole round, and per request the time to first token
+//    and the time per token after it (p50, p99).
 //    Errors and lost requests (an answer without all its tokens, its finish_reason or its [DONE])
 //    must be 0.
 //  - --pairs P (default 3) pairs of bench_kv_cache --sizes 64 and a C = 64 round, in alternation:
@@ -695,7 +696,8 @@ int main(int argc, char** argv) try {
   j["new_tokens"] = new_tokens;
   j["prompt_chars"] = 8;
   j["rounds"] = rounds;
-  j["rounds_note"] = "C streaming clients sharing a list of 32 C requests (at least 128), each taking the next one when its last has ended (greedy, new_tokens / 2 to 3 new_tokens / 2 new tokens, new_tokens on average, "
+  j["rounds_note"] = "C streaming clients sharing a list of 32 C requests (at least 128), each taking the next one "
+                     "when its last has ended (greedy, new_tokens / 2 to 3 new_tokens / 2 new tokens, new_tokens on average, "
                      "prompts of 8 random characters); tokens_per_s = completion tokens / wall time of the round; "
                      "time_per_token = (last token - first token) / (tokens - 1) per request";
   if (!at64.is_null()) j["c64_against_kv_cache"] = at64;
