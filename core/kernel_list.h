@@ -157,6 +157,16 @@ TAPEGRAD_KERNEL(void, cached_attention_forward,
                 (T* out, const T* q, const T* keys, const T* values, const AttentionShape& s, T* scratch),
                 (out, q, keys, values, s, scratch))
 
+// ---- optimizers -----------------------------------------------------------------------------
+
+/// AdamW on n elements (decoupled weight decay, PyTorch's formula): m = b1 m + (1 - b1) g;
+/// v = b2 v + (1 - b2) g^2; p = p decay - step_size m / (sqrt(v) inv_bc2_sqrt + eps).
+TAPEGRAD_KERNEL(void, adamw_update, (T* p, T* m, T* v, const T* g, std::size_t n, const AdamWScalars<T>& s),
+                (p, m, v, g, n, s))
+/// The sum of x[i]^2 in double: blocks of 4096 elements, each in eight chains, the blocks' sums
+/// added in order, so that the result does not depend on the thread count or the SIMD level.
+TAPEGRAD_KERNEL(double, sum_squares, (const T* x, std::size_t n), (x, n))
+
 // ---- cross-entropy --------------------------------------------------------------------------
 
 /// Mean over rows of logsumexp(logits[i]) - logits[i, targets[i]]; logits (N, V); writes lse (N).

@@ -43,6 +43,18 @@ struct AttentionShape {
   std::size_t model_dim() const { return n_heads * head_dim; }  ///< n_heads * head_dim
 };
 
+/// AdamW's per-step scalars (adamw_update), combined in double by the optimizer and rounded once.
+template <class T> struct AdamWScalars {
+  T decay = 1;            ///< 1 - lr * weight_decay, or 1 for parameters without decay
+  T beta1 = 0;            ///< first-moment decay
+  T one_minus_beta1 = 1;  ///< 1 - beta1
+  T beta2 = 0;            ///< second-moment decay
+  T one_minus_beta2 = 1;  ///< 1 - beta2
+  T step_size = 0;        ///< lr / (1 - beta1^t)
+  T inv_bc2_sqrt = 1;     ///< 1 / sqrt(1 - beta2^t)
+  T eps = 0;              ///< added to the denominator
+};
+
 /// Positions per block of a KV cache's keys (cached_attention_forward): block b holds keys
 /// b*key_block..(b+1)*key_block-1 transposed, (H*Dh, key_block). A multiple of every SIMD width
 /// (4, 8 and 16 floats), so that the layout does not depend on the level in use.

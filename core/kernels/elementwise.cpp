@@ -2,9 +2,11 @@
 // when it is large. The last, partial batch runs the same formula on copies padded with zeros
 // (the rule of core/kernels/simd_helpers.h), so each output element depends only on the same index
 // of the inputs: never on where it falls in the array, the array's length or the thread count.
+#include <algorithm>
 #include <cmath>
 #include <type_traits>
 #include <utility>
+#include <vector>
 
 #include "core/kernels/level.h"
 
@@ -213,5 +215,42 @@ void gelu_tanh_backward(T* dx, const T* dy, const T* x, const T* s, std::size_t 
       dx, dy, x, s);
 }
 TAPEGRAD_INSTANTIATE_KERNEL(gelu_tanh_backward)
+
+template <class T> void adamw_update(T* p, T* m, T* v, const T* g, std::size_t n, const AdamWScalars<T>& s) {
+  using B = Batch<T>;
+  simd_map<T>(
+      n, 12,
+      [&s](std::size_t i, T* p, T* m, T* v, const T* g) {
+        using std::sqrt;  // the batch's own sqrt by argument-dependent lookup
+        B gb = B::load_unaligned(g + i);
+        B mb = s.beta1 * B::load_unaligned(m + i) + s.one_minus_beta1 * gb;
+        B vb = s.beta2 * B::load_unaligned(v + i) + s.one_minus_beta2 * gb * gb;
+        B pb = B::load_unaligned(p + i) * s.decay - s.step_size * mb / (sqrt(vb) * s.inv_bc2_sqrt + s.eps);
+        pb.store_unaligned(p + i);
+        mb.store_unaligned(m + i);
+        vb.store_unaligned(v + i);
+      },
+      p, m, v, g);
+}
+TAPEGRAD_INSTANTIATE_KERNEL(adamw_update)
+
+template <class T> double sum_squares(const T* x, std::size_t n) {
+  constexpr std::size_t block = 4096, chains = 8;
+  const std::size_t blocks = (n + block - 1) / block;
+  std::vector<double> sums(blocks);
+  detail::parallel_for(blocks, block * 2, [&](std::size_t b) {
+    const std::size_t begin = b * block, end = std::min(n, begin + block);
+    double acc[chains] = {};
+    std::size_t i = begin;
+    for (; i + chains <= end; i += chains)
+      for (std::size_t c = 0; c < chains; ++c) acc[c] += double(x[i + c]) * double(x[i + c]);
+    for (std::size_t c = 0; i < end; ++i, ++c) acc[c] += double(x[i]) * double(x[i]);
+    sums[b] = ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+  });
+  double total = 0;
+  for (double s : sums) total += s;
+  return total;
+}
+TAPEGRAD_INSTANTIATE_KERNEL(sum_squares)
 
 }  // namespace tapegrad::kernels::TAPEGRAD_SIMD_LEVEL

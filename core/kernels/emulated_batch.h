@@ -72,6 +72,11 @@ template <class T, std::size_t N> struct EmulatedBatch {
     for (std::size_t i = 0; i < N; ++i) r.lane[i] = std::exp(a.lane[i]);
     return r;
   }
+  friend EmulatedBatch sqrt(const EmulatedBatch& a) {  // correctly rounded, as every level's
+    EmulatedBatch r;
+    for (std::size_t i = 0; i < N; ++i) r.lane[i] = std::sqrt(a.lane[i]);
+    return r;
+  }
   friend T hadd(const EmulatedBatch& a) {
     T sum = 0;
     for (T x : a.lane) sum += x;

@@ -91,6 +91,13 @@ std::vector<RowKernel> map_kernels() {
           [](float* const* p, std::size_t n) { kernels::mul_backward(p[0], p[0], p[1], p[2], p[3], n); }),
       map("scale_forward", 2, [](float* const* p, std::size_t n) { kernels::scale_forward(p[0], p[1], 0.3f, n); }),
       map("scale_backward", 2, [](float* const* p, std::size_t n) { kernels::scale_backward(p[0], p[1], 0.3f, n); }),
+      map("adamw_update", 4,
+          [](float* const* p, std::size_t n) {
+            for (std::size_t i = 0; i < n; ++i) p[2][i] *= p[2][i];  // a second moment is >= 0
+            kernels::adamw_update(p[0], p[1], p[2], p[3], n,
+                                  {.decay = 0.999f, .beta1 = 0.9f, .one_minus_beta1 = 0.1f, .beta2 = 0.95f,
+                                   .one_minus_beta2 = 0.05f, .step_size = 0.01f, .inv_bc2_sqrt = 3.0f, .eps = 1e-8f});
+          }),
       map("silu_forward", 2, [](float* const* p, std::size_t n) { kernels::silu_forward(p[0], p[1], n); }),
       map("silu_backward", 3, [](float* const* p, std::size_t n) { kernels::silu_backward(p[0], p[1], p[2], n); }),
       map("swiglu_forward", 3, [](float* const* p, std::size_t n) { kernels::swiglu_forward(p[0], p[1], p[2], n); }),
