@@ -437,6 +437,8 @@ inline void tile_rows(typename B::value_type* c, std::size_t ldc, const typename
 /// A small matrix product held in registers, for attention's tiles: C (M, N) (+)= alpha * A B with
 /// A(i, k) = a[i * a_row + k * a_col] (a row-major matrix, or with a_row = 1 a transposed one) and
 /// B (K, N) row-major with leading dimension ldb. N must be a multiple of B::size (callers pad).
+/// Blocks of V vectors, then the vectors left as one block: a head of 32 floats at 16 lanes is
+/// one tile of 2 vectors (12 FMA chains), not two of 1 (6 chains, too few to hide the FMA's latency).
 template <class B>
 void tile_product(typename B::value_type* c, std::size_t ldc, const typename B::value_type* a, std::size_t a_row,
                   std::size_t a_col, const typename B::value_type* b, std::size_t ldb, std::size_t M, std::size_t N,
@@ -444,7 +446,11 @@ void tile_product(typename B::value_type* c, std::size_t ldc, const typename B::
   constexpr std::size_t W = B::size, V = sizeof(B) >= 64 ? 4 : 2;  // 32 vector registers at 512 bits, else 16
   std::size_t j = 0;
   for (; j + V * W <= N; j += V * W) tile_rows<B, V>(c + j, ldc, a, a_row, a_col, b + j, ldb, M, K, alpha, accumulate);
-  for (; j + W <= N; j += W) tile_rows<B, 1>(c + j, ldc, a, a_row, a_col, b + j, ldb, M, K, alpha, accumulate);
+  const std::size_t rest = (N - j) / W;
+  [&]<std::size_t... R>(std::index_sequence<R...>) {
+    ((rest == R + 1 ? tile_rows<B, R + 1>(c + j, ldc, a, a_row, a_col, b + j, ldb, M, K, alpha, accumulate) : void()),
+     ...);
+  }(std::make_index_sequence<V - 1>{});
 }
 
 /// c[0:N] (+)= a[0:K] B (K, N), B row-major with leading dimension ldb: blocks of as many column
