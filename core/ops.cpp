@@ -89,16 +89,22 @@ Var matmul(const Var& a, const Var& b, bool transpose_a, bool transpose_b) {
   // four flag combinations below.
   return op.finish(std::move(y), [a, b, transpose_a, transpose_b, batch, M, N, K, lda, ldb, stride_a, stride_b,
                                   stride_c](const Tensor& dy, const Tensor&) {
-      float* da = grad_ptr(a);
-      float* db = grad_ptr(b);
+      // A first gradient is written (beta 0) rather than zero-filled and added to.
+      const GradTarget ga = grad_target(a, {b}), gb = grad_target(b, {a});
+      float *da = ga.data, *db = gb.data;
+      const float beta_a = ga.overwrite ? 0.0f : 1.0f, beta_b = gb.overwrite ? 0.0f : 1.0f;
       for (std::size_t i = 0; i < batch; ++i) {
         const float* A = a.value().data() + i * stride_a;
         const float* B = b.value().data() + i * stride_b;
         const float* dC = dy.data() + i * stride_c;
-        if (da && !transpose_a) kernels::gemm<float>(false, !transpose_b, M, K, N, 1, dC, N, B, ldb, 1, da + i * stride_a, K);
-        if (da && transpose_a) kernels::gemm<float>(transpose_b, true, K, M, N, 1, B, ldb, dC, N, 1, da + i * stride_a, M);
-        if (db && !transpose_b) kernels::gemm<float>(!transpose_a, false, K, N, M, 1, A, lda, dC, N, 1, db + i * stride_b, N);
-        if (db && transpose_b) kernels::gemm<float>(true, transpose_a, N, K, M, 1, dC, N, A, lda, 1, db + i * stride_b, K);
+        if (da && !transpose_a)
+          kernels::gemm<float>(false, !transpose_b, M, K, N, 1, dC, N, B, ldb, beta_a, da + i * stride_a, K);
+        if (da && transpose_a)
+          kernels::gemm<float>(transpose_b, true, K, M, N, 1, B, ldb, dC, N, beta_a, da + i * stride_a, M);
+        if (db && !transpose_b)
+          kernels::gemm<float>(!transpose_a, false, K, N, M, 1, A, lda, dC, N, beta_b, db + i * stride_b, N);
+        if (db && transpose_b)
+          kernels::gemm<float>(true, transpose_a, N, K, M, 1, dC, N, A, lda, beta_b, db + i * stride_b, K);
       }
   });
 }

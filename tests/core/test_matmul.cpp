@@ -143,6 +143,11 @@ TEST_CASE("matmul gradients pass gradcheck for every flag combination and batchi
     }
   test::check_float_op("matmul (B, T, K) x (K, N)", [](const std::vector<Var>& v) { return matmul(v[0], v[1]); },
                        {test::random_tensor({2, 1, 3}, 5), test::random_tensor({3, 2}, 6)});
+  // A first gradient is written, later ones added: one input on both sides, and a weight used twice.
+  test::check_float_op("x x^T", [](const std::vector<Var>& v) { return matmul(v[0], v[0], false, true); },
+                       {test::random_tensor({3, 4}, 7)});
+  test::check_float_op("(x w) w", [](const std::vector<Var>& v) { return matmul(matmul(v[0], v[1]), v[1]); },
+                       {test::random_tensor({3, 4}, 8), test::random_tensor({4, 4}, 9)});
 }
 
 TEST_CASE("matmul names both shapes when they do not fit") {
