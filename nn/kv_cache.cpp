@@ -82,7 +82,7 @@ std::uint64_t KVCache::weights_version() const {
 
 float* KVCache::Scratch::take(std::size_t floats) {
   if (next_ == buffers_.size()) buffers_.emplace_back();
-  std::vector<float>& buffer = buffers_[next_++];
+  AlignedVector<float>& buffer = buffers_[next_++];
   if (buffer.size() < floats) buffer.resize(floats);
   return buffer.data();
 }

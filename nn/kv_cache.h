@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "core/aligned.h"
 #include "core/kernels.h"
 #include "core/tape.h"
 
@@ -86,7 +87,7 @@ class KVCache {
     float* take(std::size_t floats);
 
    private:
-    std::vector<std::vector<float>> buffers_;
+    std::vector<AlignedVector<float>> buffers_;  // on cache lines, as the kernels' rows want
     std::size_t next_ = 0;
   };
   /// Per thread of a pass: its Scratch. Grown by the pass, kept by the cache.
@@ -103,7 +104,7 @@ class KVCache {
   std::size_t key_positions_;  // max_len rounded up to whole key blocks
   // values_ (layers, sequences, max_len, width); keys_ (layers, sequences, blocks, width, key_block).
   // Declared before the other buffers: their sizes are checked before anything is allocated.
-  std::vector<float> values_, keys_;
+  AlignedVector<float> values_, keys_;  // rows on cache lines: whole-vector loads
   std::vector<std::size_t> positions_;
   std::vector<char> active_;
   const void* model_ = nullptr;

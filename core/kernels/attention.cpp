@@ -12,6 +12,7 @@
 #include <stdexcept>
 #include <vector>
 
+#include "core/aligned.h"
 #include "core/kernels/level.h"
 
 namespace tapegrad::kernels::TAPEGRAD_SIMD_LEVEL {
@@ -68,7 +69,7 @@ inline bool rows_spread_over_l1(std::size_t row_bytes) {
 /// The head's slice src (rows, Dh) of a (.., D) tensor read in place when Dh is a whole number of
 /// vectors (Dh == Dp) and the rows spread over L1, else copied into scratch zero-padded to Dp columns.
 template <class T>
-Operand<T> whole_vectors(std::vector<T>& scratch, const T* src, std::size_t D, std::size_t rows, std::size_t Dh,
+Operand<T> whole_vectors(AlignedVector<T>& scratch, const T* src, std::size_t D, std::size_t rows, std::size_t Dh,
                          std::size_t Dp) {
   if (Dh == Dp && rows_spread_over_l1(D * sizeof(T))) return {src, D};
   scratch.resize(rows * Dp);
@@ -165,13 +166,13 @@ void attention_forward(T* out, T* lse, const T* q, const T* k, const T* v, const
     T* oh = out + hv.q_row0 * D + hv.col0;
     T* lh = lse ? lse + hv.lse0 : nullptr;
     if (Tq <= 2) {
-      thread_local std::vector<T> p;
+      thread_local AlignedVector<T> p;
       p.resize(keys);
       return attention_rows(oh, lh, qh, kh, vh, s, p.data());
     }
     // Per pair: keys transposed (Dh, ld_kt) and values padded (keys, Dp), so that every tile
     // product reads whole vectors; per query tile: scores (q_tile, k_tile) and the output (q_tile, Dp).
-    thread_local std::vector<T> kt, vp, scores, acc, row_max, row_sum;
+    thread_local AlignedVector<T> kt, vp, scores, acc, row_max, row_sum;
     kt.resize(Dh * ld_kt), scores.resize(q_tile * k_tile), acc.resize(q_tile * Dp);
     row_max.resize(q_tile), row_sum.resize(q_tile);
     copy_transposed(kt.data(), ld_kt, kh, D, keys, Dh);
@@ -246,7 +247,7 @@ void attention_backward(T* dq, T* dk, T* dv, const T* dout, const T* out, const 
     const T* oh = out + hv.q_row0 * D + hv.col0;
     const T* lh = lse + hv.lse0;
     // Operands laid out for tile_product: q, dout and k as rows of whole vectors; k and v transposed.
-    thread_local std::vector<T> qp, dop, kp, kt, vt, delta, dq_acc, dk_tile, dv_tile, p, ds;
+    thread_local AlignedVector<T> qp, dop, kp, kt, vt, delta, dq_acc, dk_tile, dv_tile, p, ds;
     kt.resize(Dh * ld_t), vt.resize(Dh * ld_t);
     delta.resize(Tq), dq_acc.assign(dq ? Tq * Dp : 0, T(0)), dk_tile.resize(k_tile * Dp), dv_tile.resize(k_tile * Dp);
     p.resize(q_tile * k_tile), ds.resize(q_tile * k_tile);

@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <vector>
 
+#include "core/aligned.h"
 #include "core/blas_core.h"
 #include "core/kernels/level.h"
 
@@ -100,7 +101,7 @@ static void packed_product(bool trans_a, bool trans_b, std::size_t M, std::size_
     for (std::size_t i = 0; i < M; ++i)
       for (std::size_t j = 0; j < N; ++j) C[i * ldc + j] = beta == T(0) ? T(0) : beta * C[i * ldc + j];
   const std::size_t panels = (N + NR - 1) / NR;
-  thread_local std::vector<T> b_pack, a_pack;
+  thread_local AlignedVector<T> b_pack, a_pack;  // on cache lines: the tile loads whole vectors
   b_pack.resize(panels * KC * NR);
   a_pack.resize((MC + MR) * KC);
   alignas(64) T edge[MR * NR];

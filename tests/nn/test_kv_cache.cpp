@@ -3,10 +3,12 @@
 // generate over it.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cmath>
 #include <cstdlib>
 #include <new>
+#include <cstdint>
 #include <set>
 
 #include "core/ops.h"
@@ -31,13 +33,35 @@ using test::random_ids;
 namespace {
 std::atomic<bool> counting = false;
 std::atomic<std::size_t> allocations = 0;
-// Every non-aligned form is replaced, so that each allocation and its release meet in malloc and
-// free (a sanitizer's own forms would otherwise pair with these and report a mismatch).
+// Every form is replaced, so that each allocation and its release meet in malloc (or
+// posix_memalign, for the aligned forms the cache's buffers use) and free (a sanitizer's own forms
+// would otherwise pair with these and report a mismatch).
 void* counted_malloc(std::size_t n) noexcept {
   if (counting) ++allocations;
   return std::malloc(n ? n : 1);
 }
+void* counted_aligned(std::size_t n, std::align_val_t alignment) noexcept {
+  if (counting) ++allocations;
+  void* p = nullptr;
+  return posix_memalign(&p, std::max(std::size_t(alignment), sizeof(void*)), n ? n : 1) == 0 ? p : nullptr;
+}
 }  // namespace
+void* operator new(std::size_t n, std::align_val_t a) {
+  if (void* p = counted_aligned(n, a)) return p;
+  throw std::bad_alloc();
+}
+void* operator new[](std::size_t n, std::align_val_t a) {
+  if (void* p = counted_aligned(n, a)) return p;
+  throw std::bad_alloc();
+}
+void* operator new(std::size_t n, std::align_val_t a, const std::nothrow_t&) noexcept { return counted_aligned(n, a); }
+void* operator new[](std::size_t n, std::align_val_t a, const std::nothrow_t&) noexcept { return counted_aligned(n, a); }
+void operator delete(void* p, std::align_val_t) noexcept { std::free(p); }
+void operator delete[](void* p, std::align_val_t) noexcept { std::free(p); }
+void operator delete(void* p, std::size_t, std::align_val_t) noexcept { std::free(p); }
+void operator delete[](void* p, std::size_t, std::align_val_t) noexcept { std::free(p); }
+void operator delete(void* p, std::align_val_t, const std::nothrow_t&) noexcept { std::free(p); }
+void operator delete[](void* p, std::align_val_t, const std::nothrow_t&) noexcept { std::free(p); }
 void* operator new(std::size_t n) {
   if (void* p = counted_malloc(n)) return p;
   throw std::bad_alloc();
@@ -341,6 +365,21 @@ TEST_CASE_TEMPLATE("a step allocates nothing after the first, for 1 and 8 sequen
     }
   }
   set_num_threads(0);
+}
+
+TEST_CASE_TEMPLATE("the cache's rows and a pass's scratch start on cache lines (whole-vector loads)", M, RotaryDecoder,
+                   Gpt2) {
+  M model = small_model<M>(24);
+  KVCache cache = model.make_cache(3);
+  model.step(std::vector<std::int32_t>{1, 2, 3}, cache);
+  auto on_line = [](const void* p) { return reinterpret_cast<std::uintptr_t>(p) % 64 == 0; };
+  for (std::size_t layer = 0; layer < cache.layers(); ++layer)
+    for (std::size_t s = 0; s < cache.sequences(); ++s) {
+      CHECK(on_line(cache.keys(layer, s)));
+      CHECK(on_line(cache.values(layer, s)));
+    }
+  cache.scratch.at(0).rewind();
+  for (std::size_t floats : {1, 17, 64, 1000}) CHECK(on_line(cache.scratch[0].take(floats)));
 }
 
 TEST_CASE_TEMPLATE("cached and uncached generate give identical tokens, greedy and sampled", M, RotaryDecoder, Gpt2) {
