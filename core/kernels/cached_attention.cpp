@@ -58,7 +58,7 @@ void cached_attention_forward(T* out, const T* q, const T* keys, const T* values
     // The softmax over whole vectors: keys n..n_pad-1 of the last block are not this query's (stale
     // or not yet written), and exp(-inf) = 0 leaves them out of the sum. Up to 8 heads' exponentials
     // go side by side, each head's summed in order as exp_shifted_sum sums them: head after head,
-    // each waited on its exponentials' latency and its sum's, and took most of the attention's time.
+    // each waited on its exponentials' latency and its sum's, a third of the attention's time.
     const std::size_t n_pad = (n + W - 1) / W * W;
     constexpr std::size_t group = 8;
     for (std::size_t h0 = 0; h0 < H; h0 += group) {
