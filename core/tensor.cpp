@@ -13,6 +13,7 @@
 #include <stdexcept>
 #include <unordered_map>
 
+#include "core/aligned.h"
 #include "core/parallel.h"
 
 namespace tapegrad {
@@ -34,7 +35,8 @@ namespace {
 // allocator does; the total is capped so an unusual size pattern cannot hoard memory.
 class StorageCache {
  public:
-  static constexpr std::size_t alignment = 64, min_cached_bytes = 1 << 16, max_cached_bytes = std::size_t(1) << 30;
+  static constexpr std::size_t alignment = CacheLineAllocator<float>::alignment, min_cached_bytes = 1 << 16,
+                               max_cached_bytes = std::size_t(1) << 30;
 
   static std::size_t rounded(std::size_t count) {
     return (count * sizeof(float) + alignment - 1) / alignment * alignment;

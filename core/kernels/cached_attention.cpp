@@ -56,30 +56,16 @@ void cached_attention_forward(T* out, const T* q, const T* keys, const T* values
     if constexpr (G > 2) heads(std::integral_constant<std::size_t, 2>{});
     if constexpr (G > 1) heads(std::integral_constant<std::size_t, 1>{});
     // The softmax over whole vectors: keys n..n_pad-1 of the last block are not this query's (stale
-    // or not yet written), and exp(-inf) = 0 leaves them out of the sum. Up to 8 heads' exponentials
-    // go side by side, each head's summed in order as exp_shifted_sum sums them: head after head,
-    // each waited on its exponentials' latency and its sum's, a third of the attention's time.
+    // or not yet written), and exp(-inf) = 0 leaves them out of the sum. The heads' maxima, then
+    // their exponentials side by side; inv holds the maxima until it holds 1 / the sums.
     const std::size_t n_pad = (n + W - 1) / W * W;
-    constexpr std::size_t group = 8;
-    for (std::size_t h0 = 0; h0 < H; h0 += group) {
-      const std::size_t heads = std::min(group, H - h0);
-      T m[group];
-      B sum[group];
-      for (std::size_t g = 0; g < heads; ++g) {
-        T* ph = p + (h0 + g) * ld;
-        std::fill(ph + n, ph + n_pad, -std::numeric_limits<T>::infinity());
-        m[g] = detail::max_of<B>(ph, n_pad);
-        sum[g] = B(T(0));
-      }
-      for (std::size_t j = 0; j < n_pad; j += W)
-        for (std::size_t g = 0; g < heads; ++g) {
-          T* x = p + (h0 + g) * ld + j;
-          B e = exp(B::load_unaligned(x) - B(m[g]));
-          e.store_unaligned(x);
-          sum[g] += e;
-        }
-      for (std::size_t g = 0; g < heads; ++g) inv[h0 + g] = T(1) / hadd(sum[g]);
+    for (std::size_t h = 0; h < H; ++h) {
+      T* ph = p + h * ld;
+      std::fill(ph + n, ph + n_pad, -std::numeric_limits<T>::infinity());
+      inv[h] = detail::max_of<B>(ph, n_pad);
     }
+    detail::exp_shifted_sums<B>(p, ld, H, n_pad, inv, inv);
+    for (std::size_t h = 0; h < H; ++h) inv[h] = T(1) / inv[h];
     T* oi = out + i * D;
     if (Dh % W == 0) {
       detail::head_weighted_rows<B>(oi, p, ld, inv, values, D, n, D, Dh);

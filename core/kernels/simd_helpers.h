@@ -199,19 +199,42 @@ typename B::value_type sum_exp_shifted(const typename B::value_type* x, std::siz
   return hadd(acc);
 }
 
+/// One vector of exp_shifted_sum and exp_shifted_sums, the lanes [0, count) of x: x = exp(x -
+/// shift) in place, added to acc. Both sum with it, so a row gets the same bits from either.
+template <class B>
+inline void exp_shifted_vector(B& acc, typename B::value_type* x, std::size_t count, const B& shift) {
+  B e = exp(load_lanes<B>(x, count) - shift);
+  store_lanes(e, x, count);
+  acc += first_lanes(e, count);
+}
+
 /// x[i] = exp(x[i] - shift) in place; returns the sum of the new values.
 template <class B>
 typename B::value_type exp_shifted_sum(typename B::value_type* x, std::size_t n, typename B::value_type shift) {
   using T = typename B::value_type;
   constexpr std::size_t W = B::size;
   B acc(T(0)), s(shift);
-  for (std::size_t i = 0; i < n; i += W) {
-    const std::size_t count = std::min(W, n - i);
-    B e = exp(load_lanes<B>(x + i, count) - s);
-    store_lanes(e, x + i, count);
-    acc += first_lanes(e, count);
-  }
+  for (std::size_t i = 0; i < n; i += W) exp_shifted_vector(acc, x + i, std::min(W, n - i), s);
   return hadd(acc);
+}
+
+/// exp_shifted_sum of `rows` rows, row r at x + r * ld with shift[r], its sum to sums[r] (sums may
+/// be shift). Up to 8 rows go side by side, so that their exponentials overlap: one row after
+/// another, each waited on its exponentials' latency and its sum's, a third of the decoding
+/// attention's time.
+template <class B>
+void exp_shifted_sums(typename B::value_type* x, std::size_t ld, std::size_t rows, std::size_t n,
+                      const typename B::value_type* shift, typename B::value_type* sums) {
+  using T = typename B::value_type;
+  constexpr std::size_t W = B::size, most = 8;
+  for (std::size_t r0 = 0; r0 < rows; r0 += most) {
+    const std::size_t group = std::min(most, rows - r0);
+    B acc[most], s[most];
+    for (std::size_t g = 0; g < group; ++g) acc[g] = B(T(0)), s[g] = B(shift[r0 + g]);
+    for (std::size_t i = 0; i < n; i += W)
+      for (std::size_t g = 0; g < group; ++g) exp_shifted_vector(acc[g], x + (r0 + g) * ld + i, std::min(W, n - i), s[g]);
+    for (std::size_t g = 0; g < group; ++g) sums[r0 + g] = hadd(acc[g]);
+  }
 }
 
 /// Lane r of the result is the sum of the lanes of acc[r]. xsimd::haddp does it in one shuffle

@@ -11,6 +11,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstddef>
 #include <string>
@@ -134,6 +135,24 @@ template <class B> void check_helpers(Failures& f, std::string_view name) {
     if (!close(total, T(exp_sum), exp_rtol)) f.add("{}: exp_shifted_sum n={}: sum {}, want {}", name, n, total, exp_sum);
     for (std::size_t i = 0; i < n; ++i)
       if (!close(z[i], T(std::exp(double(x[i] - m))), exp_rtol)) f.add("{}: exp_shifted_sum n={}: element {}", name, n, i);
+    // Rows side by side (more than one group of 8, with a shift each): every row's values and sum
+    // have the bits of exp_shifted_sum on that row alone.
+    const std::size_t rows = 11, ld = n + 3;
+    std::vector<T> together(rows * ld), shifts(rows), sums(rows);
+    for (std::size_t r = 0; r < rows; ++r) {
+      std::copy_n(a.data() + r, n, together.data() + r * ld);
+      shifts[r] = m - T(r % 3);
+    }
+    std::vector<T> before = together;
+    detail::exp_shifted_sums<B>(together.data(), ld, rows, n, shifts.data(), sums.data());
+    for (std::size_t r = 0; r < rows; ++r) {
+      std::vector<T> alone(before.begin() + r * ld, before.begin() + r * ld + n);
+      const T sum = detail::exp_shifted_sum<B>(alone.data(), n, shifts[r]);
+      if (sum != sums[r] || !std::equal(alone.begin(), alone.end(), together.begin() + r * ld))
+        f.add("{}: exp_shifted_sums n={}: row {} differs from exp_shifted_sum alone", name, n, r);
+      if (!std::equal(before.begin() + r * ld + n, before.begin() + (r + 1) * ld, together.begin() + r * ld + n))
+        f.add("{}: exp_shifted_sums n={}: row {} wrote past n", name, n, r);
+    }
   }
 
   {  // sums_of_lanes: lane r is the sum of acc[r]'s lanes
