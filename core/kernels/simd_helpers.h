@@ -232,7 +232,8 @@ void exp_shifted_sums(typename B::value_type* x, std::size_t ld, std::size_t row
     B acc[most], s[most];
     for (std::size_t g = 0; g < group; ++g) acc[g] = B(T(0)), s[g] = B(shift[r0 + g]);
     for (std::size_t i = 0; i < n; i += W)
-      for (std::size_t g = 0; g < group; ++g) exp_shifted_vector(acc[g], x + (r0 + g) * ld + i, std::min(W, n - i), s[g]);
+      for (std::size_t g = 0; g < group; ++g)
+        exp_shifted_vector(acc[g], x + (r0 + g) * ld + i, std::min(W, n - i), s[g]);
     for (std::size_t g = 0; g < group; ++g) sums[r0 + g] = hadd(acc[g]);
   }
 }
