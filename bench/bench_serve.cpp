@@ -19,6 +19,7 @@
 // Writes bench/results/serve_cpu.json; exits 1 when a check fails.
 #include <arpa/inet.h>
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <httplib.h>
 #include <netinet/in.h>
 #include <pthread.h>
@@ -44,6 +45,7 @@
 #include "nn/generate.h"
 #include "nn/language_model.h"
 #include "nn/rotary_decoder.h"
+#include "serve/cpus.h"
 
 extern char** environ;
 
@@ -265,16 +267,20 @@ struct Target {
   std::string host;
   int port = 0;
   nn::LoadedModelCheckpoint checkpoint;
+  std::vector<int> client_cpus;  // the CPUs serve leaves to its HTTP workers (none: every CPU)
 };
 
-/// Puts the calling client thread under SCHED_IDLE: it runs only when no other thread wants the
-/// core. The server is measured, not the load generator, whose 64 threads would otherwise take
-/// the cores from the server's decoding thread as clients on other machines would not.
-void idle_priority_client() {
+/// Puts the calling client thread on the CPUs serve leaves to its HTTP workers, and under
+/// SCHED_IDLE there: it runs only when no other thread wants the core. The server is measured, not
+/// the load generator, whose 64 threads would otherwise take the cores from the server as clients
+/// on other machines would not (64 SCHED_IDLE threads on the decoding's core took 8% of it).
+void idle_priority_client(const std::vector<int>& cpus) {
   static std::atomic<bool> warned{false};
   const sched_param none{};
-  if (pthread_setschedparam(pthread_self(), SCHED_IDLE, &none) != 0 && !warned.exchange(true))
-    fmt::print(stderr, "bench_serve: could not put the client threads under SCHED_IDLE; they compete with the server\n");
+  if ((!serve::run_on(cpus) || pthread_setschedparam(pthread_self(), SCHED_IDLE, &none) != 0) &&
+      !warned.exchange(true))
+    fmt::print(stderr, "bench_serve: could not put the client threads under SCHED_IDLE on CPUs {}; they compete "
+                       "with the server\n", fmt::join(cpus, ","));
 }
 
 httplib::Client make_client(const Target& target) {
@@ -317,7 +323,7 @@ json load_round(const Target& target, int clients, int requests, std::size_t new
   std::vector<std::thread> threads;
   for (int c = 0; c < clients; ++c)
     threads.emplace_back([&] {
-      idle_priority_client();
+      idle_priority_client(target.client_cpus);
       httplib::Client client = make_client(target);
       for (int i = next++; i < requests; i = next++) {
         json body = {{"prompt", prompts[std::size_t(i)]}, {"max_tokens", request_tokens(std::size_t(i), new_tokens)},
@@ -433,7 +439,7 @@ json mixed_run(const Target& target, std::size_t total, int clients, bool& ok) {
   std::vector<std::thread> threads;
   for (int c = 0; c < clients; ++c)
     threads.emplace_back([&] {
-      idle_priority_client();
+      idle_priority_client(target.client_cpus);
       httplib::Client client = make_client(target);
       for (std::size_t i; (i = next++) < total;) {
         json body = cases[sent[i].case_index].body;
@@ -591,7 +597,8 @@ int main(int argc, char** argv) try {
     checkpoint_path = (work / "bench_model.safetensors").string();
     write_bench_checkpoint(checkpoint_path);
   }
-  Target target{"127.0.0.1", free_port(), nn::load_model_checkpoint(checkpoint_path)};
+  Target target{"127.0.0.1", free_port(), nn::load_model_checkpoint(checkpoint_path),
+                serve::split_cpus(serve::allowed_cpus(), std::size_t(threads)).others};
   target.checkpoint.model.set_training(false);
   // Requests ask for up to 3/2 of new_tokens after a prompt of 8 (request_tokens).
   const std::size_t max_len = target.checkpoint.model.config().max_len;

@@ -24,6 +24,7 @@ int main(int argc, char** argv) {
   serve::ServerOptions options;
   int threads = 0;
   double drain_seconds = 30;
+  bool share_cores = false;
   app.add_option("--checkpoint", options.checkpoint, "A checkpoint from train_char (required); watched for changes");
   app.add_option("--host", options.host, "The address to listen on")->capture_default_str();
   app.add_option("--port", options.port, "The port to listen on (0: any free port)")
@@ -43,6 +44,10 @@ int main(int argc, char** argv) {
   app.add_option("--threads", threads, "Threads of the decoding passes (0: all cores)")
       ->check(CLI::Range(0, 4096))
       ->capture_default_str();
+  app.add_flag("--share-cores", share_cores,
+               "Let the HTTP threads run on the decoding's cores (by default, when the process may use more "
+               "cores than --threads, the decoding runs on the first --threads of them and the HTTP threads "
+               "on the rest)");
   app.add_option("--drain-timeout", drain_seconds,
                  "Seconds that running requests get to finish after SIGTERM or SIGINT")
       ->check(CLI::Range(0.0, 86400.0))
@@ -51,6 +56,7 @@ int main(int argc, char** argv) {
   return run_program(app, argc, argv, [&] {
     if (options.checkpoint.empty()) throw UsageError("--checkpoint is required");
     options.drain_timeout = std::chrono::milliseconds(std::int64_t(drain_seconds * 1000));
+    options.pin_cpus = !share_cores;
     set_num_threads(threads);
     // SIGTERM and SIGINT are taken by sigwait below, on this thread: blocked here, before any
     // other thread starts, so that every thread inherits the mask.

@@ -76,6 +76,9 @@ struct SchedulerOptions {
   std::size_t max_tokens = 0;      ///< the cap on a request's max_tokens (0: the model's max_len)
   std::size_t prefill_chunk = 64;  ///< prompt tokens a sequence prefills per step
   std::chrono::milliseconds poll{100};  ///< how often the checkpoint file is checked for a change
+  /// The CPUs the loop's thread, and the kernel threads it starts, run on (serve/cpus.h); empty:
+  /// wherever the process may.
+  std::vector<int> cpus;
   /// Reads the checkpoint, at start and whenever the file changes (called on the loop's thread):
   /// tests hold the first load here.
   std::function<std::shared_ptr<const Weights>(const std::string& path)> load = load_weights;

@@ -19,6 +19,8 @@
 #include <optional>
 #include <thread>
 
+#include "core/kernels.h"
+#include "serve/cpus.h"
 #include "serve/hangup_watch.h"
 
 namespace tapegrad::serve {
@@ -45,17 +47,18 @@ void reply_error(httplib::Response& res, const ApiError& error) {
 // sequences busy.
 constexpr auto kStreamPoll = std::chrono::milliseconds(10);
 
-// Puts the calling HTTP worker under SCHED_BATCH, once per thread. Such a thread, when it wakes,
-// takes an idle core at once but never preempts the decoding thread on a busy one: it waits for
-// the scheduler's next tick there instead. Under normal scheduling each of the 64 streams' 100
-// wake-ups a second could land on the decoding thread's core and preempt it: at C = 64 on 2 vCPUs
-// it was preempted 700 to 1,350 times a second and waited 8-13% of its time for its core; under
-// SCHED_BATCH 170 to 300 times, 4-5% (schedstat and nonvoluntary_ctxt_switches, three runs
-// each). Unlike a higher nice value, it leaves the workers' share of the cores as it was.
-void yield_to_decoding() {
-  static thread_local const bool done = [] {
+// Settles the calling HTTP worker, once per thread: on `cpus` (none: where it was), and under
+// SCHED_BATCH. Such a thread, when it wakes, takes an idle core at once but never preempts the
+// decoding thread on a busy one: it waits for the scheduler's next tick there instead. Under
+// normal scheduling each of the 64 streams' 100 wake-ups a second could land on the decoding
+// thread's core and preempt it: at C = 64 on 2 vCPUs it was preempted 700 to 1,350 times a second
+// and waited 8-13% of its time for its core; under SCHED_BATCH 170 to 300 times, 4-5%
+// (schedstat and nonvoluntary_ctxt_switches, three runs each). Unlike a higher nice value, it
+// leaves the workers' share of the cores as it was.
+void settle_worker(const std::vector<int>& cpus) {
+  static thread_local const bool done = [&] {
     const sched_param none{};
-    return pthread_setschedparam(pthread_self(), SCHED_BATCH, &none) == 0;
+    return run_on(cpus) && pthread_setschedparam(pthread_self(), SCHED_BATCH, &none) == 0;
   }();
   (void)done;
 }
@@ -101,6 +104,7 @@ int connection_socket(const httplib::Request& req) {
 
 struct Server::Impl {
   ServerOptions options;
+  CpuSplit cpus;  // empty unless options.pin_cpus and a CPU is left over
   Metrics metrics;
   Scheduler scheduler;
   HangupWatch hangups;  // before http: the workers' watches end before it does
@@ -114,8 +118,9 @@ struct Server::Impl {
 
   explicit Impl(ServerOptions o)
       : options(std::move(o)),
+        cpus(options.pin_cpus ? split_cpus(allowed_cpus(), std::size_t(num_threads())) : CpuSplit{}),
         metrics(options.scheduler.parallel),
-        scheduler(options.checkpoint, options.scheduler, metrics),
+        scheduler(options.checkpoint, decoding_on(cpus.decoding, options.scheduler), metrics),
         model_name(std::filesystem::path(options.checkpoint).stem().string()) {
     routes();
     // A connection holds a worker while it streams: enough for every sequence, every queued
@@ -143,6 +148,11 @@ struct Server::Impl {
                                            options.host, options.port));
     if (socket_fd >= 0) ::listen(socket_fd, SOMAXCONN);
     http.set_socket_options([](int) {});  // the lambda above refers to this constructor's frame
+  }
+
+  static SchedulerOptions decoding_on(std::vector<int> cpus, SchedulerOptions scheduler) {
+    if (!cpus.empty()) scheduler.cpus = std::move(cpus);
+    return scheduler;
   }
 
   // The fields every answer and every chunk of a stream share.
@@ -202,7 +212,7 @@ struct Server::Impl {
               [this](const httplib::Request& req, httplib::Response& res) { complete(req, res); });
 
     http.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
-      yield_to_decoding();
+      settle_worker(cpus.others);
       if (options.api_key.empty() || !req.path.starts_with("/v1/")) return httplib::Server::HandlerResponse::Unhandled;
       if (req.get_header_value("Authorization") == "Bearer " + options.api_key)
         return httplib::Server::HandlerResponse::Unhandled;
@@ -305,45 +315,59 @@ struct Server::Impl {
       std::unique_lock lock(job.mutex);
       job.ended.wait_until(lock, *state.last_send + kStreamPoll, [&] { return job.done || job.cancelled; });
     }
-    std::vector<std::string> events;
+    // What is new is copied under the job's lock and formatted after it: the decoding thread takes
+    // that lock at every token, and a worker that held it while it built JSON (and lost its core
+    // meanwhile) put the decoding to sleep for up to milliseconds.
+    struct ChoiceNews {
+      std::size_t index;
+      std::string text;
+      std::optional<std::string> finish_reason;
+    };
+    std::vector<ChoiceNews> news;
     bool done = false;
+    std::optional<ApiError> error;
+    std::optional<json> usage_at_end;
     {
       std::unique_lock lock(job.mutex);
-      auto news = [&] {
+      auto any_news = [&] {
         if (job.done || job.cancelled) return true;
         for (std::size_t i = 0; i < job.choices.size(); ++i)
           if (job.choices[i].text.size() > state.sent[i] || (job.choices[i].finish_reason && !state.finished[i]))
             return true;
         return false;
       };
-      job.changed.wait_for(lock, kStreamPoll, news);
+      job.changed.wait_for(lock, kStreamPoll, any_news);
       if (job.cancelled) return false;  // its client has gone: nothing more to send
-      const json base = base_object(job, state.id);
       for (std::size_t i = 0; i < job.choices.size(); ++i) {
         const Job::Choice& choice = job.choices[i];
         const bool finishing = choice.finish_reason && !state.finished[i];
         if (choice.text.size() == state.sent[i] && !finishing) continue;
-        json event = base;
-        event["choices"] = json::array({{{"text", choice.text.substr(state.sent[i])},
-                                         {"index", i},
-                                         {"logprobs", nullptr},
-                                         {"finish_reason", finishing ? json(*choice.finish_reason) : json(nullptr)}}});
-        if (job.request.include_usage) event["usage"] = nullptr;
-        events.push_back(dump(event));
+        news.push_back({i, choice.text.substr(state.sent[i]), finishing ? choice.finish_reason : std::nullopt});
         state.sent[i] = choice.text.size();
         state.finished[i] = state.finished[i] || finishing;
       }
-      if (job.done) {
-        done = true;
-        if (job.error) {
-          events.push_back(error_body(*job.error));
-        } else if (job.request.include_usage) {
-          json event = base;
-          event["choices"] = json::array();
-          event["usage"] = usage(job);
-          events.push_back(dump(event));
-        }
-      }
+      done = job.done;
+      error = job.error;
+      if (done && !error && job.request.include_usage) usage_at_end = usage(job);
+    }
+    std::vector<std::string> events;
+    const json base = base_object(job, state.id);  // the fingerprint was set before the first token
+    for (ChoiceNews& choice : news) {
+      json event = base;
+      event["choices"] = json::array({{{"text", std::move(choice.text)},
+                                       {"index", choice.index},
+                                       {"logprobs", nullptr},
+                                       {"finish_reason", choice.finish_reason ? json(*choice.finish_reason) : json(nullptr)}}});
+      if (job.request.include_usage) event["usage"] = nullptr;
+      events.push_back(dump(event));
+    }
+    if (done && error) {
+      events.push_back(error_body(*error));
+    } else if (usage_at_end) {
+      json event = base;
+      event["choices"] = json::array();
+      event["usage"] = std::move(*usage_at_end);
+      events.push_back(dump(event));
     }
     const Clock::time_point now = Clock::now();
     if (events.empty() || now - state.last_check >= kStreamPoll) {

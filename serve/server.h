@@ -25,6 +25,10 @@ struct ServerOptions {
   std::string api_key;                 ///< if set, /v1/ requests need "Authorization: Bearer <key>"
   std::size_t body_limit = 1 << 20;    ///< the largest request body (bytes); larger is a 413
   std::chrono::milliseconds drain_timeout{30000};  ///< how long shutdown() lets requests finish
+  /// Gives the decoding cores of its own when the process may run on more CPUs than the kernel
+  /// threads (num_threads()): the decoding loop on the first of them, the HTTP workers on the
+  /// rest (serve/cpus.h). Otherwise everything shares every CPU.
+  bool pin_cpus = false;
 };
 
 /// An HTTP server bound to its port, serving a checkpoint.

@@ -9,6 +9,8 @@
 #include <future>
 
 #include "nn/tokenizer.h"
+#include "core/kernels.h"
+#include "serve/cpus.h"
 #include "serve/server.h"
 #include "serve_helpers.h"
 #include "support/helpers.h"
@@ -108,6 +110,70 @@ TEST_CASE("the HTTP workers run under SCHED_BATCH, so that their wake-ups never 
   }
   CHECK(decoding == 1);
   CHECK(batch >= 1);  // the worker that answered, at least
+}
+
+namespace {
+
+std::vector<int> cpus_of(pid_t thread) {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  std::vector<int> cpus;
+  REQUIRE(sched_getaffinity(thread, sizeof set, &set) == 0);
+  for (int cpu = 0; cpu < CPU_SETSIZE; ++cpu)
+    if (CPU_ISSET(cpu, &set)) cpus.push_back(cpu);
+  return cpus;
+}
+
+}  // namespace
+
+TEST_CASE("split_cpus: the decoding gets the first CPUs when one is left over for the rest, else nothing changes") {
+  const serve::CpuSplit two = serve::split_cpus({0, 1}, 1);
+  CHECK(two.decoding == std::vector{0});
+  CHECK(two.others == std::vector{1});
+  const serve::CpuSplit four = serve::split_cpus({2, 5, 7, 9}, 2);
+  CHECK(four.decoding == std::vector{2, 5});
+  CHECK(four.others == std::vector{7, 9});
+  for (std::size_t threads : {0, 2, 3}) {
+    const serve::CpuSplit none = serve::split_cpus({0, 1}, threads);
+    CHECK(none.decoding.empty());
+    CHECK(none.others.empty());
+  }
+  CHECK(serve::allowed_cpus() == cpus_of(0));
+}
+
+TEST_CASE("pin_cpus: the decoding thread runs on CPUs of its own and the HTTP workers on the others") {
+  const std::vector<int> allowed = serve::allowed_cpus();
+  REQUIRE(!allowed.empty());
+  struct OneThread {  // one decoding thread, so that a CPU is left over wherever there are two
+    int saved = num_threads();
+    OneThread() { set_num_threads(1); }
+    ~OneThread() { set_num_threads(saved); }
+  } one_thread;
+  const serve::CpuSplit split = serve::split_cpus(allowed, 1);
+  INFO("allowed CPUs: ", allowed.size(), " (on one CPU nothing is pinned and every thread keeps it)");
+  ServeDir dir("pinned");
+  write_tiny_checkpoint(dir.path / "tiny.safetensors", 1, "rotary", 1);
+  serve::ServerOptions options = test_options(dir.path / "tiny.safetensors");
+  options.pin_cpus = true;
+  TestServer s(options);
+  httplib::Client client = s.client();
+  REQUIRE(client.Post("/v1/completions", R"({"prompt": "ab", "max_tokens": 2})", "application/json"));
+  std::size_t decoding = 0, workers = 0;
+  for (const auto& task : std::filesystem::directory_iterator("/proc/self/task")) {
+    std::ifstream comm_file(task.path() / "comm");
+    std::string comm;
+    std::getline(comm_file, comm);
+    const pid_t thread = std::stoi(task.path().filename().string());
+    if (comm == "serve-decode") {
+      ++decoding;
+      CHECK(cpus_of(thread) == (split.decoding.empty() ? allowed : split.decoding));
+    } else if (sched_getscheduler(thread) == SCHED_BATCH) {
+      ++workers;
+      CHECK(cpus_of(thread) == (split.others.empty() ? allowed : split.others));
+    }
+  }
+  CHECK(decoding == 1);
+  CHECK(workers >= 1);  // the worker that answered, at least
 }
 
 TEST_CASE("/health is 503 while the checkpoint loads, after the server listens, and 200 once it has") {
