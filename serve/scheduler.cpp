@@ -231,7 +231,8 @@ void Scheduler::loop() {
   ::pthread_setname_np(::pthread_self(), "serve-decode");  // as top -H and perf name it
   // Before the first pass: the kernel threads that pass starts inherit these CPUs.
   if (!run_on(options_.cpus))
-    fmt::print(stderr, "serve: could not keep the decoding loop on CPUs {}; it runs on any\n", fmt::join(options_.cpus, ","));
+    fmt::print(stderr, "serve: could not keep the decoding loop on CPUs {}; it runs on any\n",
+               fmt::join(options_.cpus, ","));
   NoGradScope no_grad;
   // The first load happens here, not in the constructor, so that the server listens meanwhile and
   // answers 503 "loading" rather than refusing connections (as llama.cpp's server does).

@@ -38,13 +38,12 @@ void reply_error(httplib::Response& res, const ApiError& error) {
   res.set_content(error_body(error), "application/json");
 }
 
-// How often a stream's thread wakes: it writes what has come at most this often, and looks at its
-// connection at least this often (a client that closed it is noticed at once by HangupWatch; this
-// catches a peer that vanished without closing). At 64 streams, 5 ms
-// gave 60-63% of bench_kv_cache's S = 64 tokens/s and 10 ms 67-81% (three alternating runs of
-// bench_serve --clients 64 --pairs 4, 2 vCPUs, commit cc8f7d0): the streams' wake-ups and writes
-// share the cores with the decoding loop and with the clients, whose next requests keep the
-// sequences busy.
+// How often a stream's thread wakes: it writes what has come at most this often, and when nothing
+// has come it looks at its connection (a client that closed it is noticed at once by HangupWatch;
+// this catches a peer that reset it). At 64 streams, 5 ms gave 60-63% of bench_kv_cache's S = 64
+// tokens/s and 10 ms 67-81% (three alternating runs of bench_serve --clients 64 --pairs 4, 2 vCPUs,
+// commit cc8f7d0): the streams' wake-ups and writes share the cores with the clients, whose next
+// requests keep the sequences busy. 20 ms was no better once the decoding had a core of its own.
 constexpr auto kStreamPoll = std::chrono::milliseconds(10);
 
 // Settles the calling HTTP worker, once per thread: on `cpus` (none: where it was), and under
@@ -58,7 +57,8 @@ constexpr auto kStreamPoll = std::chrono::milliseconds(10);
 void settle_worker(const std::vector<int>& cpus) {
   static thread_local const bool done = [&] {
     const sched_param none{};
-    return run_on(cpus) && pthread_setschedparam(pthread_self(), SCHED_BATCH, &none) == 0;
+    const bool placed = run_on(cpus);
+    return pthread_setschedparam(pthread_self(), SCHED_BATCH, &none) == 0 && placed;
   }();
   (void)done;
 }
@@ -357,10 +357,11 @@ struct Server::Impl {
     const json base = base_object(job, state.id);  // the fingerprint was set before the first token
     for (ChoiceNews& choice : news) {
       json event = base;
+      const json finish_reason = choice.finish_reason ? json(*choice.finish_reason) : json(nullptr);
       event["choices"] = json::array({{{"text", std::move(choice.text)},
                                        {"index", choice.index},
                                        {"logprobs", nullptr},
-                                       {"finish_reason", choice.finish_reason ? json(*choice.finish_reason) : json(nullptr)}}});
+                                       {"finish_reason", finish_reason}}});
       if (job.request.include_usage) event["usage"] = nullptr;
       events.push_back(dump(event));
     }
