@@ -31,6 +31,18 @@ json error_of(const httplib::Result& r, int status) {
   return body["error"];
 }
 
+// This process's threads: their ids and names.
+std::vector<std::pair<pid_t, std::string>> process_threads() {
+  std::vector<std::pair<pid_t, std::string>> threads;
+  for (const auto& task : std::filesystem::directory_iterator("/proc/self/task")) {
+    std::ifstream comm_file(task.path() / "comm");
+    std::string comm;
+    std::getline(comm_file, comm);
+    threads.emplace_back(std::stoi(task.path().filename().string()), comm);
+  }
+  return threads;
+}
+
 }  // namespace
 
 TEST_CASE("serve answers /health, /v1/models, /metrics and the playground page") {
@@ -97,11 +109,8 @@ TEST_CASE("the HTTP workers run under SCHED_BATCH, so that their wake-ups never 
   httplib::Client client = s.client();
   REQUIRE(client.Post("/v1/completions", R"({"prompt": "ab", "max_tokens": 2})", "application/json"));
   std::size_t batch = 0, decoding = 0;
-  for (const auto& task : std::filesystem::directory_iterator("/proc/self/task")) {
-    std::ifstream comm_file(task.path() / "comm");
-    std::string comm;
-    std::getline(comm_file, comm);
-    const int policy = sched_getscheduler(std::stoi(task.path().filename().string()));
+  for (const auto& [thread, comm] : process_threads()) {
+    const int policy = sched_getscheduler(thread);
     if (comm == "serve-decode") {
       ++decoding;
       CHECK(policy == sched_getscheduler(0));  // the test's own policy, which it inherited
@@ -159,11 +168,7 @@ TEST_CASE("pin_cpus: the decoding thread runs on CPUs of its own and the HTTP wo
   httplib::Client client = s.client();
   REQUIRE(client.Post("/v1/completions", R"({"prompt": "ab", "max_tokens": 2})", "application/json"));
   std::size_t decoding = 0, workers = 0;
-  for (const auto& task : std::filesystem::directory_iterator("/proc/self/task")) {
-    std::ifstream comm_file(task.path() / "comm");
-    std::string comm;
-    std::getline(comm_file, comm);
-    const pid_t thread = std::stoi(task.path().filename().string());
+  for (const auto& [thread, comm] : process_threads()) {
     if (comm == "serve-decode") {
       ++decoding;
       CHECK(cpus_of(thread) == (split.decoding.empty() ? allowed : split.decoding));
