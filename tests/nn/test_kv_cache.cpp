@@ -6,9 +6,9 @@
 #include <algorithm>
 #include <atomic>
 #include <cmath>
+#include <cstdint>
 #include <cstdlib>
 #include <new>
-#include <cstdint>
 #include <set>
 
 #include "core/ops.h"
