@@ -12,7 +12,8 @@
 namespace tapegrad {
 
 /// Threads used by the kernels (OpenMP row loops and split matmuls; BLAS itself runs on one
-/// thread, so only one parallel runtime is ever active). n = 0 means "all cores".
+/// thread, so only one parallel runtime is ever active). n = 0 means OMP_NUM_THREADS when it is
+/// set, as in PyTorch, and otherwise every core the process may use.
 void set_num_threads(int n);
 /// The number of threads the kernels use.
 int num_threads();

@@ -11,7 +11,7 @@ static int g_threads = 0;
 
 void set_num_threads(int n) {
   openblas_set_num_threads(1);
-  g_threads = n > 0 ? n : omp_get_num_procs();
+  g_threads = n > 0 ? n : omp_get_max_threads();  // OMP_NUM_THREADS, or every core we may use
 }
 
 int num_threads() {

@@ -41,7 +41,7 @@ int main(int argc, char** argv) {
       ->check(non_negative())
       ->capture_default_str();
   app.add_option("--api-key", options.api_key, "Require 'Authorization: Bearer KEY' on /v1/ requests");
-  app.add_option("--threads", threads, "Threads of the decoding passes (0: all cores)")
+  app.add_option("--threads", threads, "Threads of the decoding passes (0: OMP_NUM_THREADS, else all cores)")
       ->check(CLI::Range(0, 4096))
       ->capture_default_str();
   app.add_flag("--share-cores", share_cores,

@@ -66,7 +66,7 @@ int main(int argc, char** argv) {
   app.add_flag("--remat", o.remat, "Recompute each block in backward (less memory, same result)");
   app.add_flag("--shard-optimizer", o.shard_optimizer,
                "Under mpirun: each rank keeps and updates 1/N of the AdamW state (ZeRO-1; same result)");
-  app.add_option("--threads", o.threads, "Threads (0: all cores)")->capture_default_str();
+  app.add_option("--threads", o.threads, "Threads (0: OMP_NUM_THREADS, else all cores)")->capture_default_str();
   app.add_option("--eval-every", o.eval_every, "Validation loss every N steps (0: only at the end)")
       ->capture_default_str();
   app.add_option("--eval-batches", o.eval_batches, "Batches of validation windows per evaluation")

@@ -290,7 +290,7 @@ void TrainOptions::validate() const {
   require(std::isfinite(weight_decay) && weight_decay >= 0,
           fmt::format("--weight-decay must be a number >= 0, got {}", weight_decay));
   require(std::isfinite(clip) && clip >= 0, fmt::format("--clip must be a number >= 0 (0: no clipping), got {}", clip));
-  require(threads >= 0, fmt::format("--threads must be >= 0 (0: all cores), got {}", threads));
+  require(threads >= 0, fmt::format("--threads must be >= 0 (0: OMP_NUM_THREADS, else all cores), got {}", threads));
   require(eval_every >= 0, fmt::format("--eval-every must be >= 0 (0: only at the end), got {}", eval_every));
   require(eval_batches >= 1, fmt::format("--eval-batches must be at least 1, got {}", eval_batches));
   require(save_every >= 0, fmt::format("--save-every must be >= 0 (0: only at the end), got {}", save_every));

@@ -37,7 +37,7 @@ struct TrainOptions {
   std::uint64_t seed = 0;
   bool remat = false;
   bool shard_optimizer = false;  // ZeRO-1: each rank keeps and updates 1/N of the AdamW state
-  int threads = 0;                // 0: all cores
+  int threads = 0;                // 0: OMP_NUM_THREADS, else all cores
   std::int64_t eval_every = 100;  // 0: validate only at the end
   std::size_t eval_batches = 20;
   std::int64_t save_every = 500;              // 0: save only at the end (and on a signal)

@@ -62,46 +62,12 @@ Inputs random_inputs(const kernels::AttentionShape& s) {
           test::random_vector<double>(nq, 4)};
 }
 
-// Central differences of sum(out * R) in double for every element of x when it has at most 64,
-// else for 64 elements at a fixed odd stride, drifting by one every 7 so that every column and
-// head is hit, plus the last one: at T = 130 and Dh = 64 a full check would take minutes.
-// eps = 1e-5, not the usual 1e-6: a key reaches every later output, so the loss sums up to
-// B*T*H*Dh rounded terms; at 51,200 of them (T = 200) their noise (about 2e-13) divided by 2 eps
-// gave errors of 2e-7 at eps = 1e-6 (the analytic dk matched a plain double loop to 1e-15); at 1e-5 that noise is
-// 2e-8, and the truncation error, O(eps^2) times a third derivative of order 1, about 1e-10.
-void check_gradient(const std::string& what, std::vector<double>& x, const std::vector<double>& analytic,
-                    const std::function<std::vector<double>()>& forward, const std::vector<double>& R) {
-  std::vector<std::size_t> indices;
-  const std::size_t checked = 64;
-  const double eps = 1e-5;
-  if (x.size() <= checked) {
-    for (std::size_t i = 0; i < x.size(); ++i) indices.push_back(i);
-  } else {
-    std::size_t stride = x.size() / checked | 1;
-    for (std::size_t i = 0; i < checked; ++i) indices.push_back((i * stride + i / 7) % x.size());
-    indices.push_back(x.size() - 1);
-  }
-  auto loss = [&] {
-    std::vector<double> y = forward();
-    double total = 0;
-    for (std::size_t i = 0; i < y.size(); ++i) total += y[i] * R[i];
-    return total;
-  };
-  for (std::size_t i : indices) {
-    double saved = x[i];
-    x[i] = saved + eps;
-    double plus = loss();
-    x[i] = saved - eps;
-    double minus = loss();
-    x[i] = saved;
-    double numerical = (plus - minus) / (2 * eps);
-    bool ok = std::fabs(analytic[i] - numerical) <= test::kDoubleAtol + test::kDoubleRtol * std::fabs(numerical);
-    if (!ok) {
-      FAIL_CHECK(what << ": element " << i << ": analytic " << analytic[i] << ", numerical " << numerical);
-      return;
-    }
-  }
-}
+// eps = 1e-5 for the central differences, not the usual 1e-6: a key reaches every later output,
+// so the loss sums up to B*T*H*Dh rounded terms; at 51,200 of them (T = 200) their noise (about
+// 2e-13) divided by 2 eps gave errors of 2e-7 at eps = 1e-6 (the analytic dk matched a plain
+// double loop to 1e-15); at 1e-5 that noise is 2e-8, and the truncation error, O(eps^2) times a
+// third derivative of order 1, about 1e-10.
+constexpr double kAttentionEps = 1e-5;
 
 // Runs the enclosing scope's kernels on one thread: the gradient checks make thousands of short
 // calls, and a parallel region per call costs more than it saves on a loaded machine.
@@ -134,9 +100,9 @@ void check_attention(const kernels::AttentionShape& s) {
     kernels::attention_forward<double>(y.data(), nullptr, in.q.data(), in.k.data(), in.v.data(), s);
     return y;
   };
-  check_gradient("attention dq", in.q, dq, forward, in.R);
-  check_gradient("attention dk", in.k, dk, forward, in.R);
-  check_gradient("attention dv", in.v, dv, forward, in.R);
+  test::check_double("attention dq", in.q, forward, in.R, dq, kAttentionEps);
+  test::check_double("attention dk", in.k, forward, in.R, dk, kAttentionEps);
+  test::check_double("attention dv", in.v, forward, in.R, dv, kAttentionEps);
 }
 
 }  // namespace
