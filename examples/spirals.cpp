@@ -53,13 +53,13 @@ int main() {
   make_spirals(200, rng, test_xy, test_label);
   Mlp model(rng);
   optim::AdamW optimizer(model.params(), {.lr = 1e-2f, .weight_decay = 0.0f});
-  for (int step = 1; step <= 400; ++step) {
+  for (int step = 1; step <= 200; ++step) {
     optimizer.zero_grad();
     Tape tape;
     Var loss = cross_entropy(model.forward(Var(train_xy)), train_label);
     tape.backward(loss);
     optimizer.step();
-    if (step % 100 == 0)
+    if (step % 50 == 0)
       fmt::print("step {:4d}  loss {:.4f}  train accuracy {:.3f}\n", step, loss.value().item(),
                  accuracy(model, train_xy, train_label));
   }

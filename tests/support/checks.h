@@ -30,7 +30,7 @@ inline double weighted_sum(const std::vector<double>& y, const std::vector<doubl
 
 /// Checks a double kernel: forward() reads x, analytic is dL/dx for dy = R. Inputs of up to 256
 /// elements are perturbed one element at a time. Larger ones (2n forward passes would take minutes
-/// under the sanitizers at n = 16,640): 32 elements one at a time (a fixed odd stride drifting by
+/// under the sanitizers at n = 16,640): 16 elements one at a time (a fixed odd stride drifting by
 /// one every 7, so that rows and columns both vary), the last one, and 4 random unit directions u
 /// over every element at once, (L(x + eps u) - L(x - eps u)) / 2 eps against <analytic, u>. An
 /// element whose gradient is off by e moves <analytic, u> by about e / sqrt(n): a bug's 1e-2 at
@@ -50,7 +50,7 @@ inline void check_double(const std::string& what, std::vector<double>& x,
                                        << " (|diff| " << error << " > " << limit << ")");
     return error <= limit;
   };
-  const std::size_t elements = 32, stride = n / elements | 1;
+  const std::size_t elements = 16, stride = n / elements | 1;
   for (std::size_t k = 0; k <= elements; ++k) {
     const std::size_t i = k == elements ? n - 1 : (k * stride + k / 7) % n;
     const double saved = x[i];
