@@ -13,10 +13,13 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <string>
+#include <system_error>
 #include <vector>
 
 #include "core/simd.h"
+#include "support/helpers.h"
 
 using namespace tapegrad;
 
@@ -86,7 +89,10 @@ int main(int argc, char** argv) {
   const char* forced = std::getenv("TAPEGRAD_SIMD");
   if ((forced != nullptr && *forced != '\0') || context.shouldExit()) {
     if (!context.shouldExit()) fmt::print("[tapegrad] SIMD level {}\n", simd_level_name(simd_level()));
-    return context.run();
+    const int failed = context.run();
+    std::error_code ignored;  // the files of a run that passed go; a failed run's stay for a look
+    if (failed == 0) std::filesystem::remove_all(test::process_dir(), ignored);
+    return failed;
   }
   std::vector<LevelRun> runs;
   for (SimdLevel level : testable_simd_levels()) runs.push_back({level});

@@ -113,12 +113,7 @@ Metadata one_block_metadata(const OneBlockConfig& c) {
 const bool one_block_registered =
     (register_architecture(make_architecture<OneBlock>("one_block", &one_block_config, &one_block_metadata)), true);
 
-std::string temp_path(const std::string& name) {
-  // One folder per process: the SIMD levels run side by side, and their files differ in the last bits.
-  auto dir = std::filesystem::temp_directory_path() / ("tapegrad_test_architecture_registry_" + std::to_string(getpid()));
-  std::filesystem::create_directories(dir);
-  return (dir / name).string();
-}
+std::string temp_path(const std::string& name) { return test::process_path("architecture_registry_" + name); }
 
 std::vector<float> values(std::span<const float> s) { return {s.begin(), s.end()}; }
 std::vector<float> values(const Tensor& t) { return {t.data(), t.data() + t.size()}; }

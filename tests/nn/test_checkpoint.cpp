@@ -15,12 +15,7 @@ using namespace tapegrad;
 using namespace tapegrad::nn;
 
 namespace {
-std::string temp_path(const std::string& name) {
-  // One folder per process: the SIMD levels run side by side, and their files differ in the last bits.
-  auto dir = std::filesystem::temp_directory_path() / ("tapegrad_test_checkpoint_" + std::to_string(getpid()));
-  std::filesystem::create_directories(dir);
-  return (dir / name).string();
-}
+std::string temp_path(const std::string& name) { return test::process_path("checkpoint_" + name); }
 
 // Rewrites a checkpoint with one change, to forge a consistent file with bad content.
 void rewrite(const std::string& from, const std::string& to,

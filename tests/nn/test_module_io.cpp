@@ -22,7 +22,7 @@ struct Mlp : nn::Module {
   }
 };
 
-std::string temp_path(const char* name) { return (std::filesystem::temp_directory_path() / name).string(); }
+std::string temp_path(const char* name) { return test::process_path(name); }
 
 }  // namespace
 

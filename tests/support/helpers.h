@@ -2,7 +2,9 @@
 #pragma once
 
 #include <doctest/doctest.h>
+#include <unistd.h>
 
+#include <filesystem>
 #include <string>
 #include <vector>
 
@@ -10,6 +12,18 @@
 #include "core/tensor.h"
 
 namespace tapegrad::test {
+
+/// This test process's folder for files (the SIMD levels run side by side, each in a process of
+/// its own). The suite removes it when the run passes and keeps it for a look when a test fails.
+inline std::filesystem::path process_dir() {
+  return std::filesystem::temp_directory_path() / ("tapegrad_test_" + std::to_string(::getpid()));
+}
+
+/// process_dir() / name, its folder created.
+inline std::string process_path(const std::string& name) {
+  std::filesystem::create_directories(process_dir());
+  return (process_dir() / name).string();
+}
 
 template <class T = float>
 std::vector<T> random_vector(std::size_t n, std::uint64_t seed, double scale = 1.0) {

@@ -20,6 +20,7 @@
 
 #include "core/random.h"
 #include "core/safetensors.h"
+#include "support/helpers.h"
 
 extern char** environ;
 
@@ -43,7 +44,7 @@ inline void write_bytes(const std::filesystem::path& path, const std::string& by
 
 /// The folder of this test process's files: stdout and stderr of run(), and the work_dir()s.
 inline std::filesystem::path programs_dir() {
-  return std::filesystem::temp_directory_path() / fmt::format("tapegrad_test_programs_{}", ::getpid());
+  return process_dir() / "programs";
 }
 
 /// A fresh folder for one test case.
