@@ -9,9 +9,17 @@ namespace tapegrad {
 
 static int g_threads = 0;
 
+// OpenMP's count as the program started (OMP_NUM_THREADS, else every core it may use), read once:
+// OpenBLAS's OpenMP build sets OpenMP's count to 1 in openblas_set_num_threads(1).
+static int openmp_default_threads() {
+  static const int n = omp_get_max_threads();
+  return n;
+}
+
 void set_num_threads(int n) {
+  const int all = openmp_default_threads();
   openblas_set_num_threads(1);
-  g_threads = n > 0 ? n : omp_get_max_threads();  // OMP_NUM_THREADS, or every core we may use
+  g_threads = n > 0 ? n : all;
 }
 
 int num_threads() {

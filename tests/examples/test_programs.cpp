@@ -2,8 +2,10 @@
 // (from TAPEGRAD_BINARY_DIR) on a small generated corpus in a temporary folder; the tests check
 // their output, exit status and files, including resume, Ctrl-C and NaN handling.
 #include <doctest/doctest.h>
+#include <fmt/format.h>
 #include <signal.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <filesystem>
@@ -56,6 +58,17 @@ TEST_CASE("train_char trains a tiny model and writes its checkpoint, metrics CSV
   CHECK(test::contains(svg, ">step</text>"));
   CHECK(!has_temporary_files(dir / "run"));
   CHECK(!fs::exists(ckpt.string() + ".lock"));  // removed by the run that held it
+}
+
+TEST_CASE("train_char --threads 0 runs on OMP_NUM_THREADS threads when it is set") {
+  fs::path dir = work_dir("threads"), data = write_corpus(dir);
+  std::vector<std::string> args = tiny(data, dir / "t.safetensors", 2);
+  *(std::find(args.begin(), args.end(), "--threads") + 1) = "0";
+  for (const char* threads : {"1", "2"}) {
+    Result r = run("train_char", args, {std::string("OMP_NUM_THREADS=") + threads});
+    REQUIRE_MESSAGE(r.status == 0, r.err);
+    CHECK(test::contains(r.out, fmt::format("; {} threads", threads)));
+  }
 }
 
 TEST_CASE("a run stopped halfway and resumed ends bit-identical to a straight run") {
