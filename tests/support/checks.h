@@ -3,6 +3,9 @@
 
 #include <doctest/doctest.h>
 
+#include <fmt/format.h>
+
+#include <algorithm>
 #include <cmath>
 #include <string>
 
@@ -28,27 +31,28 @@ inline double weighted_sum(const std::vector<double>& y, const std::vector<doubl
   return total;
 }
 
-/// Checks a double kernel: forward() reads x, analytic is dL/dx for dy = R. Inputs of up to 256
-/// elements are perturbed one element at a time. Larger ones (2n forward passes would take minutes
-/// under the sanitizers at n = 16,640): 16 elements one at a time (a fixed odd stride drifting by
-/// one every 7, so that rows and columns both vary), the last one, and 4 random unit directions u
-/// over every element at once, (L(x + eps u) - L(x - eps u)) / 2 eps against <analytic, u>. An
-/// element whose gradient is off by e moves <analytic, u> by about e / sqrt(n): a bug's 1e-2 at
-/// n = 16,640 by 8e-5, against a tolerance of about 1e-6.
-inline void check_double(const std::string& what, std::vector<double>& x,
-                         const std::function<std::vector<double>()>& forward, const std::vector<double>& R,
-                         const std::vector<double>& analytic, double eps = kDoubleEps) {
+/// The gradient check of a double kernel: forward() reads x, analytic is dL/dx for dy = R. Inputs
+/// of up to 256 elements are perturbed one element at a time. Larger ones (2n forward passes would
+/// take minutes under the sanitizers at n = 16,640): 16 elements one at a time (a fixed odd stride
+/// drifting by one every 7, so that rows and columns both vary), the last one, and 4 random unit
+/// directions u over every element at once, (L(x + eps u) - L(x - eps u)) / 2 eps against
+/// <analytic, u>. An element whose gradient is off by e moves <analytic, u> by about e / sqrt(n):
+/// a bug's 1e-2 at n = 16,640 by 8e-5, against a tolerance of about 1e-6.
+inline GradcheckReport double_gradient_report(const std::string& what, std::vector<double>& x,
+                                              const std::function<std::vector<double>()>& forward,
+                                              const std::vector<double>& R, const std::vector<double>& analytic,
+                                              double eps = kDoubleEps) {
   const std::size_t n = x.size();
-  if (n <= 256) {
-    GradcheckReport r = check_kernel_gradient<double>(what, x, forward, R, analytic, eps, kDoubleAtol, kDoubleRtol);
-    CHECK_MESSAGE(r.ok, r.message);
-    return;
-  }
+  if (n <= 256) return check_kernel_gradient<double>(what, x, forward, R, analytic, eps, kDoubleAtol, kDoubleRtol);
+  GradcheckReport report;
   auto passes = [&](const std::string& where, double numerical, double expected) {
     const double error = std::fabs(expected - numerical), limit = kDoubleAtol + kDoubleRtol * std::fabs(numerical);
-    CHECK_MESSAGE(error <= limit, what << ": " << where << ": analytic " << expected << ", numerical " << numerical
-                                       << " (|diff| " << error << " > " << limit << ")");
-    return error <= limit;
+    report.max_abs_error = std::max(report.max_abs_error, error);
+    if (error <= limit) return true;
+    report = {false, report.max_abs_error,
+              fmt::format("{}: {}: analytic {:.9g}, numerical {:.9g} (|diff| {:.3g} > {:.3g})", what, where, expected,
+                          numerical, error, limit)};
+    return false;
   };
   const std::size_t elements = 16, stride = n / elements | 1;
   for (std::size_t k = 0; k <= elements; ++k) {
@@ -59,7 +63,7 @@ inline void check_double(const std::string& what, std::vector<double>& x,
     x[i] = saved - eps;
     const double minus = weighted_sum(forward(), R);
     x[i] = saved;
-    if (!passes("element " + std::to_string(i), (plus - minus) / (2 * eps), analytic[i])) return;
+    if (!passes(fmt::format("element {}", i), (plus - minus) / (2 * eps), analytic[i])) return report;
   }
   const std::vector<double> saved = x;
   for (std::uint64_t d = 0; d < 4; ++d) {
@@ -72,8 +76,17 @@ inline void check_double(const std::string& what, std::vector<double>& x,
     for (std::size_t i = 0; i < n; ++i) x[i] = saved[i] - eps * u[i];
     const double minus = weighted_sum(forward(), R);
     x = saved;
-    if (!passes("random direction " + std::to_string(d), (plus - minus) / (2 * eps), expected)) return;
+    if (!passes(fmt::format("random direction {}", d), (plus - minus) / (2 * eps), expected)) return report;
   }
+  return report;
+}
+
+/// double_gradient_report as a doctest check.
+inline void check_double(const std::string& what, std::vector<double>& x,
+                         const std::function<std::vector<double>()>& forward, const std::vector<double>& R,
+                         const std::vector<double>& analytic, double eps = kDoubleEps) {
+  GradcheckReport r = double_gradient_report(what, x, forward, R, analytic, eps);
+  CHECK_MESSAGE(r.ok, r.message);
 }
 
 inline void check_float_op(const std::string& op, const std::function<Var(const std::vector<Var>&)>& f,
