@@ -5,14 +5,14 @@
 #include <string>
 #include <string_view>
 
-#include "nn/tokenizer.h"
+#include "tokenizers/char_tokenizer.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
   std::string_view text(reinterpret_cast<const char*>(data), size);
   try {
-    tapegrad::nn::CharTokenizer tokenizer = tapegrad::nn::CharTokenizer::from_text(text);
+    tapegrad::tokenizers::CharTokenizer tokenizer = tapegrad::tokenizers::CharTokenizer::from_text(text);
     if (tokenizer.decode(tokenizer.encode(text)) != text) __builtin_trap();
-    if (tapegrad::nn::CharTokenizer::from_vocab(tokenizer.vocab()).vocab() != tokenizer.vocab()) __builtin_trap();
+    if (tapegrad::tokenizers::CharTokenizer::from_vocab(tokenizer.vocab()).vocab() != tokenizer.vocab()) __builtin_trap();
   } catch (const std::invalid_argument& e) {
     std::string message = e.what();
     if (size > 0 && message.rfind("invalid UTF-8 at byte offset ", 0) != 0) __builtin_trap();
