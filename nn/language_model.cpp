@@ -9,7 +9,7 @@
 #include <set>
 #include <stdexcept>
 
-#include "core/safetensors.h"
+#include "io/safetensors.h"
 #include "nn/architecture.h"
 #include "nn/checkpoint_metadata.h"
 

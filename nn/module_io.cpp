@@ -7,7 +7,7 @@
 #include <set>
 #include <stdexcept>
 
-#include "core/safetensors.h"
+#include "io/safetensors.h"
 
 namespace tapegrad::nn {
 

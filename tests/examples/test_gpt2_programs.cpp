@@ -5,7 +5,7 @@
 #include <filesystem>
 #include <nlohmann/json.hpp>
 
-#include "core/safetensors.h"
+#include "io/safetensors.h"
 #include "nn/language_model.h"
 #include "nn/tokenizer.h"
 #include "support/helpers.h"

@@ -16,7 +16,7 @@
 #include <thread>
 
 #include "core/random.h"
-#include "core/safetensors.h"
+#include "io/safetensors.h"
 #include "nn/checkpoint.h"
 #include "support/helpers.h"
 #include "support/programs.h"

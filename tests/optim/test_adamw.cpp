@@ -10,7 +10,7 @@
 #include <string>
 #include <unistd.h>
 
-#include "core/safetensors.h"
+#include "io/safetensors.h"
 #include "optim/adamw.h"
 #include "optim/clip.h"
 #include "optim/schedule.h"

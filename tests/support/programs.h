@@ -19,7 +19,7 @@
 #include <vector>
 
 #include "core/random.h"
-#include "core/safetensors.h"
+#include "io/safetensors.h"
 #include "support/helpers.h"
 
 extern char** environ;

@@ -1,6 +1,6 @@
 // safetensors I/O: the atomic writer (temporary file, fsync, rename) and the distrustful reader
 // (every header value is checked against the real file size before anything is allocated).
-#include "core/safetensors.h"
+#include "io/safetensors.h"
 
 #include <fcntl.h>
 #include <fmt/format.h>
@@ -17,6 +17,8 @@
 #include <stdexcept>
 #include <tuple>
 #include <utility>
+
+#include "core/quant/block_format.h"
 
 static_assert(std::endian::native == std::endian::little,
               "safetensors data is little-endian; this build writes and reads host floats as they are");
@@ -124,11 +126,17 @@ void sync_directory_of(const std::string& path) {
 
 // ---- reader ------------------------------------------------------------------------------------
 
+// The stored element types the reader accepts, each read into float32.
+enum class Dtype { F32, F16, BF16 };
+
 struct Entry {
   std::string name;
+  Dtype dtype = Dtype::F32;
   Shape shape;
   std::uint64_t begin = 0, end = 0;
 };
+
+std::uint64_t element_bytes(Dtype dtype) { return dtype == Dtype::F32 ? 4 : 2; }
 
 // Reads exactly n bytes at offset, or throws naming the file.
 void read_exactly(int fd, void* out, std::size_t n, std::uint64_t offset, const std::string& path) {
@@ -163,10 +171,15 @@ Entry parse_entry(const std::string& name, const json& j, std::uint64_t data_siz
 
   const json& dtype = j["dtype"];
   if (!dtype.is_string()) throw fail(fmt::format("dtype is {}, expected a string", kind_of(dtype)));
-  if (dtype.get<std::string>() != "F32")
-    throw fail(fmt::format("dtype '{}' is not supported (only F32)", dtype.get<std::string>()));
+  Entry e{name, Dtype::F32, {}, 0, 0};
+  const std::string& dtype_name = dtype.get_ref<const std::string&>();
+  if (dtype_name == "F16")
+    e.dtype = Dtype::F16;
+  else if (dtype_name == "BF16")
+    e.dtype = Dtype::BF16;
+  else if (dtype_name != "F32")
+    throw fail(fmt::format("dtype '{}' is not supported (F32, F16 or BF16)", dtype_name));
 
-  Entry e{name, {}, 0, 0};
   const json& shape = j["shape"];
   if (!shape.is_array()) throw fail(fmt::format("shape is {}, expected a list of non-negative integers", kind_of(shape)));
   std::uint64_t count = 1;
@@ -189,9 +202,10 @@ Entry parse_entry(const std::string& name, const json& j, std::uint64_t data_siz
   if (e.begin > e.end) throw fail(fmt::format("data_offsets [{}, {}] begin after they end", e.begin, e.end));
   if (e.end > data_size)
     throw fail(fmt::format("data_offsets [{}, {}] run past the end of the {}-byte data section", e.begin, e.end, data_size));
-  if (e.end - e.begin != 4 * count)
-    throw fail(fmt::format("data_offsets [{}, {}] hold {} bytes but shape {} needs {}", e.begin, e.end, e.end - e.begin,
-                           to_string(e.shape), 4 * count));
+  const std::uint64_t bytes = element_bytes(e.dtype) * count;
+  if (e.end - e.begin != bytes)
+    throw fail(fmt::format("data_offsets [{}, {}] hold {} bytes but shape {} needs {} as {}", e.begin, e.end,
+                           e.end - e.begin, to_string(e.shape), bytes, dtype_name));
   return e;
 }
 
@@ -319,9 +333,18 @@ SafetensorsFile read_safetensors(const std::string& path) {
   check_coverage(entries, data_size, path);
 
   // Every size below is now bounded by the data section, which the file really holds.
+  std::vector<std::byte> half_bytes;
   for (const Entry& e : entries) {
     Tensor t = Tensor::uninitialized(e.shape);
-    if (t.bytes() > 0) read_exactly(fd.get(), t.data(), t.bytes(), data_start + e.begin, path);
+    if (e.dtype == Dtype::F32) {
+      if (t.bytes() > 0) read_exactly(fd.get(), t.data(), t.bytes(), data_start + e.begin, path);
+    } else {
+      half_bytes.resize(std::size_t(e.end - e.begin));
+      if (!half_bytes.empty()) read_exactly(fd.get(), half_bytes.data(), half_bytes.size(), data_start + e.begin, path);
+      const quant::BlockFormat& format = quant::block_format(e.dtype == Dtype::F16 ? quant::TensorType::F16
+                                                                                  : quant::TensorType::BF16);
+      format.dequantize(half_bytes.data(), t.data(), t.size());
+    }
     out.tensors.emplace(e.name, std::move(t));
   }
   return out;

@@ -4,6 +4,7 @@
 
 #include <unistd.h>
 
+#include <bit>
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
@@ -15,7 +16,7 @@
 #include <set>
 #include <sstream>
 
-#include "core/safetensors.h"
+#include "io/safetensors.h"
 #include "support/helpers.h"
 
 using namespace tapegrad;
@@ -193,8 +194,8 @@ TEST_CASE("the reader refuses invalid JSON, a header that is not an object, and 
 TEST_CASE("the reader refuses an entry that is not an object, an unknown dtype, or a missing or unknown field") {
   TempDir dir;
   check_refused(forge(dir, R"({"w": [0, 4]})", 4), "tensor 'w': entry is an array, expected an object");
-  check_refused(forge(dir, R"({"w":{"dtype":"F16","shape":[2],"data_offsets":[0,4]}})", 4),
-                "tensor 'w': dtype 'F16' is not supported (only F32)");
+  check_refused(forge(dir, R"({"w":{"dtype":"F64","shape":[1],"data_offsets":[0,8]}})", 8),
+                "tensor 'w': dtype 'F64' is not supported (F32, F16 or BF16)");
   check_refused(forge(dir, R"({"w":{"dtype":"F32","shape":[1]}})", 4), "tensor 'w': missing field 'data_offsets'");
   check_refused(forge(dir, R"({"w":{"dtype":"F32","shape":[1],"data_offsets":[0,4],"x":1}})", 4),
                 "tensor 'w': unknown field 'x'");
@@ -222,6 +223,34 @@ TEST_CASE("the reader refuses offsets out of range, begin after end, and a byte 
                 "tensor 'w': data_offsets [0,-4] must be two non-negative integers");
   check_refused(forge(dir, R"({"head.weight":{"dtype":"F32","shape":[2,3],"data_offsets":[0,12]}})", 12),
                 "tensor 'head.weight': data_offsets [0, 12] hold 12 bytes but shape [2, 3] needs 24");
+}
+
+TEST_CASE("F16 and BF16 tensors read as the exact float32 values of their bits, and their sizes are checked") {
+  TempDir dir;
+  // F16: 1, -2, the smallest subnormal 2^-24, infinity, the largest finite 65504, -0.
+  // BF16: 1, -3, the smallest subnormal (float32 bits 0x00010000), -infinity.
+  const std::vector<std::uint16_t> halves{0x3C00, 0xC000, 0x0001, 0x7C00, 0x7BFF, 0x8000, 0x3F80, 0xC040, 0x0001, 0xFF80};
+  std::string data;
+  for (std::uint16_t h : halves) data += std::string{char(h & 0xFF), char(h >> 8)};
+  const std::string header = R"({"h":{"dtype":"F16","shape":[2,3],"data_offsets":[0,12]},)"
+                             R"("b":{"dtype":"BF16","shape":[4],"data_offsets":[12,20]}})";
+  const std::string path = dir.file("halves.safetensors");
+  write_bytes(path, u64_le(header.size()) + header + data);
+  const SafetensorsFile file = read_safetensors(path);
+  const Tensor& h = file.tensors.at("h");
+  const Tensor& b = file.tensors.at("b");
+  REQUIRE(h.shape() == Shape{2, 3});
+  REQUIRE(b.shape() == Shape{4});
+  const float inf = std::numeric_limits<float>::infinity();
+  const std::vector<float> expected_h{1.0f, -2.0f, std::ldexp(1.0f, -24), inf, 65504.0f, -0.0f};
+  for (std::size_t i = 0; i < 6; ++i) CHECK(std::bit_cast<std::uint32_t>(h[i]) == std::bit_cast<std::uint32_t>(expected_h[i]));
+  CHECK(b[0] == 1.0f);
+  CHECK(b[1] == -3.0f);
+  CHECK(std::bit_cast<std::uint32_t>(b[2]) == 0x00010000u);
+  CHECK(b[3] == -inf);
+
+  check_refused(forge(dir, R"({"w":{"dtype":"BF16","shape":[3],"data_offsets":[0,12]}})", 12),
+                "tensor 'w': data_offsets [0, 12] hold 12 bytes but shape [3] needs 6 as BF16");
 }
 
 TEST_CASE("the reader refuses overlapping ranges, a gap between ranges, and trailing bytes after the last tensor") {
