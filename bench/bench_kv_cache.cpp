@@ -16,7 +16,7 @@
 #include "core/kernels.h"
 #include "nn/generate.h"
 #include "core/random.h"
-#include "nn/rotary_decoder.h"
+#include "nn/models/rotary_decoder.h"
 
 using namespace tapegrad;
 

@@ -44,7 +44,7 @@
 #include "nn/checkpoint.h"
 #include "nn/generate.h"
 #include "nn/language_model.h"
-#include "nn/rotary_decoder.h"
+#include "nn/models/rotary_decoder.h"
 #include "serve/cpus.h"
 
 extern char** environ;

@@ -8,7 +8,7 @@
 #include "core/random.h"
 #include "core/tape.h"
 #include "nn/generate.h"
-#include "nn/rotary_decoder.h"
+#include "nn/models/rotary_decoder.h"
 #include "nn/tokenizer.h"
 #include "optim/adamw.h"
 

@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "core/safetensors.h"
-#include "nn/rotary_decoder.h"
+#include "nn/models/rotary_decoder.h"
 #include "nn/tokenizer.h"
 
 namespace tapegrad::nn {

@@ -7,7 +7,7 @@
 #include "core/tape.h"
 #include "custom_op.h"
 #include "nn/generate.h"
-#include "nn/rotary_decoder.h"
+#include "nn/models/rotary_decoder.h"
 #include "nn/tokenizer.h"
 #include "optim/adamw.h"
 

@@ -12,7 +12,7 @@
 #include "core/safetensors.h"
 #include "nn/architecture.h"
 #include "nn/generate.h"
-#include "nn/gpt2.h"
+#include "nn/models/gpt2.h"
 #include "optim/adamw.h"
 #include "support/helpers.h"
 

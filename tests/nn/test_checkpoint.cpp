@@ -7,8 +7,8 @@
 #include "core/safetensors.h"
 #include "nn/checkpoint.h"
 #include "nn/generate.h"
-#include "nn/gpt2.h"
 #include "nn/language_model.h"
+#include "nn/models/gpt2.h"
 #include "support/helpers.h"
 
 using namespace tapegrad;

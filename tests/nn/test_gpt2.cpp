@@ -7,8 +7,8 @@
 
 #include "core/ops.h"
 #include "nn/generate.h"
-#include "nn/gpt2.h"
-#include "nn/rotary_decoder.h"
+#include "nn/models/gpt2.h"
+#include "nn/models/rotary_decoder.h"
 #include "optim/adamw.h"
 #include "support/checks.h"
 

@@ -14,9 +14,9 @@
 #include "core/ops.h"
 #include "core/simd.h"
 #include "nn/generate.h"
-#include "nn/gpt2.h"
 #include "nn/language_model.h"
-#include "nn/rotary_decoder.h"
+#include "nn/models/gpt2.h"
+#include "nn/models/rotary_decoder.h"
 #include "support/checks.h"
 
 using namespace tapegrad;

@@ -4,7 +4,7 @@
 #include <filesystem>
 
 #include "core/safetensors.h"
-#include "nn/gpt2.h"
+#include "nn/models/gpt2.h"
 #include "nn/module_io.h"
 #include "support/checks.h"
 

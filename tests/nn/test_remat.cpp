@@ -2,7 +2,7 @@
 
 #include "core/ops.h"
 #include "nn/generate.h"
-#include "nn/rotary_decoder.h"
+#include "nn/models/rotary_decoder.h"
 #include "support/checks.h"
 
 using namespace tapegrad;

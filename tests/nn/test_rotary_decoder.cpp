@@ -3,7 +3,7 @@
 #include <cmath>
 
 #include "core/ops.h"
-#include "nn/rotary_decoder.h"
+#include "nn/models/rotary_decoder.h"
 #include "support/checks.h"
 
 using namespace tapegrad;

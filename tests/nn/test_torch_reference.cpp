@@ -16,8 +16,8 @@
 #include <string>
 
 #include "core/ops.h"
-#include "nn/gpt2.h"
-#include "nn/rotary_decoder.h"
+#include "nn/models/gpt2.h"
+#include "nn/models/rotary_decoder.h"
 
 using namespace tapegrad;
 using nlohmann::json;

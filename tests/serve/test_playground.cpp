@@ -10,7 +10,7 @@
 
 #include "core/simd.h"
 #include "nn/checkpoint.h"
-#include "nn/rotary_decoder.h"
+#include "nn/models/rotary_decoder.h"
 #include "serve/serve_helpers.h"
 #include "support/programs.h"
 

@@ -1,6 +1,6 @@
 // gpt2: validation, construction, and the one description of the model and its block; no
 // backward of its own.
-#include "nn/gpt2.h"
+#include "nn/models/gpt2.h"
 
 #include <cmath>
 #include <stdexcept>

@@ -1,5 +1,5 @@
 // RotaryDecoder: validation, construction, and the one description of the model and its block.
-#include "nn/rotary_decoder.h"
+#include "nn/models/rotary_decoder.h"
 
 #include <cmath>
 #include <stdexcept>
