@@ -160,7 +160,7 @@ def make_tokenizer_goldens() -> None:
         "smollm2": {"pre": "smollm", "cases": encode_cases(smollm),
                     "shakespeare": {"count": len(ids),
                                     "fnv1a64": fnv1a64(np.asarray(ids, dtype="<i4").tobytes())}},
-        "smollm2_gpt2_pre": {"pre": "gpt2", "cases": encode_cases(smollm2_tokenizer(digits_first=False))},
+        "smollm2_gpt2_pre": {"pre": "gpt-2", "cases": encode_cases(smollm2_tokenizer(digits_first=False))},
         "tiny": {"path": "tests/data/models/tiny_llama/tokenizer.json",
                  "cases": encode_cases(Tokenizer.from_file(str(MODELS / "tiny_llama" / "tokenizer.json")))},
     })
@@ -247,7 +247,7 @@ def add_tokenizer_metadata(writer: gguf.GGUFWriter, tokenizer: Tokenizer, chat_t
     tokens = sorted(vocab, key=vocab.get)
     merges = json.loads(tokenizer.to_str())["model"]["merges"]
     writer.add_tokenizer_model("gpt2")
-    writer.add_tokenizer_pre("gpt2")
+    writer.add_tokenizer_pre("gpt-2")  # llama.cpp's name for the GPT-2 regex alone (the tiny one's ByteLevel)
     writer.add_token_list(tokens)
     writer.add_token_types([3 if t in SPECIAL_TOKENS else 1 for t in tokens])
     writer.add_token_merges([m if isinstance(m, str) else " ".join(m) for m in merges])
@@ -447,6 +447,7 @@ CHAT_QUESTION = "What is the capital of France?"
 def make_smollm2_reference() -> None:
     reader = smollm2_reader()
     add_bos = bool(reader.fields["tokenizer.ggml.add_bos_token"].contents())
+    assert not add_bos, "the protocol below prepends no BOS, as the file's add_bos_token said when it was written"
     tokenizer = smollm2_tokenizer(digits_first=True)
     im_end = tokenizer.token_to_id("<|im_end|>")
     model = AutoModelForCausalLM.from_pretrained(str(SMOLLM2.parent), gguf_file=SMOLLM2.name,
@@ -471,7 +472,7 @@ def make_smollm2_reference() -> None:
         reply.append(int(torch.argmax(model(torch.tensor([ids + reply])).logits[0, -1])))
 
     text = SHAKESPEARE.read_text(encoding="utf-8")
-    window = tokenizer.encode(text[:20000], add_special_tokens=False).ids[:1025]
+    window = tokenizer.encode(text, add_special_tokens=False).ids[:1025]
     logits = model(torch.tensor([window[:1024]])).logits[0]
     loss = torch.nn.functional.cross_entropy(logits.double(), torch.tensor(window[1:1025])).item()
 
@@ -493,8 +494,8 @@ def make_smollm2_reference() -> None:
                  "prompt_text": chat_text, "prompt_ids": ids, "stop": "<|im_end|> or 40 tokens",
                  "reply_ids": reply, "reply_text": tokenizer.decode(reply, skip_special_tokens=False)},
         "shakespeare_cross_entropy": {
-            "protocol": "ids = tokenize(text[:20000]) with the tokenizer above, no BOS, first 1025 ids; one "
-                        "sequence: inputs ids[0:1024], targets ids[1:1025]; mean natural-log cross-entropy "
+            "protocol": "ids = the whole file tokenized with the tokenizer above, no BOS; its first 1025 ids as "
+                        "one sequence: inputs ids[0:1024], targets ids[1:1025]; mean natural-log cross-entropy "
                         "over the 1024 targets (float32 logits, mean in float64)",
             "window_ids_fnv1a64": fnv1a64(np.asarray(window, dtype="<i4").tobytes()),
             "tokens": 1024, "mean_nats": round(loss, 7)},
