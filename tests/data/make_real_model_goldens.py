@@ -421,7 +421,7 @@ def make_tiny_models() -> None:
     ids = [int(i) for i in rng.integers(0, vocab, size=16)]
     prompt = tokenizer.encode("The quick brown", add_special_tokens=False).ids[:4]
     prompt = (prompt + ids)[:4]
-    golden = {"ids_note": "logits are row-major (position, vocab) for ids; greedy = 12 argmax steps from prompt",
+    golden = {"note": "logits are row-major (position, vocab) for ids; greedy = 12 argmax steps from prompt",
               "models": {}}
     for folder, dtype in (("tiny_llama", "F32"), ("tiny_llama_tied", "BF16"), ("tiny_gpt2", "F16")):
         model = AutoModelForCausalLM.from_pretrained(str(MODELS / folder), dtype=torch.float32)
