@@ -36,17 +36,22 @@ double sampled_loss(const nn::LanguageModel& model, std::span<const std::int32_t
   return sum / double(n_batches);
 }
 
-WindowedLoss windowed_loss(const nn::LanguageModel& model, std::span<const std::int32_t> ids, std::size_t group) {
-  const std::size_t n = ids.size(), max_len = model.config().max_len;
-  if (n < 2)
-    throw std::invalid_argument(fmt::format("windowed_loss: the text has {} characters; at least 2 are needed", n));
+WindowedLoss windowed_loss(const nn::LanguageModel& model, std::span<const std::int32_t> ids, std::size_t window,
+                           std::size_t group) {
+  const std::size_t n = ids.size(), max_len = window ? window : model.config().max_len;
+  if (n < 2) throw std::invalid_argument(fmt::format("windowed_loss: the text has {} tokens; at least 2 are needed", n));
+  if (max_len > model.config().max_len)
+    throw std::invalid_argument(
+        fmt::format("windowed_loss: windows of {} tokens exceed the model's max_len {}", max_len, model.config().max_len));
+  constexpr std::size_t max_logits = std::size_t(1) << 25;  // floats: 128 MB
+  group = std::clamp<std::size_t>(max_logits / (max_len * model.config().vocab), 1, group);
   NoGradScope no_grad;
   WindowedLoss out;
   double sum = 0;  // sum of per-token losses, in double
   std::size_t s = 0;
   std::vector<std::int32_t> inputs, targets;
   while (s + 1 < n) {
-    // Full windows of max_len, up to `group` of them in one (B, T) batch; then the short tail.
+    // Full windows, up to `group` of them in one (B, T) batch; then the short tail.
     const std::size_t length = std::min(max_len, n - 1 - s);
     std::size_t count = 1;
     if (length == max_len) count = std::min(group, (n - 1 - s) / max_len);

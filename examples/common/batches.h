@@ -32,9 +32,12 @@ struct WindowedLoss {
   std::size_t tokens = 0;  // tokens predicted
 };
 
-/// The mean next-token loss of a whole text, in windows: for s = 0, L, 2L, ... while s + 1 < n:
-/// inputs ids[s:s+L], targets ids[s+1:s+L+1], L = min(max_len, n-1-s); the mean over all
-/// predicted tokens (each window weighted by its length). Full windows go through the model `group` at a time. n >= 2.
-WindowedLoss windowed_loss(const nn::LanguageModel& model, std::span<const std::int32_t> ids, std::size_t group = 16);
+/// The mean next-token loss of a whole text, in windows of `window` tokens (0: the model's
+/// max_len): for s = 0, W, 2W, ... while s + 1 < n: inputs ids[s:s+L], targets ids[s+1:s+L+1],
+/// L = min(W, n-1-s); the mean over all predicted tokens (each window weighted by its length).
+/// Full windows go through the model up to `group` at a time, fewer when their logits would pass
+/// 128 MB (a real model's vocabulary). n >= 2; window <= max_len.
+WindowedLoss windowed_loss(const nn::LanguageModel& model, std::span<const std::int32_t> ids, std::size_t window = 0,
+                           std::size_t group = 16);
 
 }  // namespace tapegrad::examples

@@ -45,13 +45,18 @@ Corpus corpus_from_bytes(const std::string& path, const std::string& bytes) {
   return corpus;
 }
 
-std::vector<std::int32_t> encode_file(const std::string& path, const nn::CharTokenizer& tokenizer, std::size_t limit) {
+std::vector<std::int32_t> encode_file(const std::string& path, const tokenizers::Tokenizer& tokenizer,
+                                      std::size_t limit) {
   std::u32string chars = decode_file(path, read_file(path));
-  if (limit > 0 && chars.size() > limit) chars.resize(limit);
+  // A character vocabulary's ids are the characters: cut the text first, so that characters past
+  // the limit are never looked up. Other tokenizers' ids are cut after encoding.
+  if (limit > 0 && chars.size() > limit && tokenizer.kind() == "char") chars.resize(limit);
   try {
-    return tokenizer.encode(encode_utf8(chars));
+    std::vector<std::int32_t> ids = tokenizer.encode(encode_utf8(chars));
+    if (limit > 0 && ids.size() > limit) ids.resize(limit);
+    return ids;
   } catch (const std::exception& e) {
-    throw std::runtime_error(fmt::format("{}: {} of the checkpoint", path, e.what()));
+    throw std::runtime_error(fmt::format("{}: {} of the model", path, e.what()));
   }
 }
 

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "nn/tokenizer.h"
+#include "tokenizers/tokenizer.h"
 
 namespace tapegrad::examples {
 
@@ -29,9 +30,11 @@ Corpus load_corpus(const std::string& path);
 /// The same from a file's bytes already read (train_char's rank 0 reads, the other ranks receive).
 Corpus corpus_from_bytes(const std::string& path, const std::string& bytes);
 
-/// The first `limit` characters of a file (all of them when limit is 0) as ids of an existing
-/// vocabulary; a character outside it throws naming the file, the character and its position.
-std::vector<std::int32_t> encode_file(const std::string& path, const nn::CharTokenizer& tokenizer, std::size_t limit);
+/// The first `limit` ids of a file's text (all of them when limit is 0) under an existing
+/// tokenizer; text it cannot encode (a character outside a character vocabulary, invalid UTF-8)
+/// throws naming the file, the character and its position.
+std::vector<std::int32_t> encode_file(const std::string& path, const tokenizers::Tokenizer& tokenizer,
+                                      std::size_t limit);
 
 /// FNV-1a, 64 bits, over bytes (a cheap fingerprint, not a cryptographic hash).
 std::uint64_t fnv1a64(std::string_view bytes);
