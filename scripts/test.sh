@@ -17,7 +17,7 @@ cmake --build build -j"$jobs"
 phase "the suite"
 # SmolLM2 for the real-model tests (tests/support/real_model.h): CI must have it, elsewhere they skip.
 if smollm2=$(bash scripts/fetch_model.sh); then
-  export TAPEGRAD_SMOLLM2=$smollm2 TAPEGRAD_SMOLLM2_GGUF=$smollm2
+  export TAPEGRAD_SMOLLM2=$smollm2
 elif [ -n "${CI:-}" ]; then
   echo "scripts/fetch_model.sh failed: CI runs the real-model tests, so the run fails" >&2
   exit 1
