@@ -6,6 +6,7 @@
 
 #include <stdexcept>
 
+#include "tokenizers/byte_level_bpe.h"
 #include "tokenizers/char_tokenizer.h"
 
 namespace tapegrad::tokenizers {
@@ -32,6 +33,7 @@ std::unique_ptr<Tokenizer> tokenizer_from_metadata(const std::map<std::string, s
   auto kind_it = metadata.find("tokenizer");
   std::string kind = kind_it == metadata.end() ? "char" : kind_it->second;
   if (kind == "char") return std::make_unique<CharTokenizer>(CharTokenizer::from_vocab(field(metadata, kind, "vocab")));
+  if (kind == "bpe") return std::make_unique<ByteLevelBpe>(ByteLevelBpe::from_metadata(metadata));
   throw std::invalid_argument(fmt::format("tokenizer metadata: unknown tokenizer \"{}\" (known: char, bpe)", kind));
 }
 
