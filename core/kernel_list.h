@@ -131,28 +131,31 @@ TAPEGRAD_KERNEL(void, gelu_tanh_backward,
 
 // ---- causal multi-head attention (flash-style: Dao et al. 2022) ------------------------------
 
-/// Per (batch, head): scores = q k^T / sqrt(Dh), -inf where key j > q_offset + i, softmax, times v.
-/// q (B, Tq, H*Dh), k and v (B, Tk, H*Dh) -> out (B, Tq, H*Dh); writes lse (B, H, Tq), each row's
-/// log-sum-exp of scores, if non-null: with out it is all backward needs (O(T) memory, not O(T^2)).
-/// Computed in tiles with an online softmax; causal tiles are skipped. Throws std::invalid_argument
-/// when q_offset + q_len exceeds kv_len.
+/// Per (batch, head h): scores = q k^T / sqrt(Dh) with k and v of KV head h / s.group(), -inf where
+/// key j > q_offset + i, softmax, times v. q (B, Tq, H*Dh), k and v (B, Tk, KVH*Dh) -> out
+/// (B, Tq, H*Dh); writes lse (B, H, Tq), each row's log-sum-exp of scores, if non-null: with out it
+/// is all backward needs (O(T) memory, not O(T^2)). Computed in tiles with an online softmax; causal
+/// tiles are skipped. Throws std::invalid_argument when q_offset + q_len exceeds kv_len or the KV
+/// heads do not divide the heads.
 TAPEGRAD_KERNEL(void, attention_forward,
                 (T* out, T* lse, const T* q, const T* k, const T* v, const AttentionShape& s),
                 (out, lse, q, k, v, s))
 /// P = exp(scores - lse) recomputed per tile; dv += P^T dout; dS = P * (dP - rowsum(dout * out))
-/// with dP = dout v^T; dq += dS k / sqrt(Dh); dk += dS^T q / sqrt(Dh). With overwrite, dq, dk
-/// and dv (three distinct buffers) are written. Throws as attention_forward.
+/// with dP = dout v^T; dq += dS k / sqrt(Dh); dk += dS^T q / sqrt(Dh). A KV head's dk and dv sum
+/// its query heads' parts in head order, whatever the threads. With overwrite, dq, dk and dv (three
+/// distinct buffers) are written. Throws as attention_forward.
 TAPEGRAD_KERNEL(void, attention_backward,
                 (T* dq, T* dk, T* dv, const T* dout, const T* out, const T* lse, const T* q, const T* k,
                  const T* v, const AttentionShape& s, bool overwrite),
                 (dq, dk, dv, dout, out, lse, q, k, v, s, overwrite))
 /// The KV-cache form, for the few query rows of one sequence: query i of q (q_len, H*Dh), at
 /// position q_offset + i, attends to that sequence's keys and values 0..q_offset+i (kv_len, the
-/// rows held, is at least q_offset + q_len). keys are in blocks of key_block positions, block b
-/// (H*Dh, key_block) at keys + b * H*Dh * key_block; values are rows (kv_len, H*Dh). scratch holds
-/// n_heads * (round_up(q_offset + q_len, key_block) + 1) elements. A query's result depends only on
-/// its row and the cache, never on the other rows of q. Throws std::invalid_argument for a batch
-/// other than 1 or q_offset + q_len past kv_len.
+/// rows held, is at least q_offset + q_len); head h reads KV head h / s.group(). keys are in blocks
+/// of key_block positions, block b (KVH*Dh, key_block) at keys + b * KVH*Dh * key_block; values are
+/// rows (kv_len, KVH*Dh). scratch holds n_heads * (round_up(q_offset + q_len, key_block) + 1)
+/// elements. A query's result depends only on its row and the cache, never on the other rows of q.
+/// Throws std::invalid_argument for a batch other than 1, q_offset + q_len past kv_len, or KV heads
+/// that do not divide the heads.
 TAPEGRAD_KERNEL(void, cached_attention_forward,
                 (T* out, const T* q, const T* keys, const T* values, const AttentionShape& s, T* scratch),
                 (out, q, keys, values, s, scratch))

@@ -41,7 +41,13 @@ struct AttentionShape {
   std::size_t n_heads = 1;   ///< heads per sequence
   std::size_t head_dim = 0;  ///< Dh, the size of one head
   std::size_t q_offset = 0;  ///< absolute position of query 0; query i sees keys 0..q_offset+i
-  std::size_t model_dim() const { return n_heads * head_dim; }  ///< n_heads * head_dim
+  /// Heads of k and v (grouped-query attention, Ainslie et al. 2023): query head h reads KV head
+  /// h / (n_heads / n_kv_heads); it divides n_heads. 0 means n_heads (multi-head attention).
+  std::size_t n_kv_heads = 0;
+  std::size_t model_dim() const { return n_heads * head_dim; }  ///< n_heads * head_dim: q's and out's rows
+  std::size_t kv_heads() const { return n_kv_heads == 0 ? n_heads : n_kv_heads; }  ///< n_kv_heads, or n_heads
+  std::size_t kv_dim() const { return kv_heads() * head_dim; }  ///< kv_heads() * head_dim: k's and v's rows
+  std::size_t group() const { return n_heads / kv_heads(); }    ///< query heads per KV head
 };
 
 /// AdamW's per-step scalars (adamw_update), combined in double by the optimizer and rounded once.
@@ -57,7 +63,7 @@ template <class T> struct AdamWScalars {
 };
 
 /// Positions per block of a KV cache's keys (cached_attention_forward): block b holds keys
-/// b*key_block..(b+1)*key_block-1 transposed, (H*Dh, key_block). A multiple of every SIMD width
+/// b*key_block..(b+1)*key_block-1 transposed, (KVH*Dh, key_block). A multiple of every SIMD width
 /// (4, 8 and 16 floats), so that the layout does not depend on the level in use.
 inline constexpr std::size_t key_block = 16;
 

@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <stdexcept>
+#include <utility>
 #include <vector>
 
 namespace tapegrad {
@@ -249,14 +250,20 @@ Var swiglu(const Var& a, const Var& b) {
   });
 }
 
-Var attention(const Var& q, const Var& k, const Var& v, std::size_t n_heads) {
+Var attention(const Var& q, const Var& k, const Var& v, AttentionHeads heads) {
   const Shape& s = q.shape();
+  const std::size_t n_heads = heads.n_heads, n_kv_heads = heads.n_kv_heads;
   if (s.size() != 3 || n_heads == 0 || s[2] % n_heads != 0)
     throw std::invalid_argument(
         fmt::format("attention: expected q (B, T, H*Dh) with {} heads, got {}", n_heads, to_string(s)));
-  expect_shape("attention", "k", k.shape(), s);
-  expect_shape("attention", "v", v.shape(), s);
-  kernels::AttentionShape shape{s[0], s[1], s[1], n_heads, s[2] / n_heads, 0};
+  if (n_kv_heads == 0 || n_heads % n_kv_heads != 0)
+    throw std::invalid_argument(
+        fmt::format("attention: n_kv_heads {} must divide n_heads {}", n_kv_heads, n_heads));
+  const std::size_t head_dim = s[2] / n_heads;
+  const Shape kv_shape{s[0], s[1], n_kv_heads * head_dim};
+  expect_shape("attention", "k", k.shape(), kv_shape);
+  expect_shape("attention", "v", v.shape(), kv_shape);
+  kernels::AttentionShape shape{s[0], s[1], s[1], n_heads, head_dim, 0, n_kv_heads};
   Op op("attention", {q, k, v});
   Tensor y = Tensor::uninitialized(s);
   Tensor lse = Tensor::uninitialized({s[0], n_heads, s[1]});  // (B, H, T): all backward needs besides y
@@ -266,7 +273,11 @@ Var attention(const Var& q, const Var& k, const Var& v, std::size_t n_heads) {
   // Fresh gradients of q, k and v (separate projections, their first gradient) are written, not added.
   return op.finish(std::move(y), [q, k, v, lse = std::move(lse), shape](const Tensor& dy, const Tensor& y) {
     const GradTarget dq = grad_target(q, {k, v}), dk = grad_target(k, {q, v}), dv = grad_target(v, {q, k});
-    const bool overwrite = overwrite_all({dq, dk, dv}, y.size());
+    // overwrite_all with each target's own size: k and v are narrower than q with fewer KV heads.
+    const bool overwrite = (!dq.data || dq.overwrite) && (!dk.data || dk.overwrite) && (!dv.data || dv.overwrite);
+    if (!overwrite)  // an overwrite target's buffer holds no values yet: zero it to add into
+      for (const auto& [g, size] : {std::pair{dq, y.size()}, {dk, k.value().size()}, {dv, v.value().size()}})
+        if (g.overwrite) std::fill_n(g.data, size, 0.0f);
     kernels::attention_backward(dq.data, dk.data, dv.data, dy.data(), y.data(), lse.data(), q.value().data(),
                                 k.value().data(), v.value().data(), shape, overwrite);
   }, bytes);

@@ -48,8 +48,19 @@ Var rope(const Var& x, std::shared_ptr<const kernels::RopeTable<float>> table, s
          std::size_t offset = 0);
 /// y = silu(a) * b, same shapes. Saves a and b.
 Var swiglu(const Var& a, const Var& b);
-/// Causal multi-head attention; q, k, v (B, T, H*Dh) -> (B, T, H*Dh); saves lse (B, H, T) and uses its output.
-Var attention(const Var& q, const Var& k, const Var& v, std::size_t n_heads);
+/// The heads of an attention: n_heads query heads reading n_kv_heads heads of keys and values
+/// (grouped-query attention, Ainslie et al. 2023: query head h reads KV head h / (n_heads /
+/// n_kv_heads)). A bare count is multi-head attention, n_kv_heads = n_heads.
+struct AttentionHeads {
+  std::size_t n_heads = 1;     ///< query heads: q and the output are (.., n_heads * Dh)
+  std::size_t n_kv_heads = 1;  ///< key and value heads, dividing n_heads: k and v are (.., n_kv_heads * Dh)
+  AttentionHeads(std::size_t heads) : n_heads(heads), n_kv_heads(heads) {}  // NOLINT: a count is MHA
+  AttentionHeads(std::size_t heads, std::size_t kv_heads) : n_heads(heads), n_kv_heads(kv_heads) {}
+};
+
+/// Causal attention; q (B, T, H*Dh), k and v (B, T, KVH*Dh) -> (B, T, H*Dh); saves lse (B, H, T)
+/// and uses its output. A KV head's gradient sums its query heads' in a fixed order.
+Var attention(const Var& q, const Var& k, const Var& v, AttentionHeads heads);
 /// Mean over rows of -log softmax(logits)[target]; logits (.., V), one target per row; saves
 /// logsumexp (rows). Every target must be < V.
 Var cross_entropy(const Var& logits, std::span<const std::int32_t> targets);

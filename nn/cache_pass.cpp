@@ -105,16 +105,21 @@ Rows CachePass::rope(const Rows& x, const std::shared_ptr<const kernels::RopeTab
   return y;
 }
 
-Rows CachePass::attention(const Rows& q, const Rows& k, const Rows& v, std::size_t n_heads, const Dropout&) {
-  const std::size_t width = cache_.width(), layer = layer_++;
+Rows CachePass::attention(const Rows& q, const Rows& k, const Rows& v, AttentionHeads heads, const Dropout&) {
+  const std::size_t width = cache_.width(), layer = layer_++, n_heads = heads.n_heads;
   if (layer >= cache_.layers())
     throw std::logic_error(fmt::format("CachePass::attention: the model attends {} times per token, but the cache "
                                        "has {} layers",
                                        layer + 1, cache_.layers()));
-  check_cols("attention", q, width);
+  if (heads.n_kv_heads == 0 || width % heads.n_kv_heads != 0)
+    throw std::invalid_argument(fmt::format("CachePass::attention: the cache's rows of {} floats do not hold {} KV "
+                                            "heads",
+                                            width, heads.n_kv_heads));
+  const std::size_t head_dim = width / heads.n_kv_heads;
+  check_cols("attention", q, n_heads * head_dim);
   check_cols("attention", k, width);
   check_cols("attention", v, width);
-  Rows y = take(width);
+  Rows y = take(q.cols);
   // Scores and sums of one query: n_heads x (max_len in whole key blocks, + 1).
   const std::size_t blocks = (cache_.max_len() + kernels::key_block - 1) / kernels::key_block;
   float* scratch = scratch_.take(n_heads * (blocks * kernels::key_block + 1));
@@ -123,7 +128,7 @@ Rows CachePass::attention(const Rows& q, const Rows& k, const Rows& v, std::size
     cache_.write(layer, run.sequence, run.position, run.count, k.row(r), v.row(r));
     kernels::cached_attention_forward<float>(
         y.row(r), q.row(r), cache_.keys(layer, run.sequence), cache_.values(layer, run.sequence),
-        {1, run.count, run.position + run.count, n_heads, width / n_heads, run.position}, scratch);
+        {1, run.count, run.position + run.count, n_heads, head_dim, run.position, heads.n_kv_heads}, scratch);
     r += run.count;
   }
   return y;
@@ -159,9 +164,9 @@ Rows CachePass::gelu_tanh(const Rows& x) {
 
 void check_decode(std::span<CachePass::Run> runs, KVCache& cache, const void* model, std::size_t layers,
                   std::size_t max_len, std::size_t width, std::size_t vocab) {
-  if (cache.layers() != layers || cache.max_len() != max_len || cache.width() != width)
-    throw std::invalid_argument(fmt::format("KVCache: made for {} blocks x {} positions x d_model {}, but the model "
-                                            "has {} x {} x {}; use model.make_cache()",
+  if (cache.layers() != layers || cache.max_len() > max_len || cache.width() != width)
+    throw std::invalid_argument(fmt::format("KVCache: made for {} blocks x {} positions x width {}, but the model "
+                                            "has {} x at most {} x {}; use model.make_cache()",
                                             cache.layers(), cache.max_len(), cache.width(), layers, max_len, width));
   if (cache.model() != model)
     throw std::invalid_argument("KVCache: this cache was made by another model; use model.make_cache()");
@@ -178,10 +183,10 @@ void check_decode(std::span<CachePass::Run> runs, KVCache& cache, const void* mo
                                               run.sequence, runs[i - 1].sequence));
     if (run.count == 0) throw std::invalid_argument("KVCache: no tokens to write");
     run.position = cache.position(run.sequence);
-    if (run.position + run.count > max_len)
+    if (run.position + run.count > cache.max_len())
       throw std::out_of_range(fmt::format("KVCache: {} tokens at position {} run past max_len {}; reset() to start "
                                           "a new sequence",
-                                          run.count, run.position, max_len));
+                                          run.count, run.position, cache.max_len()));
     for (std::size_t t = 0; t < run.count; ++t)
       if (run.tokens[t] < 0 || std::size_t(run.tokens[t]) >= vocab)
         throw std::out_of_range(fmt::format("KVCache: token id {} at index {} is outside the vocabulary of size {}",

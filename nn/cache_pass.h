@@ -50,8 +50,9 @@ class CachePass {
   /// RoPE on each row at its token's position, heads as contiguous column chunks.
   Rows rope(const Rows& x, const std::shared_ptr<const kernels::RopeTable<float>>& table, std::size_t n_heads);
   /// Causal attention over each token's sequence: its k and v rows are appended to the cache (the
-  /// k-th attention of a pass uses the cache's layer k), then q attends to rows 0..position.
-  Rows attention(const Rows& q, const Rows& k, const Rows& v, std::size_t n_heads, const Dropout&);
+  /// k-th attention of a pass uses the cache's layer k, of width n_kv_heads * Dh), then q
+  /// attends to rows 0..position.
+  Rows attention(const Rows& q, const Rows& k, const Rows& v, AttentionHeads heads, const Dropout&);
   Rows residual(const Rows& x, const Rows& h, const Linear& out, const Dropout&);  ///< x + h W (+ b).
   /// residual(): a block's last op (only training tells the two apart).
   Rows output_residual(const Rows& x, const Rows& h, const Linear& out, const Dropout& drop) {
@@ -89,7 +90,8 @@ struct DecodeRequest {
 
 /// Refuses (with a message naming the values) a request the cache cannot take: a cache made by
 /// another model or for other sizes, an unknown or dropped sequence, a sequence twice, a token
-/// outside the vocabulary, a run past max_len, rows held from older weights. Then sets each run's
+/// outside the vocabulary, a run past the cache's max_len (at most the model's), rows held from
+/// older weights. Then sets each run's
 /// position to its sequence's and records the weights version.
 void check_decode(std::span<CachePass::Run> runs, KVCache& cache, const void* model, std::size_t layers,
                   std::size_t max_len, std::size_t width, std::size_t vocab);

@@ -2,7 +2,8 @@
 // (Note [One description], nn/tape_pass.h): forward and loss on the tape, and decoding through a
 // KV cache of one sequence or many. Model derives from it (and from Module) and provides:
 //   template <ModelPass P> typename P::Value run(P& p) const;  // the description: ids -> logits
-//   config(): vocab, d_model, n_blocks, max_len, seed     // one attention of width d_model per block
+//   config(): vocab, d_model, n_blocks, max_len, seed     // one attention per block, its K and V rows
+//             (and kv_width() where they are not d_model wide: grouped-query attention)
 //   dropout_step                                           // the training step (dropout streams)
 // run<TapePass>, run<CachePass> and run<ModelPassArchetype> are instantiated where run is defined.
 #pragma once
@@ -21,6 +22,14 @@
 #include "nn/tape_pass.h"
 
 namespace tapegrad::nn {
+
+/// The floats of one K (or V) row of a cache layer: the config's kv_width() where it has one,
+/// else d_model.
+template <class Config>
+std::size_t kv_cache_width(const Config& c) {
+  if constexpr (requires { c.kv_width(); }) return c.kv_width();
+  else return c.d_model;
+}
 
 /// The base (CRTP) of a decoder-only model: forward, loss and cached decoding, derived from
 /// Model::run.
@@ -43,11 +52,16 @@ class DecoderModel {
     return cross_entropy(forward(inputs, batch, seq_len), targets);
   }
 
-  /// A cache for `sequences` sequences of up to max_len tokens, bound to this model: its steps
-  /// read the weights as they are at each call and refuse rows computed under older weights.
-  KVCache make_cache(std::size_t sequences = 1) const {
+  /// A cache for `sequences` sequences of up to max_len tokens (0: the model's max_len; at most
+  /// that), bound to this model: its steps read the weights as they are at each call and refuse
+  /// rows computed under older weights. A shorter max_len saves memory: a real model's context
+  /// of 8192 tokens is hundreds of MB of cache.
+  KVCache make_cache(std::size_t sequences = 1, std::size_t max_len = 0) const {
     const auto& c = model().config();
-    KVCache cache(c.n_blocks, c.max_len, c.d_model, sequences);
+    if (max_len > c.max_len)
+      throw std::invalid_argument(
+          fmt::format("make_cache: max_len {} exceeds the model's max_len {}", max_len, c.max_len));
+    KVCache cache(c.n_blocks, max_len == 0 ? c.max_len : max_len, kv_cache_width(c), sequences);
     std::vector<Var> handles;
     for (const auto& p : model().params()) handles.push_back(p.var);
     cache.bind(this, std::move(handles));
@@ -117,7 +131,7 @@ class DecoderModel {
   /// Checks the request against the cache and the model, then runs the description on it.
   void decode(std::span<CachePass::Run> runs, KVCache& cache, float* logits) const {
     const auto& c = model().config();
-    check_decode(runs, cache, this, c.n_blocks, c.max_len, c.d_model, c.vocab);
+    check_decode(runs, cache, this, c.n_blocks, c.max_len, kv_cache_width(c), c.vocab);
     run_cache_passes(cache, {runs, c.vocab, logits}, [this](CachePass& p) { return model().run(p); });
   }
 };

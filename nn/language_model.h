@@ -57,8 +57,10 @@ class LanguageModel {
 
   /// Decoding through a KV cache, as each architecture's DecoderModel offers it.
   using Cache = KVCache;
-  /// A cache for `sequences` sequences, bound to this model.
-  KVCache make_cache(std::size_t sequences = 1) const { return held_->make_cache(sequences); }
+  /// A cache for `sequences` sequences of up to max_len tokens (0: the model's), bound to this model.
+  KVCache make_cache(std::size_t sequences = 1, std::size_t max_len = 0) const {
+    return held_->make_cache(sequences, max_len);
+  }
   /// Appends tokens to one sequence of the cache; returns their logits (T, vocab).
   Tensor prefill(std::span<const std::int32_t> tokens, KVCache& cache, std::size_t sequence = 0) const {
     return held_->prefill(tokens, cache, sequence);
@@ -96,7 +98,7 @@ class LanguageModel {
     virtual void set_training(bool on) = 0;
     virtual void set_dropout_step(std::uint64_t step) = 0;
     virtual std::string describe(const LanguageModel& self) const = 0;
-    virtual KVCache make_cache(std::size_t sequences) const = 0;
+    virtual KVCache make_cache(std::size_t sequences, std::size_t max_len) const = 0;
     virtual Tensor prefill(std::span<const std::int32_t> tokens, KVCache& cache, std::size_t sequence) const = 0;
     virtual Tensor prefill(std::span<const std::vector<std::int32_t>> prompts, KVCache& cache) const = 0;
     virtual std::span<const float> step(std::span<const std::int32_t> tokens, KVCache& cache) const = 0;
@@ -121,7 +123,9 @@ class LanguageModel {
       if constexpr (fmt::is_formattable<Model>::value) return fmt::format("{}", model);
       else return fmt::format("{}({} parameters)", self.arch(), model.num_params());
     }
-    KVCache make_cache(std::size_t sequences) const override { return model.make_cache(sequences); }
+    KVCache make_cache(std::size_t sequences, std::size_t max_len) const override {
+      return model.make_cache(sequences, max_len);
+    }
     Tensor prefill(std::span<const std::int32_t> tokens, KVCache& cache, std::size_t sequence) const override {
       return model.prefill(tokens, cache, sequence);
     }

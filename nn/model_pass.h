@@ -9,6 +9,7 @@
 #include <memory>
 
 #include "core/kernels.h"
+#include "core/ops.h"
 #include "nn/dropout.h"
 #include "nn/embedding.h"
 #include "nn/layer_norm.h"
@@ -35,7 +36,7 @@ concept ModelPass = requires(P& p, const typename P::Value& x, const typename P:
                              const typename P::Value& z, const Embedding& table, const RMSNorm& rms,
                              const LayerNorm& norm, const Linear& layer, const Var& weight, const Dropout& drop,
                              const std::shared_ptr<const kernels::RopeTable<float>>& rope_table,
-                             std::size_t n_heads, bool remat, std::uint64_t dropout_seed,
+                             std::size_t n_heads, AttentionHeads heads, bool remat, std::uint64_t dropout_seed,
                              BlockDescription<P> describe) {
   requires std::copyable<typename P::Value>;  // assigned, as in x = p.block(x, ...)
   { p.embed(table) } -> ValueOf<P>;                             // the ids' rows of the table
@@ -47,7 +48,7 @@ concept ModelPass = requires(P& p, const typename P::Value& x, const typename P:
   { p.linear(x, layer) } -> ValueOf<P>;                         // x W (+ b)
   { p.matmul_transposed(x, weight) } -> ValueOf<P>;             // x W^T: a tied head
   { p.rope(x, rope_table, n_heads) } -> ValueOf<P>;             // RoPE at each row's position
-  { p.attention(x, y, z, n_heads, drop) } -> ValueOf<P>;        // causal attention of q, k, v
+  { p.attention(x, y, z, heads, drop) } -> ValueOf<P>;          // causal attention of q, k, v
   { p.residual(x, y, layer, drop) } -> ValueOf<P>;              // x + drop(y W (+ b))
   { p.output_residual(x, y, layer, drop) } -> ValueOf<P>;       // residual() as a block's last op
   { p.swiglu(x, y) } -> ValueOf<P>;                             // silu(gate) * up
@@ -72,7 +73,7 @@ struct ModelPassArchetype {
   Value linear(const Value&, const Linear&) { return {}; }
   Value matmul_transposed(const Value&, const Var&) { return {}; }
   Value rope(const Value&, const std::shared_ptr<const kernels::RopeTable<float>>&, std::size_t) { return {}; }
-  Value attention(const Value&, const Value&, const Value&, std::size_t, const Dropout&) { return {}; }
+  Value attention(const Value&, const Value&, const Value&, AttentionHeads, const Dropout&) { return {}; }
   Value residual(const Value&, const Value&, const Linear&, const Dropout&) { return {}; }
   Value output_residual(const Value&, const Value&, const Linear&, const Dropout&) { return {}; }
   Value swiglu(const Value&, const Value&) { return {}; }

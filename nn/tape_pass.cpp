@@ -30,8 +30,8 @@ Var TapePass::rope(const Var& x, const std::shared_ptr<const kernels::RopeTable<
   return tapegrad::rope(x, table, n_heads);
 }
 
-Var TapePass::attention(const Var& q, const Var& k, const Var& v, std::size_t n_heads, const Dropout& drop) {
-  return causal_attention(q, k, v, n_heads, drop, rng_);
+Var TapePass::attention(const Var& q, const Var& k, const Var& v, AttentionHeads heads, const Dropout& drop) {
+  return causal_attention(q, k, v, heads, drop, rng_);
 }
 
 Var TapePass::residual(const Var& x, const Var& h, const Linear& out, const Dropout& drop,

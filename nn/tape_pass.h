@@ -48,7 +48,7 @@ class TapePass {
   /// RoPE on (B, T, D), row t at position t.
   Var rope(const Var& x, const std::shared_ptr<const kernels::RopeTable<float>>& table, std::size_t n_heads) const;
   /// Causal attention; drop (when active) on the probabilities.
-  Var attention(const Var& q, const Var& k, const Var& v, std::size_t n_heads, const Dropout& drop);
+  Var attention(const Var& q, const Var& k, const Var& v, AttentionHeads heads, const Dropout& drop);
   /// x + drop(h W (+ b)). Without bias or active dropout, one fused add_matmul.
   Var residual(const Var& x, const Var& h, const Linear& out, const Dropout& drop);
   /// residual() as a block's last op: in a remat re-run its output is already known, and

@@ -1,9 +1,10 @@
 // Causal multi-head attention (Vaswani et al. 2017) over packed heads, computed flash-style
 // (Dao et al. 2022, FlashAttention; Dao 2023, FlashAttention-2): tiles of queries and keys, an online
 // softmax, only the log-sum-exp of each row saved, and probabilities recomputed in backward, so
-// memory is O(T) per head. Head h of a row is columns [h*Dh, (h+1)*Dh) of the (.., H*Dh) tensors.
-// Each (batch, head) pair runs on one thread, in a fixed order: results do not depend on the
-// thread count.
+// memory is O(T) per head. Head h of a row is columns [h*Dh, (h+1)*Dh) of the (.., H*Dh) tensors;
+// with grouped-query attention it reads KV head h / group, columns of the (.., KVH*Dh) k and v.
+// Each (batch, head) pair runs on one thread (in backward, each (batch, KV head) pair with its
+// query heads in order), in a fixed order: results do not depend on the thread count.
 #include <fmt/format.h>
 
 #include <cmath>
@@ -30,13 +31,13 @@ template <class T> constexpr T minus_infinity = -std::numeric_limits<T>::infinit
 
 std::size_t round_up(std::size_t n, std::size_t m) { return (n + m - 1) / m * m; }
 
-struct HeadView {  // one (batch, head) pair's slices
-  std::size_t q_row0, kv_row0, col0, lse0;
+struct HeadView {  // one (batch, head) pair's slices: q's and out's column, k's and v's
+  std::size_t q_row0, kv_row0, col0, kv_col0, lse0;
 };
 
 HeadView head_view(const AttentionShape& s, std::size_t pair) {
   std::size_t b = pair / s.n_heads, h = pair % s.n_heads;
-  return {b * s.q_len, b * s.kv_len, h * s.head_dim, pair * s.q_len};
+  return {b * s.q_len, b * s.kv_len, h * s.head_dim, h / s.group() * s.head_dim, pair * s.q_len};
 }
 
 /// dst (rows, ld) = the head's slice src (rows, Dh) of a (.., D) tensor, zero-padded to ld columns.
@@ -126,22 +127,26 @@ void tile_scores(T* s, const T* q, std::size_t D, const T* kt, std::size_t ld_kt
 /// from the key rows, no tiles and no transposed copies. p (q_offset + q_len) is scratch.
 template <class T>
 void attention_rows(T* oh, T* lse, const T* qh, const T* kh, const T* vh, const AttentionShape& s, T* p) {
-  const std::size_t D = s.model_dim(), Dh = s.head_dim;
+  const std::size_t D = s.model_dim(), Dkv = s.kv_dim(), Dh = s.head_dim;
   const T scale = T(1) / std::sqrt(T(Dh));
   for (std::size_t i = 0; i < s.q_len; ++i) {
     std::size_t visible = s.q_offset + i + 1;
     // Every score one way: W keys at a time when Dh is a multiple of W, else each by dot.
-    if (detail::dots_with_rows<Batch<T>>(p, qh + i * D, kh, D, Dh, visible, scale, false) == 0)
-      for (std::size_t j = 0; j < visible; ++j) p[j] = scale * detail::dot<Batch<T>>(qh + i * D, kh + j * D, Dh);
+    if (detail::dots_with_rows<Batch<T>>(p, qh + i * D, kh, Dkv, Dh, visible, scale, false) == 0)
+      for (std::size_t j = 0; j < visible; ++j) p[j] = scale * detail::dot<Batch<T>>(qh + i * D, kh + j * Dkv, Dh);
     T m = detail::max_of<Batch<T>>(p, visible);
     T sum = detail::exp_shifted_sum<Batch<T>>(p, visible, m);
-    detail::row_times_matrix<Batch<T>>(oh + i * D, p, 1, vh, D, visible, Dh, T(1) / sum, false);
+    detail::row_times_matrix<Batch<T>>(oh + i * D, p, 1, vh, Dkv, visible, Dh, T(1) / sum, false);
     if (lse) lse[i] = m + std::log(sum);
   }
 }
 
 // Before any thread starts: an exception cannot leave an OpenMP region.
 void check_shape(const AttentionShape& s) {
+  if (s.n_heads == 0 || s.kv_heads() > s.n_heads || s.n_heads % s.kv_heads() != 0)
+    throw std::invalid_argument(fmt::format("attention: the KV heads must divide the heads; got n_heads {}, "
+                                            "n_kv_heads {}",
+                                            s.n_heads, s.n_kv_heads));
   if (s.q_offset + s.q_len > s.kv_len)
     throw std::invalid_argument(fmt::format("attention: q_offset + q_len exceeds kv_len; got q_offset {}, q_len {}, "
                                             "kv_len {}",
@@ -153,7 +158,7 @@ void check_shape(const AttentionShape& s) {
 template <class T>
 void attention_forward(T* out, T* lse, const T* q, const T* k, const T* v, const AttentionShape& s) {
   check_shape(s);
-  const std::size_t D = s.model_dim(), Dh = s.head_dim, Tq = s.q_len;
+  const std::size_t D = s.model_dim(), Dkv = s.kv_dim(), Dh = s.head_dim, Tq = s.q_len;
   constexpr std::size_t W = Batch<T>::size;
   const std::size_t keys = s.q_offset + Tq;  // keys any query sees; later ones (up to kv_len) are not read
   const std::size_t Dp = round_up(Dh, W), ld_kt = transposed_ld<T>(keys);
@@ -161,8 +166,8 @@ void attention_forward(T* out, T* lse, const T* q, const T* k, const T* v, const
   detail::parallel_for(s.batch * s.n_heads, Tq * keys * Dh * 2, [&](std::size_t pair) {
     HeadView hv = head_view(s, pair);
     const T* qh = q + hv.q_row0 * D + hv.col0;
-    const T* kh = k + hv.kv_row0 * D + hv.col0;
-    const T* vh = v + hv.kv_row0 * D + hv.col0;
+    const T* kh = k + hv.kv_row0 * Dkv + hv.kv_col0;
+    const T* vh = v + hv.kv_row0 * Dkv + hv.kv_col0;
     T* oh = out + hv.q_row0 * D + hv.col0;
     T* lh = lse ? lse + hv.lse0 : nullptr;
     if (Tq <= 2) {
@@ -175,8 +180,8 @@ void attention_forward(T* out, T* lse, const T* q, const T* k, const T* v, const
     thread_local AlignedVector<T> kt, vp, scores, acc, row_max, row_sum;
     kt.resize(Dh * ld_kt), scores.resize(q_tile * k_tile), acc.resize(q_tile * Dp);
     row_max.resize(q_tile), row_sum.resize(q_tile);
-    copy_transposed(kt.data(), ld_kt, kh, D, keys, Dh);
-    const Operand<T> values = whole_vectors(vp, vh, D, keys, Dh, Dp);
+    copy_transposed(kt.data(), ld_kt, kh, Dkv, keys, Dh);
+    const Operand<T> values = whole_vectors(vp, vh, Dkv, keys, Dh, Dp);
     for (std::size_t i0 = 0; i0 < Tq; i0 += q_tile) {
       const std::size_t rows = std::min(q_tile, Tq - i0), first_pos = s.q_offset + i0;
       const std::size_t tile_keys = first_pos + rows;  // keys this tile's queries see: later tiles are skipped
@@ -226,90 +231,99 @@ TAPEGRAD_INSTANTIATE_KERNEL(attention_forward)
 // With P_ij = exp(s_ij - lse_i) recomputed per tile, dP = dout v^T and
 // delta_i = sum_j P_ij dP_ij = dout_i . out_i (FlashAttention-2):
 //   dS = P * (dP - delta) / sqrt(Dh);  dv += P^T dout;  dq += dS k;  dk += dS^T q.
-// Key tiles are the outer loop (their dk, dv are summed in place); dq is summed over the key tiles
-// of the pair in a per-pair buffer, so each element's sum has one fixed order. Each element of dq,
-// dk and dv is written once, by its pair's last step, so overwrite only changes that step.
+// One thread per (batch, KV head) pair, its query heads in order. Per query head, key tiles are
+// the outer loop (their dk, dv are summed in place); dq is summed over the key tiles of the head
+// in a per-head buffer, so each element's sum has one fixed order. Each element of dq is written
+// once, by its head's last step, and each of dk and dv once per query head of its KV head, so
+// overwrite only changes the first of those steps.
 template <class T>
 void attention_backward(T* dq, T* dk, T* dv, const T* dout, const T* out, const T* lse, const T* q, const T* k,
                         const T* v, const AttentionShape& s, bool overwrite) {
   check_shape(s);
-  const std::size_t D = s.model_dim(), Dh = s.head_dim, Tq = s.q_len;
+  const std::size_t D = s.model_dim(), Dkv = s.kv_dim(), Dh = s.head_dim, Tq = s.q_len, group = s.group();
   constexpr std::size_t W = Batch<T>::size;
   const std::size_t Dp = round_up(Dh, W), keys = s.q_offset + Tq, ld_t = transposed_ld<T>(keys);
   const T scale = T(1) / std::sqrt(T(Dh));
   if (!dq && !dk && !dv) return;
-  detail::parallel_for(s.batch * s.n_heads, Tq * keys * Dh * 4, [&](std::size_t pair) {
-    HeadView hv = head_view(s, pair);
-    const T* qh = q + hv.q_row0 * D + hv.col0;
-    const T* kh = k + hv.kv_row0 * D + hv.col0;
-    const T* vh = v + hv.kv_row0 * D + hv.col0;
-    const T* doh = dout + hv.q_row0 * D + hv.col0;
-    const T* oh = out + hv.q_row0 * D + hv.col0;
-    const T* lh = lse + hv.lse0;
+  detail::parallel_for(s.batch * s.kv_heads(), Tq * keys * Dh * 4 * group, [&](std::size_t kv_pair) {
+    const std::size_t first_pair = kv_pair * group;  // (b, h) pairs are b * H + h, and KV head c's heads c*group..
+    HeadView kv = head_view(s, first_pair);
+    const T* kh = k + kv.kv_row0 * Dkv + kv.kv_col0;
+    const T* vh = v + kv.kv_row0 * Dkv + kv.kv_col0;
     // Operands laid out for tile_product: q, dout and k as rows of whole vectors; k and v transposed.
     thread_local AlignedVector<T> qp, dop, kp, kt, vt, delta, dq_acc, dk_tile, dv_tile, p, ds;
     kt.resize(Dh * ld_t), vt.resize(Dh * ld_t);
-    delta.resize(Tq), dq_acc.assign(dq ? Tq * Dp : 0, T(0)), dk_tile.resize(k_tile * Dp), dv_tile.resize(k_tile * Dp);
+    delta.resize(Tq), dk_tile.resize(k_tile * Dp), dv_tile.resize(k_tile * Dp);
     p.resize(q_tile * k_tile), ds.resize(q_tile * k_tile);
-    const Operand<T> q_rows = whole_vectors(qp, qh, D, Tq, Dh, Dp), dout_rows = whole_vectors(dop, doh, D, Tq, Dh, Dp);
-    const Operand<T> k_rows = whole_vectors(kp, kh, D, keys, Dh, Dp);
-    copy_transposed(kt.data(), ld_t, kh, D, keys, Dh);
-    copy_transposed(vt.data(), ld_t, vh, D, keys, Dh);
-    for (std::size_t i = 0; i < Tq; ++i) delta[i] = detail::dot<Batch<T>>(doh + i * D, oh + i * D, Dh);
-    for (std::size_t j0 = 0; j0 < keys; j0 += k_tile) {
-      const std::size_t cols = std::min(k_tile, keys - j0), cols_pad = round_up(cols, W);
-      // Query i sees key j when j <= q_offset + i: tiles of queries wholly before j0 are skipped.
-      const std::size_t first_query = j0 > s.q_offset ? j0 - s.q_offset : 0;
-      std::fill(dk_tile.begin(), dk_tile.end(), T(0));
-      std::fill(dv_tile.begin(), dv_tile.end(), T(0));
-      for (std::size_t i0 = first_query / q_tile * q_tile; i0 < Tq; i0 += q_tile) {
-        const std::size_t rows = std::min(q_tile, Tq - i0), first_pos = s.q_offset + i0;
-        // On the diagonal, chunks of queries (for P, dS and dq) and of keys (for dk and dv).
-        const bool diagonal = first_pos < j0 + cols - 1;
-        const std::size_t chunk = diagonal ? diagonal_chunk : std::max(rows, cols);
-        T *pt = p.data(), *dst = ds.data();
-        for (std::size_t r0 = 0; r0 < rows; r0 += chunk) {
-          const std::size_t n = std::min(chunk, rows - r0), last_key = first_pos + r0 + n - 1;  // inclusive
-          const std::size_t seen = last_key < j0 ? 0 : std::min(cols, last_key - j0 + 1), seen_pad = round_up(seen, W);
-          T *pc = pt + r0 * k_tile, *dc = dst + r0 * k_tile;
-          for (std::size_t i = 0; i < n; ++i) {  // the dk and dv products below read whole columns: zero the rest
-            std::fill(pc + i * k_tile + seen_pad, pc + i * k_tile + cols_pad, T(0));
-            std::fill(dc + i * k_tile + seen_pad, dc + i * k_tile + cols_pad, T(0));
+    const Operand<T> k_rows = whole_vectors(kp, kh, Dkv, keys, Dh, Dp);
+    copy_transposed(kt.data(), ld_t, kh, Dkv, keys, Dh);
+    copy_transposed(vt.data(), ld_t, vh, Dkv, keys, Dh);
+    for (std::size_t pair = first_pair; pair < first_pair + group; ++pair) {
+      HeadView hv = head_view(s, pair);
+      const bool overwrite_kv = overwrite && pair == first_pair;
+      const T* qh = q + hv.q_row0 * D + hv.col0;
+      const T* doh = dout + hv.q_row0 * D + hv.col0;
+      const T* oh = out + hv.q_row0 * D + hv.col0;
+      const T* lh = lse + hv.lse0;
+      dq_acc.assign(dq ? Tq * Dp : 0, T(0));
+      const Operand<T> q_rows = whole_vectors(qp, qh, D, Tq, Dh, Dp), dout_rows = whole_vectors(dop, doh, D, Tq, Dh, Dp);
+      for (std::size_t i = 0; i < Tq; ++i) delta[i] = detail::dot<Batch<T>>(doh + i * D, oh + i * D, Dh);
+      for (std::size_t j0 = 0; j0 < keys; j0 += k_tile) {
+        const std::size_t cols = std::min(k_tile, keys - j0), cols_pad = round_up(cols, W);
+        // Query i sees key j when j <= q_offset + i: tiles of queries wholly before j0 are skipped.
+        const std::size_t first_query = j0 > s.q_offset ? j0 - s.q_offset : 0;
+        std::fill(dk_tile.begin(), dk_tile.end(), T(0));
+        std::fill(dv_tile.begin(), dv_tile.end(), T(0));
+        for (std::size_t i0 = first_query / q_tile * q_tile; i0 < Tq; i0 += q_tile) {
+          const std::size_t rows = std::min(q_tile, Tq - i0), first_pos = s.q_offset + i0;
+          // On the diagonal, chunks of queries (for P, dS and dq) and of keys (for dk and dv).
+          const bool diagonal = first_pos < j0 + cols - 1;
+          const std::size_t chunk = diagonal ? diagonal_chunk : std::max(rows, cols);
+          T *pt = p.data(), *dst = ds.data();
+          for (std::size_t r0 = 0; r0 < rows; r0 += chunk) {
+            const std::size_t n = std::min(chunk, rows - r0), last_key = first_pos + r0 + n - 1;  // inclusive
+            const std::size_t seen = last_key < j0 ? 0 : std::min(cols, last_key - j0 + 1), seen_pad = round_up(seen, W);
+            T *pc = pt + r0 * k_tile, *dc = dst + r0 * k_tile;
+            for (std::size_t i = 0; i < n; ++i) {  // the dk and dv products below read whole columns: zero the rest
+              std::fill(pc + i * k_tile + seen_pad, pc + i * k_tile + cols_pad, T(0));
+              std::fill(dc + i * k_tile + seen_pad, dc + i * k_tile + cols_pad, T(0));
+            }
+            if (seen == 0) continue;
+            tile_scores(pc, qh + (i0 + r0) * D, D, kt.data(), ld_t, n, seen, seen_pad, Dh, scale, first_pos + r0, j0);
+            for (std::size_t i = 0; i < n; ++i)
+              detail::exp_shifted_sum<Batch<T>>(pc + i * k_tile, seen_pad, lh[i0 + r0 + i]);
+            if (!dq && !dk) continue;
+            // dP (n, seen_pad) = dout_chunk v^T, then dS in place.
+            detail::tile_product<Batch<T>>(dc, k_tile, doh + (i0 + r0) * D, D, 1, vt.data() + j0, ld_t, n, seen_pad,
+                                           Dh, T(1), false);
+            for (std::size_t i = 0; i < n; ++i) {
+              const T* pr = pc + i * k_tile;
+              T* dr = dc + i * k_tile;
+              const T centre = delta[i0 + r0 + i];
+              for (std::size_t j = 0; j < seen_pad; ++j) dr[j] = pr[j] * (dr[j] - centre) * scale;
+            }
+            if (dq)  // dq_acc (n, Dp) += dS k[j0:j0+seen]
+              detail::tile_product<Batch<T>>(dq_acc.data() + (i0 + r0) * Dp, Dp, dc, k_tile, 1, k_rows.row(j0),
+                                             k_rows.ld, n, Dp, seen, T(1), true);
           }
-          if (seen == 0) continue;
-          tile_scores(pc, qh + (i0 + r0) * D, D, kt.data(), ld_t, n, seen, seen_pad, Dh, scale, first_pos + r0, j0);
-          for (std::size_t i = 0; i < n; ++i) detail::exp_shifted_sum<Batch<T>>(pc + i * k_tile, seen_pad, lh[i0 + r0 + i]);
-          if (!dq && !dk) continue;
-          // dP (n, seen_pad) = dout_chunk v^T, then dS in place.
-          detail::tile_product<Batch<T>>(dc, k_tile, doh + (i0 + r0) * D, D, 1, vt.data() + j0, ld_t, n, seen_pad,
-                                         Dh, T(1), false);
-          for (std::size_t i = 0; i < n; ++i) {
-            const T* pr = pc + i * k_tile;
-            T* dr = dc + i * k_tile;
-            const T centre = delta[i0 + r0 + i];
-            for (std::size_t j = 0; j < seen_pad; ++j) dr[j] = pr[j] * (dr[j] - centre) * scale;
+          for (std::size_t c0 = 0; c0 < cols; c0 += chunk) {
+            const std::size_t n = std::min(chunk, cols - c0);
+            const std::size_t first = j0 + c0 > first_pos ? j0 + c0 - first_pos : 0;  // first query seeing key j0 + c0
+            if (first >= rows) break;
+            const std::size_t K = rows - first;
+            if (dv)  // dv_tile (n, Dp) += P^T dout_tile
+              detail::tile_product<Batch<T>>(dv_tile.data() + c0 * Dp, Dp, pt + first * k_tile + c0, 1, k_tile,
+                                             dout_rows.row(i0 + first), dout_rows.ld, n, Dp, K, T(1), true);
+            if (dk)  // dk_tile (n, Dp) += dS^T q_tile
+              detail::tile_product<Batch<T>>(dk_tile.data() + c0 * Dp, Dp, dst + first * k_tile + c0, 1, k_tile,
+                                             q_rows.row(i0 + first), q_rows.ld, n, Dp, K, T(1), true);
           }
-          if (dq)  // dq_acc (n, Dp) += dS k[j0:j0+seen]
-            detail::tile_product<Batch<T>>(dq_acc.data() + (i0 + r0) * Dp, Dp, dc, k_tile, 1, k_rows.row(j0), k_rows.ld,
-                                           n, Dp, seen, T(1), true);
         }
-        for (std::size_t c0 = 0; c0 < cols; c0 += chunk) {
-          const std::size_t n = std::min(chunk, cols - c0);
-          const std::size_t first = j0 + c0 > first_pos ? j0 + c0 - first_pos : 0;  // first query seeing key j0 + c0
-          if (first >= rows) break;
-          const std::size_t K = rows - first;
-          if (dv)  // dv_tile (n, Dp) += P^T dout_tile
-            detail::tile_product<Batch<T>>(dv_tile.data() + c0 * Dp, Dp, pt + first * k_tile + c0, 1, k_tile,
-                                           dout_rows.row(i0 + first), dout_rows.ld, n, Dp, K, T(1), true);
-          if (dk)  // dk_tile (n, Dp) += dS^T q_tile
-            detail::tile_product<Batch<T>>(dk_tile.data() + c0 * Dp, Dp, dst + first * k_tile + c0, 1, k_tile,
-                                           q_rows.row(i0 + first), q_rows.ld, n, Dp, K, T(1), true);
-        }
+        if (dk) add_rows(dk + (hv.kv_row0 + j0) * Dkv + hv.kv_col0, Dkv, dk_tile.data(), Dp, cols, Dh, overwrite_kv);
+        if (dv) add_rows(dv + (hv.kv_row0 + j0) * Dkv + hv.kv_col0, Dkv, dv_tile.data(), Dp, cols, Dh, overwrite_kv);
       }
-      if (dk) add_rows(dk + (hv.kv_row0 + j0) * D + hv.col0, D, dk_tile.data(), Dp, cols, Dh, overwrite);
-      if (dv) add_rows(dv + (hv.kv_row0 + j0) * D + hv.col0, D, dv_tile.data(), Dp, cols, Dh, overwrite);
+      if (dq) add_rows(dq + hv.q_row0 * D + hv.col0, D, dq_acc.data(), Dp, Tq, Dh, overwrite);
     }
-    if (dq) add_rows(dq + hv.q_row0 * D + hv.col0, D, dq_acc.data(), Dp, Tq, Dh, overwrite);
   });
 }
 TAPEGRAD_INSTANTIATE_KERNEL(attention_backward)

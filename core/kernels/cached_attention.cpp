@@ -1,7 +1,8 @@
 // Attention of a few query rows of one sequence over its KV cache (decoding and prefill). The
 // cache keeps keys in blocks of key_block positions stored transposed, so a head's scores over a
 // block are broadcast-FMAs over consecutive keys with no horizontal sums; a softmax per head; then
-// each value row is read once and added into every head's output at once.
+// each value row is read once and added into every head's output at once. With grouped-query
+// attention (fewer KV heads than heads) each head goes alone over its KV head's keys and values.
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -20,13 +21,17 @@ void cached_attention_forward(T* out, const T* q, const T* keys, const T* values
     throw std::invalid_argument(fmt::format("cached_attention: one sequence with q_offset + q_len <= kv_len; got batch "
                                             "{}, q_offset {}, q_len {}, kv_len {}",
                                             s.batch, s.q_offset, s.q_len, s.kv_len));
+  if (s.n_heads == 0 || s.kv_heads() > s.n_heads || s.n_heads % s.kv_heads() != 0)
+    throw std::invalid_argument(fmt::format("cached_attention: the KV heads must divide the heads; got n_heads {}, "
+                                            "n_kv_heads {}",
+                                            s.n_heads, s.n_kv_heads));
   using B = Batch<T>;
   // G heads at once; chains of FMAs: 16 where 32 registers hold them with the broadcasts and loads
   // (AVX-512: 4 heads of 16 floats, 4 key blocks at once rather than 2, took the scores of a query
   // over 58 positions from 340-400 to 270 TSC ticks), 8 in 16 registers.
   constexpr std::size_t W = B::size, G = W / 2 > 0 ? W / 2 : 1, chains = sizeof(B) >= 64 ? 16 : 8;
   static_assert(key_block % W == 0, "a key block holds whole vectors at every SIMD width");
-  const std::size_t D = s.model_dim(), Dh = s.head_dim, H = s.n_heads;
+  const std::size_t D = s.model_dim(), Dkv = s.kv_dim(), Dh = s.head_dim, H = s.n_heads, group = s.group();
   const T scale = T(1) / std::sqrt(T(Dh));
   for (std::size_t i = 0; i < s.q_len; ++i) {
     const std::size_t n = s.q_offset + i + 1;  // query i sees keys 0..n-1
@@ -36,25 +41,28 @@ void cached_attention_forward(T* out, const T* q, const T* keys, const T* values
     const T* qi = q + i * D;
     // G heads at a time, then G/2, ..., 1, each over as many key blocks at once as make `chains`
     // chains (4 heads at 16 lanes: 4 blocks), then one block at a time.
+    // Side by side, heads read consecutive KV heads: only without grouping (group == 1).
     std::size_t h = 0;
-    auto heads = [&](auto group) {
-      constexpr std::size_t g = decltype(group)::value, nb = std::max<std::size_t>(1, chains * W / (g * key_block));
+    auto heads = [&](auto side_by_side) {
+      constexpr std::size_t g = decltype(side_by_side)::value;
+      constexpr std::size_t nb = std::max<std::size_t>(1, chains * W / (g * key_block));
       for (; h + g <= H; h += g) {
+        const T* head_keys = keys + h / group * Dh * key_block;
         std::size_t b = 0;
         for (; b + nb <= blocks; b += nb)
           detail::head_block_scores<B, g, key_block, nb>(p + h * ld + b * key_block, ld, qi + h * Dh,
-                                                         keys + b * D * key_block + h * Dh * key_block, D * key_block,
-                                                         Dh, scale);
+                                                         head_keys + b * Dkv * key_block, Dkv * key_block, Dh, scale);
         for (; b < blocks; ++b)
           detail::head_block_scores<B, g, key_block>(p + h * ld + b * key_block, ld, qi + h * Dh,
-                                                     keys + b * D * key_block + h * Dh * key_block, D * key_block, Dh,
-                                                     scale);
+                                                     head_keys + b * Dkv * key_block, Dkv * key_block, Dh, scale);
       }
     };
-    heads(std::integral_constant<std::size_t, G>{});
-    if constexpr (G > 4) heads(std::integral_constant<std::size_t, 4>{});
-    if constexpr (G > 2) heads(std::integral_constant<std::size_t, 2>{});
-    if constexpr (G > 1) heads(std::integral_constant<std::size_t, 1>{});
+    if (group == 1) {
+      heads(std::integral_constant<std::size_t, G>{});
+      if constexpr (G > 4) heads(std::integral_constant<std::size_t, 4>{});
+      if constexpr (G > 2) heads(std::integral_constant<std::size_t, 2>{});
+    }
+    heads(std::integral_constant<std::size_t, 1>{});  // the heads left: all of them when grouped
     // The softmax over whole vectors: keys n..n_pad-1 of the last block are not this query's (stale
     // or not yet written), and exp(-inf) = 0 leaves them out of the sum. The heads' maxima, then
     // their exponentials side by side; inv holds the maxima until it holds 1 / the sums.
@@ -67,11 +75,11 @@ void cached_attention_forward(T* out, const T* q, const T* keys, const T* values
     detail::exp_shifted_sums<B>(p, ld, H, n_pad, inv, inv);
     for (std::size_t h = 0; h < H; ++h) inv[h] = T(1) / inv[h];
     T* oi = out + i * D;
-    if (Dh % W == 0) {
+    if (Dh % W == 0 && group == 1) {
       detail::head_weighted_rows<B>(oi, p, ld, inv, values, D, n, D, Dh);
-    } else {  // a vector would span heads: one head at a time
+    } else {  // a vector would span heads, or heads share values: one head at a time
       for (std::size_t h = 0; h < H; ++h)
-        detail::row_times_matrix<B>(oi + h * Dh, p + h * ld, 1, values + h * Dh, D, n, Dh, inv[h], false);
+        detail::row_times_matrix<B>(oi + h * Dh, p + h * ld, 1, values + h / group * Dh, Dkv, n, Dh, inv[h], false);
     }
   }
 }

@@ -22,21 +22,23 @@ struct Reference {
   std::vector<double> out, lse;  // (B, Tq, H*Dh), (B, H, Tq)
 };
 
-// Plain triple loop in double: scores with -inf where key j > q_offset + i, softmax, weighted sum.
+// Plain triple loop in double: scores with -inf where key j > q_offset + i, softmax, weighted sum;
+// head h reads KV head h / group.
 template <class T>
 Reference naive_attention(const std::vector<T>& q, const std::vector<T>& k, const std::vector<T>& v,
                           const kernels::AttentionShape& s) {
-  const std::size_t D = s.model_dim(), Dh = s.head_dim, Tq = s.q_len, Tk = s.kv_len;
+  const std::size_t D = s.model_dim(), Dkv = s.kv_dim(), Dh = s.head_dim, Tq = s.q_len, Tk = s.kv_len;
   Reference r{std::vector<double>(s.batch * Tq * D), std::vector<double>(s.batch * s.n_heads * Tq)};
   for (std::size_t b = 0; b < s.batch; ++b)
     for (std::size_t h = 0; h < s.n_heads; ++h)
       for (std::size_t i = 0; i < Tq; ++i) {
+        const std::size_t kv_col = h / s.group() * Dh;
         std::vector<double> p(Tk);
         double m = -std::numeric_limits<double>::infinity();
         for (std::size_t j = 0; j < Tk; ++j) {
           double dot = 0;
           for (std::size_t d = 0; d < Dh; ++d)
-            dot += double(q[(b * Tq + i) * D + h * Dh + d]) * double(k[(b * Tk + j) * D + h * Dh + d]);
+            dot += double(q[(b * Tq + i) * D + h * Dh + d]) * double(k[(b * Tk + j) * Dkv + kv_col + d]);
           p[j] = j <= s.q_offset + i ? dot / std::sqrt(double(Dh)) : -std::numeric_limits<double>::infinity();
           m = std::max(m, p[j]);
         }
@@ -45,7 +47,7 @@ Reference naive_attention(const std::vector<T>& q, const std::vector<T>& k, cons
         r.lse[(b * s.n_heads + h) * Tq + i] = m + std::log(z);
         for (std::size_t d = 0; d < Dh; ++d) {
           double acc = 0;
-          for (std::size_t j = 0; j < Tk; ++j) acc += p[j] / z * double(v[(b * Tk + j) * D + h * Dh + d]);
+          for (std::size_t j = 0; j < Tk; ++j) acc += p[j] / z * double(v[(b * Tk + j) * Dkv + kv_col + d]);
           r.out[(b * Tq + i) * D + h * Dh + d] = acc;
         }
       }
@@ -57,7 +59,7 @@ struct Inputs {
 };
 
 Inputs random_inputs(const kernels::AttentionShape& s) {
-  std::size_t nq = s.batch * s.q_len * s.model_dim(), nk = s.batch * s.kv_len * s.model_dim();
+  std::size_t nq = s.batch * s.q_len * s.model_dim(), nk = s.batch * s.kv_len * s.kv_dim();
   return {test::random_vector<double>(nq, 1), test::random_vector<double>(nk, 2), test::random_vector<double>(nk, 3),
           test::random_vector<double>(nq, 4)};
 }
@@ -84,6 +86,7 @@ void check_attention(const kernels::AttentionShape& s) {
   CAPTURE(s.q_len);
   CAPTURE(s.kv_len);
   CAPTURE(s.n_heads);
+  CAPTURE(s.n_kv_heads);
   CAPTURE(s.head_dim);
   CAPTURE(s.q_offset);
   Inputs in = random_inputs(s);
@@ -261,4 +264,133 @@ TEST_CASE("attention names the shapes it was given") {
         "attention: expected q (B, T, H*Dh) with 4 heads, got [1, 2, 6]");
   CHECK(test::error_of([] { attention(Var(Tensor({1, 2, 8})), Var(Tensor({1, 3, 8})), Var(Tensor({1, 2, 8})), 4); }) ==
         "attention: expected k to be [1, 2, 8], got [1, 3, 8]");
+}
+
+// ---- grouped-query attention: fewer KV heads than heads ------------------------------------
+
+namespace {
+const std::pair<std::size_t, std::size_t> head_groups[] = {{4, 4}, {4, 2}, {6, 2}, {4, 1}};  // (heads, KV heads)
+
+// Each KV head's columns repeated for its query heads: (rows, KVH*Dh) -> (rows, H*Dh).
+template <class T>
+std::vector<T> repeat_heads(const std::vector<T>& x, std::size_t rows, std::size_t H, std::size_t KVH, std::size_t Dh) {
+  std::vector<T> out(rows * H * Dh);
+  for (std::size_t r = 0; r < rows; ++r)
+    for (std::size_t h = 0; h < H; ++h)
+      std::copy_n(x.begin() + (r * KVH + h / (H / KVH)) * Dh, Dh, out.begin() + (r * H + h) * Dh);
+  return out;
+}
+}  // namespace
+
+TEST_CASE("grouped-query attention's forward and gradients match the triple loop and central differences in double") {
+  // A KV head's dk and dv sum over its query heads: checked as any other gradient.
+  for (auto [H, KVH] : head_groups) {
+    check_attention({2, 3, 3, H, 16, 0, KVH});
+    check_attention({1, 65, 65, H, 16, 0, KVH});
+    check_attention({1, 5, 70, H, 8, 65, KVH});
+  }
+}
+
+TEST_CASE("grouped-query attention equals multi-head attention over K and V heads repeated, and its KV gradients "
+          "are the repeated heads' summed") {
+  for (auto [H, KVH] : head_groups) {
+    CAPTURE(H);
+    CAPTURE(KVH);
+    const std::size_t B = 2, T = 70, Dh = 16, rows = B * T;
+    const kernels::AttentionShape grouped{B, T, T, H, Dh, 0, KVH}, full{B, T, T, H, Dh, 0};
+    auto q = test::random_vector<float>(rows * H * Dh, 1), k = test::random_vector<float>(rows * KVH * Dh, 2);
+    auto v = test::random_vector<float>(rows * KVH * Dh, 3), dout = test::random_vector<float>(rows * H * Dh, 4);
+    const auto k_wide = repeat_heads(k, rows, H, KVH, Dh), v_wide = repeat_heads(v, rows, H, KVH, Dh);
+    std::vector<float> out(q.size()), lse(B * H * T), out_wide(q.size()), lse_wide(lse.size());
+    kernels::attention_forward(out.data(), lse.data(), q.data(), k.data(), v.data(), grouped);
+    kernels::attention_forward(out_wide.data(), lse_wide.data(), q.data(), k_wide.data(), v_wide.data(), full);
+    CHECK(out == out_wide);  // the same operations on the same values
+    CHECK(lse == lse_wide);
+    std::vector<float> dq(q.size()), dk(k.size()), dv(v.size()), dq_wide(q.size()), dk_wide(k_wide.size()),
+        dv_wide(v_wide.size());
+    kernels::attention_backward(dq.data(), dk.data(), dv.data(), dout.data(), out.data(), lse.data(), q.data(), k.data(),
+                                v.data(), grouped, true);
+    kernels::attention_backward(dq_wide.data(), dk_wide.data(), dv_wide.data(), dout.data(), out.data(), lse.data(),
+                                q.data(), k_wide.data(), v_wide.data(), full, true);
+    CHECK(dq == dq_wide);
+    for (std::size_t r = 0; r < rows; ++r)  // a KV head's gradient: its query heads' in head order
+      for (std::size_t c = 0; c < KVH; ++c)
+        for (std::size_t d = 0; d < Dh; ++d) {
+          float sum_k = 0, sum_v = 0;
+          for (std::size_t h = c * (H / KVH); h < (c + 1) * (H / KVH); ++h) {
+            sum_k += dk_wide[(r * H + h) * Dh + d];
+            sum_v += dv_wide[(r * H + h) * Dh + d];
+          }
+          REQUIRE(dk[(r * KVH + c) * Dh + d] == sum_k);
+          REQUIRE(dv[(r * KVH + c) * Dh + d] == sum_v);
+        }
+  }
+}
+
+TEST_CASE("grouped-query attention's gradients are bit-identical on 1 and 2 threads and across batch sizes") {
+  const std::size_t H = 6, KVH = 2, T = 130, Dh = 32, B = 3;
+  const kernels::AttentionShape s{B, T, T, H, Dh, 0, KVH};
+  const std::size_t nq = B * T * H * Dh, nk = B * T * KVH * Dh;
+  auto q = test::random_vector<float>(nq, 1), k = test::random_vector<float>(nk, 2), v = test::random_vector<float>(nk, 3);
+  auto dout = test::random_vector<float>(nq, 4);
+  auto run = [&](int threads, std::size_t first, std::size_t batch) {
+    int saved = num_threads();
+    set_num_threads(threads);
+    kernels::AttentionShape part = s;
+    part.batch = batch;
+    const std::size_t q0 = first * T * H * Dh, k0 = first * T * KVH * Dh;
+    std::vector<float> out(batch * T * H * Dh), lse(batch * H * T), dq(out.size()), dk(batch * T * KVH * Dh),
+        dv(dk.size());
+    kernels::attention_forward(out.data(), lse.data(), q.data() + q0, k.data() + k0, v.data() + k0, part);
+    kernels::attention_backward(dq.data(), dk.data(), dv.data(), dout.data() + q0, out.data(), lse.data(),
+                                q.data() + q0, k.data() + k0, v.data() + k0, part, true);
+    set_num_threads(saved);
+    for (auto* x : {&lse, &dq, &dk, &dv}) out.insert(out.end(), x->begin(), x->end());
+    return out;
+  };
+  CHECK(run(1, 0, B) == run(2, 0, B));
+  const auto alone = run(2, 1, 1), batched = run(1, 0, B);  // sequence 1 alone against within the batch
+  const std::size_t n_out = T * H * Dh, n_lse = H * T, n_k = T * KVH * Dh;
+  std::size_t at = 0, at_alone = 0;  // each part (out, lse, dq, dk, dv): sequence 1's n elements
+  for (std::size_t n : {n_out, n_lse, n_out, n_k, n_k}) {
+    CHECK(std::equal(alone.begin() + at_alone, alone.begin() + at_alone + n, batched.begin() + at + n));
+    at += B * n, at_alone += n;
+  }
+}
+
+TEST_CASE("cached grouped-query attention matches the triple loop, each query row as if alone") {
+  for (auto [H, KVH] : head_groups)
+    for (std::size_t Dh : {std::size_t(16), std::size_t(6)}) {
+      const std::size_t q_len = 5, q_offset = 30, T = q_offset + q_len, D = H * Dh, Dkv = KVH * Dh;
+      CAPTURE(H);
+      CAPTURE(KVH);
+      CAPTURE(Dh);
+      kernels::AttentionShape shape{1, q_len, T, H, Dh, q_offset, KVH};
+      auto q = test::random_vector<float>(q_len * D, 1), k = test::random_vector<float>(T * Dkv, 2);
+      auto v = test::random_vector<float>(T * Dkv, 3);
+      std::vector<float> blocks = key_blocks(k, T, Dkv), out(q_len * D);
+      std::vector<float> scratch(H * ((T + kernels::key_block - 1) / kernels::key_block * kernels::key_block + 1));
+      kernels::cached_attention_forward(out.data(), q.data(), blocks.data(), v.data(), shape, scratch.data());
+      Reference want = naive_attention(q, k, v, shape);
+      for (std::size_t i = 0; i < out.size(); ++i) REQUIRE(out[i] == doctest::Approx(want.out[i]).epsilon(1e-5).scale(1));
+      for (std::size_t i = 0; i < q_len; ++i) {
+        std::vector<float> alone(D);
+        kernels::cached_attention_forward(alone.data(), q.data() + i * D, blocks.data(), v.data(),
+                                          {1, 1, T, H, Dh, q_offset + i, KVH}, scratch.data());
+        CHECK(std::equal(alone.begin(), alone.end(), out.begin() + i * D));
+      }
+    }
+}
+
+TEST_CASE("the grouped-query attention op's gradients match central differences in float, and it names bad heads") {
+  test::check_float_op("attention", [](const std::vector<Var>& v) { return attention(v[0], v[1], v[2], {4, 2}); },
+                       {test::random_tensor({2, 3, 8}, 5), test::random_tensor({2, 3, 4}, 6),
+                        test::random_tensor({2, 3, 4}, 7)});
+  // One Var as k and v: its gradient is the sum of two, neither written over the other.
+  test::check_float_op("attention", [](const std::vector<Var>& v) { return attention(v[0], v[1], v[1], {4, 1}); },
+                       {test::random_tensor({1, 5, 8}, 8), test::random_tensor({1, 5, 2}, 9)});
+  CHECK(test::error_of([] { attention(Var(Tensor({1, 2, 8})), Var(Tensor({1, 2, 4})), Var(Tensor({1, 2, 4})), {4, 3}); }) ==
+        "attention: n_kv_heads 3 must divide n_heads 4");
+  CHECK(test::error_of([] { attention(Var(Tensor({1, 2, 8})), Var(Tensor({1, 2, 8})), Var(Tensor({1, 2, 8})), {4, 2}); }) ==
+        "attention: expected k to be [1, 2, 4], got [1, 2, 8]");
 }

@@ -86,7 +86,9 @@ const std::map<std::string, OpUnderTest>& ops_under_test() {
          return rope(x, table, n_heads, args.at("offset"));
        }},
       {"attention",
-       [](auto& in, auto& args) { return attention(in.at("q"), in.at("k"), in.at("v"), args.at("n_heads")); }},
+       [](auto& in, auto& args) {
+         return attention(in.at("q"), in.at("k"), in.at("v"), args.at("n_heads").template get<std::size_t>());
+       }},
       {"swiglu", [](auto& in, auto&) { return swiglu(in.at("a"), in.at("b")); }},
       {"gelu_tanh", [](auto& in, auto&) { return gelu(in.at("x"), /*approximate_tanh=*/true); }},
   };
