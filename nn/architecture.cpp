@@ -14,11 +14,13 @@ namespace tapegrad::nn {
 // program never names that file's symbols.)
 Architecture rotary_architecture();
 Architecture gpt2_architecture();
+Architecture llama_architecture();
 
 namespace {
 
 std::vector<Architecture>& registry() {
-  static std::vector<Architecture> architectures{rotary_architecture(), gpt2_architecture()};
+  static std::vector<Architecture> architectures{rotary_architecture(), gpt2_architecture(),
+                                                    llama_architecture()};
   return architectures;
 }
 

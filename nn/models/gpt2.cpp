@@ -140,6 +140,42 @@ Gpt2Config gpt2_config_from_metadata(const Metadata& metadata) {
   return config;
 }
 
+std::vector<ForeignTensor> gpt2_foreign_tensors(const Gpt2Config& c) {
+  std::vector<ForeignTensor> map{{"embed.weight", "transformer.wte.weight", "token_embd.weight"},
+                                 {"pos.weight", "transformer.wpe.weight", "position_embd.weight"}};
+  for (std::size_t i = 0; i < c.n_blocks; ++i) {
+    const std::string ours = fmt::format("blocks.{}.", i), hf = fmt::format("transformer.h.{}.", i),
+                      gguf = fmt::format("blk.{}.", i);
+    auto norm = [&](const char* param, const char* hf_name, const char* gguf_name) {
+      for (const char* part : {"weight", "bias"})
+        map.push_back({fmt::format("{}{}.{}", ours, param, part), fmt::format("{}{}.{}", hf, hf_name, part),
+                       fmt::format("{}{}.{}", gguf, gguf_name, part)});
+    };
+    auto linear = [&](const char* param, const char* hf_name, const char* gguf_name, const char* split = "") {
+      for (const char* part : {"weight", "bias"}) {
+        ForeignTensor t{fmt::format("{}{}.{}", ours, param, part), fmt::format("{}{}.{}", hf, hf_name, part),
+                        fmt::format("{}{}.{}", gguf, gguf_name, part)};
+        t.linear_weight = std::string(part) == "weight";
+        t.hf_conv1d = t.linear_weight;
+        t.split = split;
+        map.push_back(std::move(t));
+      }
+    };
+    norm("ln1", "ln_1", "attn_norm");
+    linear("attn.wq", "attn.c_attn", "attn_qkv", "q");
+    linear("attn.wk", "attn.c_attn", "attn_qkv", "k");
+    linear("attn.wv", "attn.c_attn", "attn_qkv", "v");
+    linear("attn.wo", "attn.c_proj", "attn_output");
+    norm("ln2", "ln_2", "ffn_norm");
+    linear("mlp.w1", "mlp.c_fc", "ffn_up");
+    linear("mlp.w2", "mlp.c_proj", "ffn_down");
+  }
+  for (const char* part : {"weight", "bias"})
+    map.push_back({fmt::format("norm.{}", part), fmt::format("transformer.ln_f.{}", part),
+                   fmt::format("output_norm.{}", part)});
+  return map;
+}
+
 // Listed in nn/architecture.cpp.
 Architecture gpt2_architecture() {
   return make_architecture<Gpt2>("gpt2", &gpt2_config_from_metadata, &gpt2_config_metadata);

@@ -16,6 +16,7 @@
 
 #include "nn/checkpoint_metadata.h"
 #include "nn/decoder_model.h"
+#include "nn/models/foreign_tensors.h"
 
 namespace tapegrad::nn {
 
@@ -100,6 +101,15 @@ Gpt2Config gpt2_config_from_metadata(const Metadata& metadata);
 /// gpt2(65, 64, 4, 2, 256) has 120,640 parameters.
 Gpt2 gpt2(std::size_t vocab, std::size_t d_model, std::size_t n_heads, std::size_t n_blocks, std::size_t max_len,
           std::optional<std::size_t> d_ff = std::nullopt, float dropout = 0, bool remat = false, std::uint64_t seed = 0);
+
+/// One entry per parameter of a Gpt2 of this config, in params() order: its names in Hugging Face's
+/// GPT2LMHeadModel (transformer.h.N.attn.c_attn.weight, ...: Conv1D matrices (in, out); the fused
+/// c_attn split into q, k and v) and in GGUF (llama.cpp's gpt2: blk.N.attn_qkv.weight, ...). The
+/// model's math is GPT2LMHeadModel's: LayerNorm (eps 1e-5), GELU's tanh form (gelu_new), learned
+/// positions, biases on every projection, the head tied to the token embedding; the attn.bias
+/// buffers of older files (the causal mask) are no parameters and have no entry. Files saved
+/// from GPT2Model (openai-community/gpt2) name the same tensors without "transformer.".
+std::vector<ForeignTensor> gpt2_foreign_tensors(const Gpt2Config& config);
 
 }  // namespace tapegrad::nn
 
