@@ -16,6 +16,7 @@
 #include "nn/generate.h"
 #include "nn/language_model.h"
 #include "nn/models/gpt2.h"
+#include "nn/models/llama.h"
 #include "nn/models/rotary_decoder.h"
 #include "support/checks.h"
 
@@ -108,17 +109,26 @@ float worst_relative(std::span<const float> a, std::span<const float> b) {
   return worst;
 }
 
-// Either architecture at vocab 13, d_model 16, 2 heads.
+// A Llama of grouped-query attention: heads KV heads sharing each of kv_heads, untied head.
+Llama grouped_llama(std::size_t d_model, std::size_t heads, std::size_t kv_heads, std::size_t n_blocks,
+                    std::size_t max_len, std::optional<std::size_t> d_ff) {
+  LlamaConfig c{.vocab = 13, .d_model = d_model, .n_heads = heads, .n_blocks = n_blocks, .max_len = max_len};
+  c.n_kv_heads = kv_heads, c.d_ff = d_ff;
+  return Llama(c);
+}
+
+// Each architecture at vocab 13, d_model 16, 2 heads (Llama: 4 heads on 2 KV heads).
 template <class M>
 M small_model(std::size_t max_len, std::size_t n_blocks = 2, std::optional<std::size_t> d_ff = 40) {
   if constexpr (std::is_same_v<M, Gpt2>) return gpt2(13, 16, 2, n_blocks, max_len, d_ff);
+  else if constexpr (std::is_same_v<M, Llama>) return grouped_llama(16, 4, 2, n_blocks, max_len, d_ff);
   else return rotary_decoder(13, 16, 2, n_blocks, max_len, d_ff);
 }
 
 }  // namespace
 
 TEST_CASE_TEMPLATE("cached logits equal the full forward's row at every position, 1 and 5 sequences", M, RotaryDecoder,
-                   Gpt2) {
+                   Gpt2, Llama) {
   const std::vector<std::size_t> lengths = {1, 3, 8, 64, 65};  // across the attention kernel's 64-row block
   M model = small_model<M>(80);
   sharpen(model, 1);
@@ -176,9 +186,11 @@ struct ModelSize {
 constexpr ModelSize odd_shapes[] = {{16, 2, 40}, {24, 3, 72}, {40, 5, 100}, {48, 4, 24},
                                     {48, 3, 100}, {16, 2, 24}, {30, 3, 50}, {18, 3, 102}};
 
+// Llama: as many heads, on one KV head (every query head shares it).
 template <class M>
 M shaped_model(const ModelSize& shape, std::size_t max_len) {
   if constexpr (std::is_same_v<M, Gpt2>) return gpt2(13, shape.d_model, shape.heads, 2, max_len, shape.d_ff);
+  else if constexpr (std::is_same_v<M, Llama>) return grouped_llama(shape.d_model, shape.heads, 1, 2, max_len, shape.d_ff);
   else return rotary_decoder(13, shape.d_model, shape.heads, 2, max_len, shape.d_ff);
 }
 
@@ -225,7 +237,7 @@ void check_batched_equals_alone(const M& model, const std::vector<std::vector<st
 }  // namespace
 
 TEST_CASE_TEMPLATE("batched decoding gives every sequence the bits it gets alone, on 1 and 2 threads", M, RotaryDecoder,
-                   Gpt2) {
+                   Gpt2, Llama) {
   M model = small_model<M>(90);
   sharpen(model, 2);
   const std::vector<std::size_t> lengths = {1, 3, 8, 64, 65, 7, 2};
@@ -235,7 +247,7 @@ TEST_CASE_TEMPLATE("batched decoding gives every sequence the bits it gets alone
 }
 
 TEST_CASE_TEMPLATE("batched decoding is bit for bit at sizes no SIMD width divides, prompts of 1 to 17 tokens", M,
-                   RotaryDecoder, Gpt2) {
+                   RotaryDecoder, Gpt2, Llama) {
   for (const ModelSize& shape : odd_shapes) {
     CAPTURE(shape.d_model);
     CAPTURE(shape.heads);
