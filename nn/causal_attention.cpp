@@ -26,7 +26,8 @@ Var causal_attention(const Var& q, const Var& k, const Var& v, AttentionHeads he
   // Each KV head repeated for its query heads (its gradient the sum of theirs), then as q.
   auto repeated = [&](const Var& t) {
     if (group == 1) return split(t);
-    Var wide = expand(reshape(t, {batch, seq_len, n_kv_heads, 1, head_dim}), {batch, seq_len, n_kv_heads, group, head_dim});
+    Var wide = expand(reshape(t, {batch, seq_len, n_kv_heads, 1, head_dim}),
+                      {batch, seq_len, n_kv_heads, group, head_dim});
     return split(reshape(wide, {batch, seq_len, d_model}));
   };
   Var scores = matmul(split(q), repeated(k), false, true) * (1.0f / std::sqrt(float(head_dim))) + Var(mask);  // (B, H, T, T)

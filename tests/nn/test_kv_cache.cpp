@@ -190,7 +190,8 @@ constexpr ModelSize odd_shapes[] = {{16, 2, 40}, {24, 3, 72}, {40, 5, 100}, {48,
 template <class M>
 M shaped_model(const ModelSize& shape, std::size_t max_len) {
   if constexpr (std::is_same_v<M, Gpt2>) return gpt2(13, shape.d_model, shape.heads, 2, max_len, shape.d_ff);
-  else if constexpr (std::is_same_v<M, Llama>) return grouped_llama(shape.d_model, shape.heads, 1, 2, max_len, shape.d_ff);
+  else if constexpr (std::is_same_v<M, Llama>)
+    return grouped_llama(shape.d_model, shape.heads, 1, 2, max_len, shape.d_ff);
   else return rotary_decoder(13, shape.d_model, shape.heads, 2, max_len, shape.d_ff);
 }
 

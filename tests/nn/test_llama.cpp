@@ -4,6 +4,8 @@
 #include <map>
 
 #include "core/ops.h"
+#include "io/gguf.h"
+#include "io/hf_folder.h"
 #include "nn/architecture.h"
 #include "nn/language_model.h"
 #include "nn/models/gpt2.h"
@@ -71,7 +73,8 @@ TEST_CASE("llama has the shared parameter names, (D, H*Dh) q and (D, KVH*Dh) k a
   CHECK(fmt::format("{}", model) == "Llama(vocab=11, d_model=16, n_heads=4, n_kv_heads=2, head_dim=6, n_blocks=2, "
                                     "max_len=24, d_ff=24, tied_head=false)");
   CHECK(model.config().n_kv_heads == 2u);  // filled in
-  CHECK(Llama(LlamaConfig{.vocab = 5, .d_model = 8, .n_heads = 2, .n_blocks = 1, .max_len = 4}).config().kv_heads() == 2);
+  const LlamaConfig default_kv{.vocab = 5, .d_model = 8, .n_heads = 2, .n_blocks = 1, .max_len = 4};
+  CHECK(Llama(default_kv).config().kv_heads() == 2);
 }
 
 TEST_CASE("llama refuses impossible configurations naming the values") {
@@ -106,7 +109,8 @@ TEST_CASE("llama's gradient passes gradcheck, tied and untied, on grouped and sh
     // differences' truncation error at eps 1e-2 reached the tolerance).
     Rng rng(3);
     for (auto& p : model.params())
-      if (p.var.shape().size() == 2) rng.fill_normal(p.var.mutable_value(), tied && p.name == "embed.weight" ? 0.3f : 0.5f);
+      if (p.var.shape().size() == 2)
+        rng.fill_normal(p.var.mutable_value(), tied && p.name == "embed.weight" ? 0.3f : 0.5f);
     auto ids = random_ids(2 * 5, 7, 4), targets = random_ids(2 * 5, 7, 5);
     {
       Tape tape;
@@ -171,7 +175,8 @@ TEST_CASE("llama's forward, prefill and steps agree, and a cache shorter than ma
   }
   auto close = [](std::span<const float> a, const float* b) {  // 1e-5 relative to max(1, |logit|), as test_kv_cache
     float worst = 0;
-    for (std::size_t i = 0; i < a.size(); ++i) worst = std::max(worst, std::fabs(a[i] - b[i]) / std::max(1.0f, std::fabs(b[i])));
+    for (std::size_t i = 0; i < a.size(); ++i)
+      worst = std::max(worst, std::fabs(a[i] - b[i]) / std::max(1.0f, std::fabs(b[i])));
     return worst <= 1e-5f;
   };
   KVCache cache = model.make_cache();
@@ -219,7 +224,8 @@ TEST_CASE("Hugging Face q rows permuted, then interleaved RoPE, equal rotate-hal
   // a = m theta^(-2i/Dh), out[i] = x[i] cos a - x[i + Dh/2] sin a, out[i + Dh/2] = x[i + Dh/2] cos a + x[i] sin a.
   const std::size_t H = 3, Dh = 8, D = 5, half = Dh / 2;
   const double theta = 10000.0;
-  Tensor w = test::random_tensor({H * Dh, D}, 1), x = test::random_tensor({D}, 2), k_w = test::random_tensor({H * Dh, D}, 3);
+  const Tensor w = test::random_tensor({H * Dh, D}, 1), k_w = test::random_tensor({H * Dh, D}, 3);
+  const Tensor x = test::random_tensor({D}, 2);
   auto project = [&](const Tensor& m) {
     std::vector<double> y(H * Dh);
     for (std::size_t r = 0; r < H * Dh; ++r)
@@ -292,7 +298,8 @@ std::map<std::string, Tensor> foreign_file(const Module& model, std::span<const 
     const bool columns = conv1d && t.rank() == 2;
     const std::size_t rows = t.dim(0), cols = t.rank() == 2 ? t.dim(1) : 1;
     Tensor& fused = file[name];
-    if (fused.empty()) fused = Tensor(t.rank() == 1 ? Shape{3 * rows} : columns ? Shape{rows, 3 * cols} : Shape{3 * rows, cols});
+    if (fused.empty())
+      fused = Tensor(t.rank() == 1 ? Shape{3 * rows} : columns ? Shape{rows, 3 * cols} : Shape{3 * rows, cols});
     for (std::size_t r = 0; r < rows; ++r)
       for (std::size_t c = 0; c < cols; ++c) {
         const std::size_t at = columns ? r * 3 * cols + part * cols + c : (part * rows + r) * cols + c;
@@ -369,4 +376,88 @@ TEST_CASE("load_foreign_tensors names both tensors and both shapes when one does
   std::vector<ForeignTensor> unknown = {{"blocks.9.attn.wq.weight", "x", "y"}};
   CHECK(test::error_of([&] { load_foreign_tensors(model, unknown, fetch, true); }) ==
         "load_foreign_tensors: the model has no parameter 'blocks.9.attn.wq.weight' (for x)");
+}
+
+// ---- the tiny checkpoints of tests/data/models against transformers -------------------------
+
+namespace {
+
+const std::string kModels = std::string(TAPEGRAD_SOURCE_DIR) + "/tests/data/models/";
+const std::vector<std::int32_t> kReferenceIds = {1, 5, 17, 42, 99, 7};
+
+// transformers 5.25's logits (float32, CPU) for kReferenceIds: the first 6 of each position's
+// 320, and the sum of all 6 x 320 in double, from the models' own folders.
+struct ReferenceLogits {
+  std::vector<std::vector<float>> first;
+  double sum;
+};
+
+// Loads a model from its Hugging Face folder and from its f32 GGUF, and checks both forwards.
+template <class M, class Config>
+void check_against_transformers(const Config& config, const std::vector<ForeignTensor>& map, const std::string& folder,
+                                const std::string& gguf_name, const ReferenceLogits& want) {
+  const io::HfFolder hf = io::read_hf_folder(kModels + folder);
+  M from_hf(config);
+  load_foreign_tensors(from_hf, map, [&](const ForeignTensor& e) { return hf.tensors.at(e.hf_name); }, true);
+  std::vector<std::pair<std::string, const M*>> models = {{"hf", &from_hf}};
+  std::optional<M> from_gguf;
+  if (!gguf_name.empty()) {
+    const io::GgufFile gguf = io::GgufFile::open(kModels + folder + "/" + gguf_name);
+    from_gguf.emplace(config);
+    load_foreign_tensors(*from_gguf, map, [&](const ForeignTensor& e) {
+      const io::GgufTensor* t = gguf.find_tensor(e.gguf_name);
+      REQUIRE_MESSAGE(t != nullptr, e.gguf_name);
+      return gguf.dequantize(*t);
+    }, false);
+    models.emplace_back("gguf", &*from_gguf);
+  }
+  for (const auto& [source, model] : models) {
+    CAPTURE(source);
+    NoGradScope no_grad;
+    const Tensor logits = model->forward(kReferenceIds, 1, kReferenceIds.size()).value();
+    const std::size_t vocab = config.vocab;
+    double sum = 0;
+    for (std::size_t i = 0; i < logits.size(); ++i) sum += logits.data()[i];
+    CHECK(sum == doctest::Approx(want.sum).epsilon(1e-4));
+    for (std::size_t t = 0; t < kReferenceIds.size(); ++t)
+      for (std::size_t j = 0; j < 6; ++j)
+        CHECK(logits.data()[t * vocab + j] == doctest::Approx(want.first[t][j]).epsilon(1e-4).scale(1));
+  }
+}
+
+}  // namespace
+
+TEST_CASE("tiny Llama checkpoints, Hugging Face (rotate-half q, k) and GGUF, give transformers' logits") {
+  LlamaConfig c{.vocab = 320, .d_model = 32, .n_heads = 4, .n_blocks = 2, .max_len = 128};
+  c.n_kv_heads = 2, c.head_dim = 8, c.d_ff = 64, c.norm_eps = 1e-5f, c.rope_theta = 10000.0;
+  check_against_transformers<Llama>(c, llama_foreign_tensors(c), "tiny_llama", "tiny_llama.f32.gguf",
+                                    {{{-0.1181732f, -0.4143365f, -0.4892655f, -0.3503728f, 1.076279f, -0.1171696f},
+                                      {-0.008082982f, -0.577803f, 0.1243573f, -0.6340492f, 0.5575126f, -1.506152f},
+                                      {-1.398099f, -1.20945f, 1.073225f, 0.3375805f, 0.8392588f, -1.128124f},
+                                      {-0.4833845f, -1.981786f, 1.446607f, -0.8444771f, 1.396462f, 0.0186469f},
+                                      {-0.7077565f, -1.645469f, 1.275074f, -0.6122885f, 1.406806f, -1.060376f},
+                                      {-0.4499232f, -1.182093f, 1.440458f, -0.1104779f, 0.6529248f, -1.438622f}},
+                                     -73.20045210229});
+  // Tied, one KV head for all four, rope_theta 1e5, weights in two shards.
+  c.n_kv_heads = 1, c.rope_theta = 100000.0, c.tied_head = true;
+  check_against_transformers<Llama>(c, llama_foreign_tensors(c), "tiny_llama_tied", "",
+                                    {{{-0.1369438f, 0.3940337f, 0.6311578f, -0.9680315f, -1.117134f, -0.5980538f},
+                                      {-0.2486686f, 1.774036f, -0.1430521f, -0.6819983f, -1.723452f, 0.5869032f},
+                                      {0.4117782f, 0.6102925f, 1.556869f, -0.4151566f, -1.04998f, -0.6555296f},
+                                      {-0.3289812f, 1.264033f, 0.4169266f, -0.8344194f, -0.1021916f, -1.680106f},
+                                      {0.1227149f, 1.12864f, 1.199406f, 0.1171332f, -0.01850148f, -2.04033f},
+                                      {0.3719477f, 0.9079487f, 2.439954f, 0.8630403f, 0.0634453f, -1.482386f}},
+                                     44.81639088271186});
+}
+
+TEST_CASE("a tiny GPT-2 checkpoint, Hugging Face (Conv1D, fused c_attn, float16) and GGUF, gives transformers' logits") {
+  Gpt2Config c{.vocab = 320, .d_model = 32, .n_heads = 4, .n_blocks = 2, .max_len = 128};
+  check_against_transformers<Gpt2>(c, gpt2_foreign_tensors(c), "tiny_gpt2", "tiny_gpt2.f32.gguf",
+                                   {{{0.6719739f, 0.3267182f, -0.8763618f, 1.068112f, -0.2295077f, 1.032875f},
+                                     {0.6078703f, -1.247954f, -1.587054f, 1.14826f, -1.09537f, 1.231948f},
+                                     {-0.1233067f, -1.508524f, -1.776654f, 0.654534f, -1.153545f, 0.7444027f},
+                                     {0.1856149f, -0.4010801f, -0.7793922f, 0.4694148f, -0.368716f, 0.3668602f},
+                                     {0.7575115f, -0.9750152f, -0.778183f, 0.3866806f, -0.3165107f, -0.3923814f},
+                                     {0.308194f, -0.03686552f, -0.823481f, 0.8131719f, -1.042902f, 0.7800002f}},
+                                    10.123687874292955});
 }
