@@ -102,8 +102,10 @@ std::optional<std::string> leading_special(const json& processor) {
 
 }  // namespace
 
-BpeVocab bpe_vocab_from_tokenizer_json(std::string_view json_text, std::string_view source_name,
-                                       std::optional<std::string_view> config_json, std::string_view config_name) {
+namespace {
+
+BpeVocab read_tokenizer_json(std::string_view json_text, std::string_view source_name,
+                             std::optional<std::string_view> config_json, std::string_view config_name) {
   const Source source{source_name};
   const json root = source.parse(json_text);
   const json& model = source.member(root, "(top)", "model");
@@ -139,6 +141,9 @@ BpeVocab bpe_vocab_from_tokenizer_json(std::string_view json_text, std::string_v
       if (!id.is_number_integer() || id.get<std::int64_t>() < 0 || id.get<std::int64_t>() >= INT32_MAX)
         throw source.error(path + ".id", fmt::format("{} is not an id", id.dump()));
       std::string content = source.string(source.member(added[i], path, "content"), path + ".content");
+      for (const char* flag : {"lstrip", "rstrip", "single_word"})
+        if (added[i].value(flag, false))
+          throw source.error(fmt::format("{}.{}", path, flag), "true is not supported (the token is matched as it is)");
       by_id[id.get<std::int64_t>()] = {content, added[i].value("special", true) ? kControlToken : kUserDefinedToken};
     }
   }
@@ -186,6 +191,18 @@ BpeVocab bpe_vocab_from_tokenizer_json(std::string_view json_text, std::string_v
     if (vocab.add_bos && !vocab.bos) throw config_source.error("add_bos_token", "is true but there is no bos_token");
   }
   return vocab;
+}
+
+}  // namespace
+
+BpeVocab bpe_vocab_from_tokenizer_json(std::string_view json_text, std::string_view source_name,
+                                       std::optional<std::string_view> config_json, std::string_view config_name) {
+  try {
+    return read_tokenizer_json(json_text, source_name, config_json, config_name);
+  } catch (const nlohmann::json::exception& e) {  // a field of another JSON type than the one looked for
+    const std::string sources = config_json ? fmt::format("{} or {}", source_name, config_name) : std::string(source_name);
+    throw std::invalid_argument(fmt::format("{}: {}", sources, e.what()));
+  }
 }
 
 std::string bpe_vocab_to_tokenizer_json(const BpeVocab& vocab) {
