@@ -160,7 +160,7 @@ TEST_CASE("a tokenizer.json outside what is understood is refused naming the fil
   CHECK(refusal([](auto& j) { j["added_tokens"][1]["content"] = 5; }) == "tok.json: added_tokens[1].content: 5 is not a string");
   CHECK(refusal([](auto& j) { j["added_tokens"][2]["rstrip"] = true; }) ==
         "tok.json: added_tokens[2].rstrip: true is not supported (the token is matched as it is)");
-  CHECK(test::contains(refusal([](auto& j) { j["model"]["ignore_merges"] = "yes"; }), "tok.json: [json.exception.type_error));
+  CHECK(test::contains(refusal([](auto& j) { j["model"]["ignore_merges"] = "yes"; }), "tok.json: [json.exception.type_error"));
   CHECK(refusal([](auto& j) { j["model"]["unk_token"] = "<nope>"; }) == "tok.json: model.unk_token: \"<nope>\" is not a token");
   CHECK(refusal([](auto& j) { j.erase("model"); }) == "tok.json: (top): no \"model\"");
 
