@@ -1,6 +1,6 @@
-// evaluate: the mean next-character cross-entropy of a checkpoint over a text file, in windows
-// of max_len (windowed_loss, examples/common/batches.h); prints one JSON line
-// {"loss", "bits_per_char", "tokens"}.
+// evaluate: the mean next-token cross-entropy of a checkpoint (--checkpoint) or a published model
+// (--model) over a text file, in windows (windowed_loss, examples/common/batches.h); prints one
+// JSON line {"loss", "perplexity", "tokens"}, plus "bits_per_char" for a character model.
 #include <fmt/format.h>
 
 #include <cmath>
@@ -9,38 +9,45 @@
 
 #include "common/batches.h"
 #include "common/corpus.h"
+#include "common/loaded_model.h"
 #include "common/program.h"
-#include "nn/checkpoint.h"
-#include "nn/language_model.h"
 
 using namespace tapegrad;
 using namespace tapegrad::examples;
 
 int main(int argc, char** argv) {
   CLI::App app{
-      "Evaluates a checkpoint on a text: mean next-character cross-entropy over windows of max_len, "
-      "printed as one JSON line.",
+      "Evaluates a model on a text: mean next-token cross-entropy (nats) over windows, printed as one JSON line.",
       "evaluate"};
-  std::string checkpoint, data;
-  std::size_t limit = 0;
+  ModelSource source;
+  std::string data;
+  std::size_t limit = 0, window = 0;
   // Required options are checked after parsing, so that an unknown flag is the error reported first.
-  app.add_option("--checkpoint", checkpoint, "A checkpoint from train_char (required)");
-  app.add_option("--data", data, "Text to evaluate on: UTF-8, characters of the checkpoint's vocabulary (required)");
-  app.add_option("--limit", limit, "Use only the first N characters (0: all)")
+  source.add_options(app);
+  app.add_option("--data", data, "Text to evaluate on, UTF-8 (required)");
+  app.add_option("--limit", limit, "Use only the first N tokens of the text (0: all)")
       ->check(non_negative())
       ->capture_default_str();
+  app.add_option("--window", window,
+                 "Tokens per window (default: the model's max_len, at most 1024 for a published model)")
+      ->check(non_negative());
 
   return run_program(app, argc, argv, [&] {
-    if (checkpoint.empty()) throw UsageError("--checkpoint is required");
     if (data.empty()) throw UsageError("--data is required");
     if (app.count("--limit") && limit < 2) throw UsageError(fmt::format("--limit must be at least 2, got {}", limit));
-    nn::LoadedModelCheckpoint ckpt = nn::load_model_checkpoint(checkpoint);  // any registered arch
-    std::vector<std::int32_t> ids = encode_file(data, ckpt.tokenizer, limit);
+    if (app.count("--window") && window < 1) throw UsageError("--window must be at least 1");
+    LoadedModel loaded = source.load();
+    const std::size_t max_len = loaded.model.config().max_len;
+    if (window > max_len)
+      throw UsageError(fmt::format("--window {} exceeds the model's max_len {}", window, max_len));
+    if (window == 0) window = source.model.empty() ? max_len : std::min<std::size_t>(max_len, 1024);
+    std::vector<std::int32_t> ids = encode_file(data, *loaded.tokenizer, limit);
     if (ids.size() < 2)
-      throw std::runtime_error(fmt::format("{}: {} character; at least 2 are needed to predict one", data, ids.size()));
-    WindowedLoss result = windowed_loss(ckpt.model, ids);
-    nlohmann::ordered_json line = {
-        {"loss", result.loss}, {"bits_per_char", result.loss / std::log(2.0)}, {"tokens", result.tokens}};
+      throw std::runtime_error(fmt::format("{}: {} token; at least 2 are needed to predict one", data, ids.size()));
+    loaded.model.set_training(false);
+    WindowedLoss result = windowed_loss(loaded.model, ids, window);
+    nlohmann::ordered_json line = {{"loss", result.loss}, {"perplexity", std::exp(result.loss)}, {"tokens", result.tokens}};
+    if (loaded.tokenizer->kind() == "char") line["bits_per_char"] = result.loss / std::log(2.0);
     fmt::print("{}\n", line.dump());
     return 0;
   });

@@ -4,6 +4,7 @@
 // whole text for every new token (for checks and benches).
 #pragma once
 
+#include <algorithm>
 #include <concepts>
 #include <cstdint>
 #include <functional>
@@ -25,12 +26,15 @@ struct GenerateOptions {
   SamplingOptions sampling;   ///< how each token is drawn from the logits
   std::uint64_t seed = 0;     ///< the Sampler's seed (sample i: seed + i)
   bool use_cache = true;      ///< decode through the KV cache when the model has one
+  /// Tokens that end a sample (a model's end-of-text ids): drawn, it ends there, not kept.
+  std::vector<std::int32_t> stop_ids;
 };
 
 /// One sample's output.
 struct Generation {
   std::vector<std::int32_t> tokens;  ///< the new tokens, without the prompt
   bool stopped_at_max_len = false;   ///< fewer than max_new: the text reached the model's max_len
+  bool stopped_at_stop_id = false;   ///< it drew one of options.stop_ids (not in tokens)
 };
 
 /// A model with forward(ids, batch, seq_len) -> logits (B, T, vocab) and config().{vocab, max_len}.
@@ -46,7 +50,7 @@ template <class M>
 concept CachedModel = ForwardModel<M> && requires(const M& m, typename M::Cache& cache,
                                                   std::span<const std::vector<std::int32_t>> prompts,
                                                   std::span<const std::int32_t> tokens) {
-  { m.make_cache(std::size_t{1}) } -> std::same_as<typename M::Cache>;
+  { m.make_cache(std::size_t{1}, std::size_t{1}) } -> std::same_as<typename M::Cache>;
   { m.prefill(prompts, cache) } -> std::convertible_to<Tensor>;
   { m.step(tokens, cache) } -> std::convertible_to<std::span<const float>>;
 };
@@ -55,7 +59,8 @@ concept CachedModel = ForwardModel<M> && requires(const M& m, typename M::Cache&
 /// from a Sampler seeded options.seed + i, so it is exactly the text that one sample with that
 /// seed gives: a CachedModel decodes all of them as one batch (one prefill pass, then one step
 /// per token for every sample), and a sequence's logits do not depend on the batch around it.
-/// on_token (if set) sees (sample, token) as each comes. Without a cache (or with use_cache
+/// on_token (if set) sees (sample, token) as each comes, stop ids excepted. The cache holds the
+/// prompt and the new tokens, not the model's whole context. Without a cache (or with use_cache
 /// false) the samples run one after another through the full forward over the whole text.
 template <ForwardModel M>
 std::vector<Generation> generate_samples(const M& model, std::span<const std::int32_t> prompt, std::size_t samples,
@@ -72,7 +77,7 @@ std::vector<Generation> generate_samples(const M& model, std::span<const std::in
   // The cache first: it refuses more sequences than it can hold before anything per sample exists.
   auto cache = [&] {
     if constexpr (CachedModel<M>)
-      return options.use_cache ? std::optional(model.make_cache(samples)) : std::nullopt;
+      return options.use_cache ? std::optional(model.make_cache(samples, prompt.size() + budget)) : std::nullopt;
     else
       return std::optional<int>();
   }();
@@ -83,11 +88,17 @@ std::vector<Generation> generate_samples(const M& model, std::span<const std::in
     samplers.emplace_back(options.sampling, options.seed + i);
   }
   if (budget == 0) return out;
-  auto emit = [&](std::size_t i, std::span<const float> logits) {
-    std::int32_t token = samplers[i].next(logits);
+  // Draws sample i's next token; false when it is a stop id (the sample has ended).
+  auto emit = [&](std::size_t i, std::span<const float> logits, std::int32_t& token) {
+    token = samplers[i].next(logits);
+    if (std::find(options.stop_ids.begin(), options.stop_ids.end(), token) != options.stop_ids.end()) {
+      out[i].stopped_at_stop_id = true;
+      out[i].stopped_at_max_len = false;
+      return false;
+    }
     out[i].tokens.push_back(token);
     if (on_token) on_token(i, token);
-    return token;
+    return true;
   };
   NoGradScope no_grad;
   if constexpr (CachedModel<M>) {
@@ -95,20 +106,31 @@ std::vector<Generation> generate_samples(const M& model, std::span<const std::in
       std::vector<std::vector<std::int32_t>> prompts(samples, std::vector<std::int32_t>(prompt.begin(), prompt.end()));
       Tensor logits = model.prefill(prompts, *cache);  // (samples * prompt, vocab)
       std::vector<std::int32_t> last(samples);
-      for (std::size_t i = 0; i < samples; ++i)
-        last[i] = emit(i, std::span<const float>(logits.data() + ((i + 1) * prompt.size() - 1) * vocab, vocab));
-      for (std::size_t t = 1; t < budget; ++t) {
-        std::span<const float> rows = model.step(last, *cache);  // (samples, vocab)
-        for (std::size_t i = 0; i < samples; ++i) last[i] = emit(i, rows.subspan(i * vocab, vocab));
+      std::size_t running = 0;
+      for (std::size_t i = 0; i < samples; ++i) {
+        if (emit(i, std::span<const float>(logits.data() + ((i + 1) * prompt.size() - 1) * vocab, vocab), last[i]))
+          ++running;
+        else
+          cache->drop(i);
+      }
+      for (std::size_t t = 1; t < budget && running > 0; ++t) {
+        std::span<const float> rows = model.step(last, *cache);  // (samples, vocab), ended samples' rows NaN
+        for (std::size_t i = 0; i < samples; ++i)
+          if (cache->active(i) && !emit(i, rows.subspan(i * vocab, vocab), last[i])) {
+            cache->drop(i);
+            --running;
+          }
       }
       return out;
     }
   }
   for (std::size_t i = 0; i < samples; ++i) {
     std::vector<std::int32_t> text(prompt.begin(), prompt.end());
+    std::int32_t token = 0;
     while (out[i].tokens.size() < budget) {
       Var logits = model.forward(text, 1, text.size());
-      text.push_back(emit(i, std::span<const float>(logits.value().data() + (text.size() - 1) * vocab, vocab)));
+      if (!emit(i, std::span<const float>(logits.value().data() + (text.size() - 1) * vocab, vocab), token)) break;
+      text.push_back(token);
     }
   }
   return out;

@@ -1,0 +1,47 @@
+// LoadedModel from a checkpoint or a published model.
+#include "common/loaded_model.h"
+
+#include <fmt/format.h>
+
+#include "common/program.h"
+#include "nn/pretrained.h"
+#include "tokenizers/char_tokenizer.h"
+
+namespace tapegrad::examples {
+
+void ModelSource::add_options(CLI::App& app) {
+  app.add_option("--checkpoint", checkpoint, "A checkpoint written by train_char (this or --model)");
+  app.add_option("--model", model,
+                 "A published model: a GGUF file or a Hugging Face folder (config.json, safetensors, tokenizer.json)");
+}
+
+LoadedModel ModelSource::load() const {
+  if (checkpoint.empty() == model.empty())
+    throw UsageError(checkpoint.empty() ? "give --checkpoint FILE or --model PATH"
+                                        : "give --checkpoint or --model, not both");
+  if (!model.empty()) {
+    nn::PretrainedModel pretrained = nn::load_pretrained(model);
+    return {std::move(pretrained.model), std::move(pretrained.tokenizer), std::move(pretrained.chat_template), model};
+  }
+  nn::LoadedModelCheckpoint loaded = nn::load_model_checkpoint(checkpoint);  // any registered arch
+  auto tokenizer = std::make_shared<const tokenizers::CharTokenizer>(std::move(loaded.tokenizer));
+  return {std::move(loaded.model), std::move(tokenizer), std::nullopt, checkpoint};
+}
+
+tokenizers::ChatTemplate chat_template_of(const LoadedModel& loaded, const std::string& override_name) {
+  if (!override_name.empty()) return tokenizers::ChatTemplate::named(override_name);
+  if (!loaded.chat_template)
+    throw UsageError(fmt::format("{} has no chat template; name one with --chat-template chatml|llama3|FILE",
+                                 loaded.path));
+  return tokenizers::ChatTemplate::recognise(*loaded.chat_template, loaded.path);
+}
+
+std::vector<std::int32_t> encode_prompt(const tokenizers::Tokenizer& tokenizer, std::string_view text) {
+  std::vector<std::int32_t> ids;
+  if (tokenizer.add_bos() && tokenizer.bos_id()) ids.push_back(*tokenizer.bos_id());
+  std::vector<std::int32_t> body = tokenizer.encode(text);
+  ids.insert(ids.end(), body.begin(), body.end());
+  return ids;
+}
+
+}  // namespace tapegrad::examples

@@ -1,0 +1,341 @@
+// load_pretrained: a GGUF file or a Hugging Face folder -> config, weights, tokenizer, chat
+// template. One entry per architecture ties the files' config keys to its config; its tensor
+// map (nn/models/) ties the files' tensor names to its parameters.
+#include "nn/pretrained.h"
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <stdexcept>
+
+#include "io/gguf.h"
+#include "io/hf_folder.h"
+#include "nn/models/foreign_tensors.h"
+#include "nn/models/gpt2.h"
+#include "nn/models/llama.h"
+#include "tokenizers/byte_level_bpe.h"
+
+namespace tapegrad::nn {
+
+namespace {
+
+using json = nlohmann::json;
+
+// ---- config keys -------------------------------------------------------------------------------
+
+std::size_t gguf_size(const io::GgufFile& file, const std::string& key) {
+  const std::int64_t value = file.at(key).as_int();
+  if (value <= 0) throw std::runtime_error(fmt::format("{}: metadata {} is {}; it must be positive", file.path(), key, value));
+  return std::size_t(value);
+}
+
+double gguf_float_or(const io::GgufFile& file, const std::string& key, double fallback) {
+  const io::GgufValue* value = file.find(key);
+  return value ? value->as_float() : fallback;
+}
+
+// A key of config.json; `fallback` (when given) stands in for an absent or null key.
+const json& hf_key(const json& config, const std::string& key, const std::string& path,
+                   const json* fallback = nullptr) {
+  auto it = config.find(key);
+  if (it == config.end() || it->is_null()) {
+    if (fallback) return *fallback;
+    throw std::runtime_error(fmt::format("{}/config.json: key '{}' is missing", path, key));
+  }
+  return *it;
+}
+
+std::size_t hf_size(const json& config, const std::string& key, const std::string& path) {
+  const json& value = hf_key(config, key, path);
+  if (!value.is_number_integer() || value.get<std::int64_t>() <= 0)
+    throw std::runtime_error(
+        fmt::format("{}/config.json: '{}' is {}; it must be a positive integer", path, key, value.dump()));
+  return value.get<std::size_t>();
+}
+
+double hf_number(const json& config, const std::string& key, const std::string& path, double fallback) {
+  const json fallback_value = fallback;
+  const json& value = hf_key(config, key, path, &fallback_value);
+  if (!value.is_number()) throw std::runtime_error(fmt::format("{}/config.json: '{}' is {}; it must be a number", path, key, value.dump()));
+  return value.get<double>();
+}
+
+LlamaConfig llama_config_from_gguf(const io::GgufFile& file, std::size_t vocab) {
+  LlamaConfig c;
+  c.vocab = vocab;
+  c.d_model = gguf_size(file, "llama.embedding_length");
+  c.n_blocks = gguf_size(file, "llama.block_count");
+  c.d_ff = gguf_size(file, "llama.feed_forward_length");
+  c.n_heads = gguf_size(file, "llama.attention.head_count");
+  c.n_kv_heads = file.find("llama.attention.head_count_kv") ? gguf_size(file, "llama.attention.head_count_kv") : c.n_heads;
+  c.max_len = gguf_size(file, "llama.context_length");
+  if (file.find("llama.rope.dimension_count")) c.head_dim = gguf_size(file, "llama.rope.dimension_count");
+  c.norm_eps = float(file.at("llama.attention.layer_norm_rms_epsilon").as_float());
+  c.rope_theta = gguf_float_or(file, "llama.rope.freq_base", 10000.0);
+  c.tied_head = file.find_tensor("output.weight") == nullptr;  // as transformers decides it
+  return c;
+}
+
+LlamaConfig llama_config_from_hf(const json& config, const std::string& path) {
+  if (auto it = config.find("rope_scaling"); it != config.end() && !it->is_null())
+    throw std::runtime_error(fmt::format("{}/config.json: rope_scaling {} is not supported (plain RoPE only)", path,
+                                         it->dump()));
+  LlamaConfig c;
+  c.vocab = hf_size(config, "vocab_size", path);
+  c.d_model = hf_size(config, "hidden_size", path);
+  c.n_blocks = hf_size(config, "num_hidden_layers", path);
+  c.d_ff = hf_size(config, "intermediate_size", path);
+  c.n_heads = hf_size(config, "num_attention_heads", path);
+  c.n_kv_heads = config.contains("num_key_value_heads") && !config["num_key_value_heads"].is_null()
+                     ? hf_size(config, "num_key_value_heads", path)
+                     : c.n_heads;
+  if (config.contains("head_dim") && !config["head_dim"].is_null()) c.head_dim = hf_size(config, "head_dim", path);
+  c.max_len = hf_size(config, "max_position_embeddings", path);
+  c.norm_eps = float(hf_number(config, "rms_norm_eps", path, 1e-6));
+  c.rope_theta = hf_number(config, "rope_theta", path, 10000.0);
+  const json tied_default = false;
+  const json& tied = hf_key(config, "tie_word_embeddings", path, &tied_default);
+  if (!tied.is_boolean())
+    throw std::runtime_error(fmt::format("{}/config.json: 'tie_word_embeddings' is {}; it must be true or false", path, tied.dump()));
+  c.tied_head = tied.get<bool>();
+  return c;
+}
+
+Gpt2Config gpt2_config_from_gguf(const io::GgufFile& file, std::size_t vocab) {
+  Gpt2Config c;
+  c.vocab = vocab;
+  c.d_model = gguf_size(file, "gpt2.embedding_length");
+  c.n_blocks = gguf_size(file, "gpt2.block_count");
+  c.d_ff = gguf_size(file, "gpt2.feed_forward_length");
+  c.n_heads = gguf_size(file, "gpt2.attention.head_count");
+  c.max_len = gguf_size(file, "gpt2.context_length");
+  c.norm_eps = float(gguf_float_or(file, "gpt2.attention.layer_norm_epsilon", 1e-5));
+  return c;
+}
+
+Gpt2Config gpt2_config_from_hf(const json& config, const std::string& path) {
+  const json gelu_new = "gelu_new";
+  const json& activation = hf_key(config, "activation_function", path, &gelu_new);
+  if (activation != "gelu_new" && activation != "gelu_pytorch_tanh")
+    throw std::runtime_error(fmt::format("{}/config.json: activation_function {} is not supported (GPT-2's tanh GELU, "
+                                         "\"gelu_new\", only)",
+                                         path, activation.dump()));
+  Gpt2Config c;
+  c.vocab = hf_size(config, "vocab_size", path);
+  c.d_model = hf_size(config, "n_embd", path);
+  c.n_blocks = hf_size(config, "n_layer", path);
+  c.n_heads = hf_size(config, "n_head", path);
+  c.max_len = hf_size(config, "n_positions", path);
+  if (config.contains("n_inner") && !config["n_inner"].is_null()) c.d_ff = hf_size(config, "n_inner", path);
+  c.norm_eps = float(hf_number(config, "layer_norm_epsilon", path, 1e-5));
+  return c;
+}
+
+// ---- weights -----------------------------------------------------------------------------------
+
+// Builds a Model from config and loads every parameter through its tensor map.
+template <class Model, class Config>
+LanguageModel load_weights(const Config& config, std::span<const ForeignTensor> map,
+                           const std::function<Tensor(const ForeignTensor&)>& fetch, bool from_hf) {
+  Model model(config);
+  load_foreign_tensors(model, map, fetch, from_hf);
+  return LanguageModel(std::move(model));
+}
+
+// The fetch of a GGUF file's tensors, dequantized, in PyTorch's layout.
+std::function<Tensor(const ForeignTensor&)> gguf_fetch(const io::GgufFile& file) {
+  return [&file](const ForeignTensor& entry) {
+    const io::GgufTensor* tensor = file.find_tensor(entry.gguf_name);
+    if (!tensor) throw std::runtime_error(fmt::format("{}: tensor '{}' is missing", file.path(), entry.gguf_name));
+    return file.dequantize(*tensor);
+  };
+}
+
+std::function<Tensor(const ForeignTensor&)> hf_fetch(io::HfFolder& folder) {
+  return [&folder](const ForeignTensor& entry) {
+    auto it = folder.tensors.find(entry.hf_name);
+    if (it == folder.tensors.end())
+      throw std::runtime_error(fmt::format("{}: tensor '{}' is missing", folder.path, entry.hf_name));
+    return it->second;  // GPT-2's fused c_attn is fetched three times, once per part
+  };
+}
+
+// ---- tokenizers --------------------------------------------------------------------------------
+
+// The ids that end a reply: eos and eot, and the control tokens that llama.cpp also treats as
+// the end of generation.
+std::vector<std::int32_t> gguf_end_ids(const io::GgufFile& file, const std::vector<std::string>& tokens,
+                                       const std::vector<std::int32_t>& types) {
+  std::vector<std::int32_t> ids;
+  auto add = [&](std::int64_t id) {
+    if (id < 0 || std::size_t(id) >= tokens.size())
+      throw std::runtime_error(fmt::format("{}: an end-of-text token id {} is outside the vocabulary of {} tokens",
+                                           file.path(), id, tokens.size()));
+    if (std::find(ids.begin(), ids.end(), id) == ids.end()) ids.push_back(std::int32_t(id));
+  };
+  for (const char* key : {"tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id", "tokenizer.ggml.eom_token_id"})
+    if (const io::GgufValue* value = file.find(key)) add(value->as_int());
+  constexpr std::string_view end_texts[] = {"<|endoftext|>", "<|im_end|>", "<|eot_id|>", "<|end_of_text|>",
+                                            "<|eom_id|>", "<|end|>", "</s>"};
+  for (std::size_t id = 0; id < tokens.size(); ++id)
+    if (!types.empty() && types[id] == 3)
+      for (std::string_view text : end_texts)
+        if (tokens[id] == text) add(std::int64_t(id));
+  return ids;
+}
+
+std::string gguf_pre_tokenizer(const io::GgufFile& file) {
+  const io::GgufValue* pre = file.find("tokenizer.ggml.pre");
+  const std::string name = pre ? pre->as_string() : "default";
+  if (name == "smollm" || name == "starcoder" || name == "refact") return "smollm";  // digits split one by one
+  if (name == "gpt-2" || name == "gpt2" || name == "default") return "gpt2";
+  if (name == "llama-bpe" || name == "llama3") return "llama3";
+  throw std::runtime_error(fmt::format("{}: tokenizer.ggml.pre '{}' is not supported (supported: smollm, starcoder, "
+                                       "refact, gpt-2, default, llama-bpe)",
+                                       file.path(), name));
+}
+
+std::unique_ptr<tokenizers::Tokenizer> gguf_tokenizer(const io::GgufFile& file) {
+  const std::string model = file.at("tokenizer.ggml.model").as_string();
+  if (model != "gpt2")
+    throw std::runtime_error(fmt::format("{}: tokenizer.ggml.model '{}' is not supported (byte-level BPE, \"gpt2\", only)",
+                                         file.path(), model));
+  tokenizers::BpeVocab vocab;
+  vocab.tokens = file.at("tokenizer.ggml.tokens").as_strings();
+  vocab.merges = file.at("tokenizer.ggml.merges").as_strings();
+  if (const io::GgufValue* types = file.find("tokenizer.ggml.token_type"))
+    for (std::int64_t type : types->as_ints()) vocab.token_types.push_back(std::int32_t(type));
+  if (!vocab.token_types.empty() && vocab.token_types.size() != vocab.tokens.size())
+    throw std::runtime_error(fmt::format("{}: tokenizer.ggml.token_type has {} entries for {} tokens", file.path(),
+                                         vocab.token_types.size(), vocab.tokens.size()));
+  vocab.pre = gguf_pre_tokenizer(file);
+  if (const io::GgufValue* bos = file.find("tokenizer.ggml.bos_token_id")) vocab.bos = std::int32_t(bos->as_int());
+  if (const io::GgufValue* add_bos = file.find("tokenizer.ggml.add_bos_token")) vocab.add_bos = add_bos->as_bool();
+  vocab.end_ids = gguf_end_ids(file, vocab.tokens, vocab.token_types);
+  for (std::size_t id = 0; id < vocab.token_types.size(); ++id)
+    if (vocab.token_types[id] == 3 || vocab.token_types[id] == 4) vocab.special_ids.push_back(std::int32_t(id));
+  try {
+    return std::make_unique<tokenizers::ByteLevelBpe>(tokenizers::ByteLevelBpe::from_vocab(std::move(vocab)));
+  } catch (const std::exception& e) {
+    throw std::runtime_error(fmt::format("{}: the tokenizer: {}", file.path(), e.what()));
+  }
+}
+
+std::optional<std::string> hf_chat_template(const io::HfFolder& folder) {
+  if (folder.chat_template_path) {
+    std::ifstream in(*folder.chat_template_path, std::ios::binary);
+    return std::string(std::istreambuf_iterator<char>(in), {});
+  }
+  if (!folder.tokenizer_config_path) return std::nullopt;
+  std::ifstream in(*folder.tokenizer_config_path, std::ios::binary);
+  const json config = json::parse(in, nullptr, false);
+  if (config.is_discarded())
+    throw std::runtime_error(fmt::format("{}: not valid JSON", *folder.tokenizer_config_path));
+  auto it = config.find("chat_template");
+  if (it == config.end() || it->is_null()) return std::nullopt;
+  if (it->is_string()) return it->get<std::string>();
+  if (it->is_array())  // named templates: the "default" one
+    for (const json& entry : *it)
+      if (entry.value("name", "") == "default" && entry.contains("template") && entry["template"].is_string())
+        return entry["template"].get<std::string>();
+  throw std::runtime_error(fmt::format("{}: chat_template is neither a string nor a list with a \"default\" template",
+                                       *folder.tokenizer_config_path));
+}
+
+PretrainedModel load_gguf(const std::string& path) {
+  const io::GgufFile file = io::GgufFile::open(path);
+  const std::string arch = file.at("general.architecture").as_string();
+  std::unique_ptr<tokenizers::Tokenizer> tokenizer = gguf_tokenizer(file);
+  const std::size_t vocab = tokenizer->vocab_size();
+  // A forged header may describe a far larger model than the file's tensors hold (dequantized,
+  // 4-bit blocks grow about 7x, and each is transposed once): refuse it before allocating it.
+  const std::size_t file_bytes = std::filesystem::file_size(path);
+  TensorAllocationLimit limit(16 * file_bytes + (64 << 20),
+                              fmt::format("{}: the sizes in the metadata describe a model larger than the file", path));
+  std::optional<LanguageModel> model;
+  if (arch == "llama") {
+    const LlamaConfig config = llama_config_from_gguf(file, vocab);
+    model = load_weights<Llama>(config, llama_foreign_tensors(config), gguf_fetch(file), false);
+  } else if (arch == "gpt2") {
+    const Gpt2Config config = gpt2_config_from_gguf(file, vocab);
+    model = load_weights<Gpt2>(config, gpt2_foreign_tensors(config), gguf_fetch(file), false);
+  } else {
+    throw std::runtime_error(
+        fmt::format("{}: general.architecture '{}' is not supported (supported: llama, gpt2)", path, arch));
+  }
+  std::optional<std::string> chat_template;
+  if (const io::GgufValue* value = file.find("tokenizer.chat_template")) chat_template = value->as_string();
+  return {std::move(*model), std::move(tokenizer), std::move(chat_template), "gguf"};
+}
+
+std::unique_ptr<tokenizers::Tokenizer> hf_tokenizer(const std::string& tokenizer_json,
+                                                    const std::optional<std::string>& tokenizer_config) {
+  return std::make_unique<tokenizers::ByteLevelBpe>(
+      tokenizers::ByteLevelBpe::from_tokenizer_json(tokenizer_json, tokenizer_config));
+}
+
+PretrainedModel load_hf(const std::string& path) {
+  io::HfFolder folder = io::read_hf_folder(path);
+  const json config = json::parse(folder.config_json, nullptr, false);
+  if (config.is_discarded() || !config.is_object())
+    throw std::runtime_error(fmt::format("{}/config.json: not a JSON object", path));
+  const json& architectures = hf_key(config, "architectures", path);
+  if (!architectures.is_array() || architectures.size() != 1 || !architectures[0].is_string())
+    throw std::runtime_error(fmt::format("{}/config.json: 'architectures' is {}; expected one name", path,
+                                         architectures.dump()));
+  const std::string arch = architectures[0].get<std::string>();
+  std::optional<LanguageModel> model;
+  if (arch == "LlamaForCausalLM") {
+    const LlamaConfig llama = llama_config_from_hf(config, path);
+    model = load_weights<Llama>(llama, llama_foreign_tensors(llama), hf_fetch(folder), true);
+  } else if (arch == "GPT2LMHeadModel") {
+    const Gpt2Config gpt2 = gpt2_config_from_hf(config, path);
+    model = load_weights<Gpt2>(gpt2, gpt2_foreign_tensors(gpt2), hf_fetch(folder), true);
+  } else {
+    throw std::runtime_error(fmt::format("{}/config.json: architecture '{}' is not supported (supported: "
+                                         "LlamaForCausalLM, GPT2LMHeadModel)",
+                                         path, arch));
+  }
+  std::unique_ptr<tokenizers::Tokenizer> tokenizer = hf_tokenizer(folder.tokenizer_json_path, folder.tokenizer_config_path);
+  if (tokenizer->vocab_size() > model->config().vocab)
+    throw std::runtime_error(fmt::format("{}: tokenizer.json has {} tokens but config.json's vocab_size is {}", path,
+                                         tokenizer->vocab_size(), model->config().vocab));
+  return {std::move(*model), std::move(tokenizer), hf_chat_template(folder), "hf"};
+}
+
+void check_exists(const std::string& path) {
+  if (!std::filesystem::exists(path)) throw std::runtime_error(fmt::format("{}: no such file or folder", path));
+  if (!std::filesystem::is_directory(path) && !is_pretrained_path(path))
+    throw std::runtime_error(fmt::format("{}: neither a GGUF file (it does not start with \"GGUF\") nor a Hugging Face "
+                                         "folder",
+                                         path));
+}
+
+}  // namespace
+
+bool is_pretrained_path(const std::string& path) {
+  if (std::filesystem::is_directory(path)) return true;
+  std::ifstream in(path, std::ios::binary);
+  char magic[4] = {};
+  return in.read(magic, 4) && std::string_view(magic, 4) == "GGUF";
+}
+
+PretrainedModel load_pretrained(const std::string& path) {
+  check_exists(path);
+  return std::filesystem::is_directory(path) ? load_hf(path) : load_gguf(path);
+}
+
+std::unique_ptr<tokenizers::Tokenizer> load_pretrained_tokenizer(const std::string& path) {
+  check_exists(path);
+  if (std::filesystem::is_directory(path)) {  // tokenizer.json, and tokenizer_config.json when present
+    const std::filesystem::path config = std::filesystem::path(path) / "tokenizer_config.json";
+    return hf_tokenizer((std::filesystem::path(path) / "tokenizer.json").string(),
+                        std::filesystem::exists(config) ? std::optional(config.string()) : std::nullopt);
+  }
+  return gguf_tokenizer(io::GgufFile::open(path));
+}
+
+}  // namespace tapegrad::nn
