@@ -1,7 +1,7 @@
-// serve: an OpenAI-compatible HTTP server for a checkpoint of any architecture, decoding many
-// requests together (serve/). SIGTERM or SIGINT drains it: no new requests, the running ones
-// finish (within --drain-timeout), then it exits 0; while the checkpoint is still loading it exits
-// 0 at once.
+// serve: an OpenAI-compatible HTTP server for a checkpoint of any architecture or a published model
+// (.gguf, Hugging Face folder), decoding many requests together (serve/). SIGTERM or SIGINT drains
+// it: no new requests, the running ones finish (within --drain-timeout), then it exits 0; while
+// the model is still loading it exits 0 at once.
 #include <fmt/format.h>
 #include <pthread.h>
 #include <signal.h>
@@ -18,14 +18,27 @@ using namespace tapegrad;
 using namespace tapegrad::examples;
 
 int main(int argc, char** argv) {
-  CLI::App app{"Serves a checkpoint over HTTP: OpenAI's /v1/completions (streamed or not), /v1/models, /health, "
-               "/metrics and a playground page at /. A replaced checkpoint file is picked up while serving.",
+  CLI::App app{"Serves a checkpoint or a published model over HTTP: OpenAI's /v1/completions and "
+               "/v1/chat/completions (streamed or not), /v1/models, /health, /metrics and a playground page at /. "
+               "A replaced checkpoint file is picked up while serving; a --model file is read once (it is not "
+               "expected to change under a running server).",
                "serve"};
   serve::ServerOptions options;
   int threads = 0;
   double drain_seconds = 30;
   bool share_cores = false;
-  app.add_option("--checkpoint", options.checkpoint, "A checkpoint from train_char (required); watched for changes");
+  auto* checkpoint =
+      app.add_option("--checkpoint", options.checkpoint, "A checkpoint from train_char; watched for changes");
+  app.add_option("--model", options.model,
+                 "A published model: a .gguf file or a Hugging Face folder; loaded once, never reloaded")
+      ->excludes(checkpoint);
+  app.add_option("--ctx", options.scheduler.ctx,
+                 "Tokens a sequence holds, prompt and reply (0: the model's max_len, at most 2048)")
+      ->check(non_negative())
+      ->capture_default_str();
+  app.add_option("--chat-template", options.chat_template,
+                 "The chat template of /v1/chat/completions: chatml, llama3 or a file, in place of the model's own "
+                 "(a checkpoint has none)");
   app.add_option("--host", options.host, "The address to listen on")->capture_default_str();
   app.add_option("--port", options.port, "The port to listen on (0: any free port)")
       ->check(CLI::Range(0, 65535))
@@ -54,7 +67,8 @@ int main(int argc, char** argv) {
       ->capture_default_str();
 
   return run_program(app, argc, argv, [&] {
-    if (options.checkpoint.empty()) throw UsageError("--checkpoint is required");
+    if (options.checkpoint.empty() && options.model.empty())
+      throw UsageError("give a checkpoint (--checkpoint FILE) or a published model (--model PATH)");
     options.drain_timeout = std::chrono::milliseconds(std::int64_t(drain_seconds * 1000));
     options.pin_cpus = !share_cores;
     set_num_threads(threads);
@@ -66,7 +80,8 @@ int main(int argc, char** argv) {
     sigaddset(&signals, SIGINT);
     pthread_sigmask(SIG_BLOCK, &signals, nullptr);
     serve::Server server(options);
-    fmt::print(stderr, "serve: {} on http://{}:{}/ ({} sequences, queue {}), loading\n", options.checkpoint,
+    fmt::print(stderr, "serve: {} on http://{}:{}/ ({} sequences, queue {}), loading\n",
+               options.model.empty() ? options.checkpoint : options.model,
                options.host, server.port(), options.scheduler.parallel, options.scheduler.queue);
     std::thread http([&] { server.run(); });
     // Clients get 503 "loading" meanwhile; weights that fail to load at start end the program. A
@@ -77,7 +92,7 @@ int main(int argc, char** argv) {
       while (!(weights = server.scheduler().wait_loaded_for(std::chrono::milliseconds(50)))) {
         const timespec now{};
         if (const int caught = sigtimedwait(&signals, nullptr, &now); caught > 0) {
-          fmt::print(stderr, "serve: {} while loading the checkpoint: stopped\n", caught == SIGTERM ? "SIGTERM" : "SIGINT");
+          fmt::print(stderr, "serve: {} while loading the model: stopped\n", caught == SIGTERM ? "SIGTERM" : "SIGINT");
           std::_Exit(0);
         }
       }

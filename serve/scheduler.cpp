@@ -10,29 +10,17 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
-#include <fstream>
 #include <mutex>
 #include <random>
 
 #include "core/tape.h"
 #include "nn/sampling.h"
 #include "serve/cpus.h"
+#include "tokenizers/utf8_stream.h"
 
 namespace tapegrad::serve {
 
 namespace {
-
-// FNV-1a over a file's bytes: enough to tell two checkpoints apart in a fingerprint.
-std::uint64_t file_hash(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::uint64_t hash = 1469598103934665603ull;
-  char buffer[1 << 16];
-  while (in.read(buffer, sizeof buffer) || in.gcount() > 0) {
-    for (std::streamsize i = 0; i < in.gcount(); ++i) hash = (hash ^ std::uint8_t(buffer[i])) * 1099511628211ull;
-    if (!in) break;
-  }
-  return hash;
-}
 
 using Clock = std::chrono::steady_clock;
 
@@ -41,23 +29,6 @@ double seconds_between(Clock::time_point a, Clock::time_point b) {
 }
 
 }  // namespace
-
-std::shared_ptr<const Weights> load_weights(const std::string& path) {
-  const std::uint64_t hash = file_hash(path);
-  nn::LoadedModelCheckpoint loaded = nn::load_model_checkpoint(path);
-  loaded.model.set_training(false);
-  std::uint64_t step = 0;
-  if (auto it = loaded.metadata.find("step"); it != loaded.metadata.end()) {
-    try {
-      step = std::stoull(it->second);
-    } catch (const std::exception&) {
-      step = 0;  // a checkpoint not written by training: its step is unknown
-    }
-  }
-  return std::make_shared<const Weights>(Weights{std::move(loaded.model), std::move(loaded.tokenizer),
-                                                 std::move(loaded.metadata), step,
-                                                 fmt::format("fp_{}_{:012x}", step, hash & 0xffffffffffffull)});
-}
 
 Job::Job(CompletionRequest r, std::vector<std::int32_t> ids, std::uint64_t s)
     : request(std::move(r)), prompt_ids(std::move(ids)), seed(s), arrival(Clock::now()), choices(request.n) {}
@@ -70,6 +41,7 @@ struct Scheduler::Slot {
   nn::Sampler sampler;
   std::int32_t last = 0;      // the token the next step feeds
   std::size_t generated = 0;
+  tokenizers::Utf8Stream utf8;  // the bytes of a character that a token left unfinished
   std::string pending;        // generated text held back: it may be the start of a stop string
   Clock::time_point last_token;
 };
@@ -82,21 +54,21 @@ struct Scheduler::Generation {
   std::vector<std::optional<Slot>> slots;  // per sequence of the cache
   std::size_t used = 0;
 
-  Generation(std::shared_ptr<const Weights> w, std::size_t sequences)
-      : weights(std::move(w)), cache(weights->model.make_cache(sequences)), slots(sequences) {
+  Generation(std::shared_ptr<const Weights> w, std::size_t sequences, std::size_t context)
+      : weights(std::move(w)), cache(weights->model.make_cache(sequences, context)), slots(sequences) {
     for (std::size_t s = 0; s < sequences; ++s) cache.drop(s);  // free until a request takes it
   }
 };
 
-Scheduler::Scheduler(std::string checkpoint, SchedulerOptions options, Metrics& metrics)
-    : checkpoint_(std::move(checkpoint)), options_(options), metrics_(metrics) {
+Scheduler::Scheduler(std::string path, SchedulerOptions options, Metrics& metrics)
+    : path_(std::move(path)), options_(options), metrics_(metrics) {
   if (options_.parallel == 0) throw std::invalid_argument("Scheduler: parallel (the sequences decoded together) must be at least 1");
   if (options_.prefill_chunk == 0) throw std::invalid_argument("Scheduler: prefill_chunk must be at least 1");
   // The weights load on the loop's thread (see loop()); a missing file is refused here, before
   // the server listens.
   struct stat st {};
-  if (::stat(checkpoint_.c_str(), &st) != 0)
-    throw std::runtime_error(fmt::format("{}: cannot open: {}", checkpoint_, std::strerror(errno)));
+  if (::stat(path_.c_str(), &st) != 0)
+    throw std::runtime_error(fmt::format("{}: cannot open: {}", path_, std::strerror(errno)));
   signature_ = FileSignature{std::uint64_t(st.st_ino), std::uint64_t(st.st_size),
                              std::int64_t(st.st_mtim.tv_sec) * 1000000000 + st.st_mtim.tv_nsec};
   thread_ = std::thread([this] { loop(); });
@@ -134,8 +106,30 @@ ApiError Scheduler::not_ready() const {
   std::lock_guard lock(mutex_);
   if (!load_error_)
     return {.status = 503, .message = "the model is loading; retry shortly", .type = "server_error", .code = "loading"};
-  return {.status = 500, .message = "the checkpoint could not be loaded: " + message_of(load_error_), .type = "server_error",
+  return {.status = 500, .message = "the model could not be loaded: " + message_of(load_error_), .type = "server_error",
           .code = "load_failed"};
+}
+
+std::size_t Scheduler::context(const Weights& weights) const {
+  const std::size_t max_len = weights.model.config().max_len;
+  return options_.ctx ? options_.ctx : std::min(max_len, kDefaultContext);
+}
+
+ModelLimits Scheduler::limits(const Weights& weights) const {
+  const std::size_t context = this->context(weights);
+  return {.max_len = context,
+          .cut_by_ctx = context < weights.model.config().max_len,
+          .max_tokens = options_.max_tokens ? options_.max_tokens : context,
+          .parallel = options_.parallel};
+}
+
+// options.load, and a context the model can hold.
+std::shared_ptr<const Weights> Scheduler::load() const {
+  std::shared_ptr<const Weights> weights = options_.load(path_);
+  if (options_.ctx > weights->model.config().max_len)
+    throw std::invalid_argument(fmt::format("{}: --ctx {} is more than the model's max_len of {}", path_,
+                                            options_.ctx, weights->model.config().max_len));
+  return weights;
 }
 
 // From one engine seeded once by std::random_device: constructing a random_device for every
@@ -153,10 +147,7 @@ std::variant<std::shared_ptr<Job>, ApiError> Scheduler::submit(const CompletionR
   if (draining_) return draining;
   const std::shared_ptr<const Weights> weights = this->weights();
   if (!weights) return not_ready();
-  const ModelLimits limits{.max_len = weights->model.config().max_len,
-                           .max_tokens = options_.max_tokens ? options_.max_tokens : weights->model.config().max_len,
-                           .parallel = options_.parallel};
-  auto checked = check_against_model(request, weights->tokenizer, limits);
+  auto checked = check_against_model(request, *weights->tokenizer, limits(*weights));
   if (auto* error = std::get_if<ApiError>(&checked)) return *error;
   // A request without a seed gets a random one: its samples still differ from each other.
   const std::uint64_t seed = request.seed ? *request.seed : random_seed();
@@ -175,6 +166,15 @@ std::variant<std::shared_ptr<Job>, ApiError> Scheduler::submit(const CompletionR
   }
   wake_.notify_all();
   return job;
+}
+
+std::variant<std::shared_ptr<Job>, ApiError> Scheduler::submit_chat(const ChatRequest& request) {
+  const std::shared_ptr<const Weights> weights = this->weights();
+  if (!weights) return not_ready();
+  auto completion = chat_completion_request(request, weights->chat_template ? &*weights->chat_template : nullptr,
+                                            weights->no_chat_template, *weights->tokenizer, limits(*weights));
+  if (auto* error = std::get_if<ApiError>(&completion)) return *error;
+  return submit(std::get<CompletionRequest>(completion));
 }
 
 std::shared_ptr<const Weights> Scheduler::weights() const {
@@ -237,8 +237,8 @@ void Scheduler::loop() {
   // The first load happens here, not in the constructor, so that the server listens meanwhile and
   // answers 503 "loading" rather than refusing connections (as llama.cpp's server does).
   try {
-    std::shared_ptr<const Weights> weights = options_.load(checkpoint_);
-    generations_.emplace_back(weights, options_.parallel);
+    std::shared_ptr<const Weights> weights = load();
+    generations_.emplace_back(weights, options_.parallel, context(*weights));
     metrics_.weights(weights->fingerprint);
     std::lock_guard lock(mutex_);
     current_ = std::move(weights);
@@ -295,27 +295,27 @@ void Scheduler::fail_generation(Generation& generation, const std::string& messa
 }
 
 void Scheduler::reload_if_changed() {
+  if (!options_.watch) return;
   const Clock::time_point now = Clock::now();
   if (now - last_poll_ < options_.poll) return;
   last_poll_ = now;
   struct stat st {};
-  if (::stat(checkpoint_.c_str(), &st) != 0) return;  // between a rename's unlink and link, or gone: keep serving
+  if (::stat(path_.c_str(), &st) != 0) return;  // between a rename's unlink and link, or gone: keep serving
   const FileSignature signature{std::uint64_t(st.st_ino), std::uint64_t(st.st_size),
                                 std::int64_t(st.st_mtim.tv_sec) * 1000000000 + st.st_mtim.tv_nsec};
   if (signature_ == signature) return;
   signature_ = signature;  // a broken file is tried once, not at every poll
   std::shared_ptr<const Weights> weights;
   try {
-    weights = options_.load(checkpoint_);
+    weights = load();
+    generations_.emplace_back(weights, options_.parallel, context(*weights));
   } catch (const std::exception& e) {
     fmt::print(stderr, "serve: the changed checkpoint could not be loaded, still serving {}: {}\n",
                generations_.back().weights->fingerprint, e.what());
     metrics_.reload_failed();
     return;
   }
-  fmt::print(stderr, "serve: loaded new weights {} (step {}) from {}\n", weights->fingerprint, weights->step,
-             checkpoint_);
-  generations_.emplace_back(weights, options_.parallel);
+  fmt::print(stderr, "serve: loaded new weights {} (step {}) from {}\n", weights->fingerprint, weights->step, path_);
   metrics_.weights(weights->fingerprint, /*reloaded=*/true);
   std::lock_guard lock(mutex_);
   current_ = std::move(weights);
@@ -362,10 +362,7 @@ void Scheduler::admit() {
         for (auto& choice : job->choices) choice.text = request.prompt;
     }
     // The weights may have changed since the request was checked: check it again on these.
-    const ModelLimits limits{.max_len = weights.model.config().max_len,
-                             .max_tokens = options_.max_tokens ? options_.max_tokens : weights.model.config().max_len,
-                             .parallel = options_.parallel};
-    auto checked = check_against_model(request, weights.tokenizer, limits);
+    auto checked = check_against_model(request, *weights.tokenizer, limits(weights));
     const ApiError* error = std::get_if<ApiError>(&checked);
     if (error || request.max_tokens == 0) {
       {
@@ -447,18 +444,24 @@ void Scheduler::emit(Generation& generation, std::size_t sequence, std::span<con
   if (slot.generated == 1) metrics_.first_token(seconds_between(job.arrival, now));
   else metrics_.token_interval(seconds_between(slot.last_token, now));
   slot.last_token = now;
-  slot.pending += generation.weights->tokenizer.decode(std::span(&token, 1));
+  // A token may end mid-character: its bytes pass through the UTF-8 stream, which releases whole
+  // characters only. An end id adds no text; the sample's last token flushes what is held.
+  const Weights& weights = *generation.weights;
+  const bool at_end = std::find(weights.end_ids.begin(), weights.end_ids.end(), token) != weights.end_ids.end();
+  const bool last = at_end || slot.generated == job.request.max_tokens;
+  if (!at_end) slot.pending += slot.utf8.push(weights.tokenizer->token_bytes(token));
+  if (last) slot.pending += slot.utf8.flush();
 
   // Release the pending text up to a stop string (and finish), or up to where a stop string could
-  // begin. Tokens are whole characters and stop strings start with a character's first byte, so
-  // what is released is always whole characters.
+  // begin. The pending text is whole characters and stop strings start with a character's first
+  // byte, so what is released is always whole characters.
   const auto& stops = job.request.stop;
   std::size_t stop_at = std::string::npos;
   for (const std::string& stop : stops) stop_at = std::min(stop_at, slot.pending.find(stop));
   std::size_t release = slot.pending.size();
   if (stop_at != std::string::npos) {
     release = stop_at;
-  } else if (slot.generated < job.request.max_tokens) {
+  } else if (!last) {
     for (std::size_t keep = slot.pending.size(); keep > 0 && release == slot.pending.size(); --keep)
       for (const std::string& stop : stops)
         if (stop.size() > keep && stop.compare(0, keep, slot.pending, slot.pending.size() - keep, keep) == 0) {
@@ -474,8 +477,8 @@ void Scheduler::emit(Generation& generation, std::size_t sequence, std::span<con
   }
   slot.pending.erase(0, release);
   if (job.request.stream) job.changed.notify_all();  // a whole answer waits for done only
-  if (stop_at != std::string::npos) finish(generation, sequence, "stop");
-  else if (slot.generated == job.request.max_tokens) finish(generation, sequence, "length");
+  if (stop_at != std::string::npos || at_end) finish(generation, sequence, "stop");
+  else if (last) finish(generation, sequence, "length");
 }
 
 void Scheduler::finish(Generation& generation, std::size_t sequence, const char* reason) {

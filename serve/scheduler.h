@@ -26,29 +26,19 @@
 #include "nn/language_model.h"
 #include "serve/metrics.h"
 #include "serve/request.h"
+#include "serve/weights.h"
 
 namespace tapegrad::serve {
-
-/// One loaded checkpoint: the model, its vocabulary, and the fingerprint that names its weights.
-struct Weights {
-  nn::LanguageModel model;                      ///< in evaluation mode
-  nn::CharTokenizer tokenizer;                  ///< the file's vocabulary
-  std::map<std::string, std::string> metadata;  ///< the file's metadata
-  std::uint64_t step = 0;                       ///< the training step that wrote it (0 if absent)
-  std::string fingerprint;                      ///< "fp_<step>_<hash of the file's bytes>"
-};
-
-/// Reads a checkpoint of any architecture; throws (naming the file) like load_model_checkpoint.
-std::shared_ptr<const Weights> load_weights(const std::string& path);
 
 /// One request's progress: written by the decoding loop, read by the HTTP handler that waits
 /// for it. The fields below `mutex` are guarded by it.
 struct Job {
-  /// One sample's text so far (whole characters only) and how it ended.
+  /// One sample's text so far (whole UTF-8 characters only) and how it ended.
   struct Choice {
     std::string text;                  ///< the prompt first if echo, then the released characters
     std::size_t tokens = 0;            ///< tokens generated
-    std::optional<std::string> finish_reason;  ///< "stop" or "length" once finished
+    /// "stop" (a stop string or an end id) or "length" once finished
+    std::optional<std::string> finish_reason;
   };
   /// A job of request.n choices, arriving now.
   Job(CompletionRequest request, std::vector<std::int32_t> prompt_ids, std::uint64_t seed);
@@ -73,26 +63,38 @@ struct Job {
 struct SchedulerOptions {
   std::size_t parallel = 8;        ///< S: the sequences decoded together
   std::size_t queue = 64;          ///< the requests that may wait for free sequences
-  std::size_t max_tokens = 0;      ///< the cap on a request's max_tokens (0: the model's max_len)
+  std::size_t max_tokens = 0;      ///< the cap on a request's max_tokens (0: the context)
+  /// The tokens a sequence's cache holds, prompt and reply (0: the model's max_len up to
+  /// kDefaultContext); more than the model's max_len fails the load.
+  std::size_t ctx = 0;
   std::size_t prefill_chunk = 64;  ///< prompt tokens a sequence prefills per step
+  /// Whether the file is watched and reloaded when it changes (a checkpoint that training
+  /// rewrites); a published model is loaded once.
+  bool watch = true;
   std::chrono::milliseconds poll{100};  ///< how often the checkpoint file is checked for a change
   /// The CPUs the loop's thread, and the kernel threads it starts, run on (serve/cpus.h); empty:
   /// wherever the process may.
   std::vector<int> cpus;
   /// Reads the checkpoint, at start and whenever the file changes (called on the loop's thread):
   /// tests hold the first load here.
-  std::function<std::shared_ptr<const Weights>(const std::string& path)> load = load_weights;
+  std::function<std::shared_ptr<const Weights>(const std::string& path)> load = [](const std::string& path) {
+    return load_weights(path);
+  };
   /// Called on the loop's thread before each decoding pass (while any sequence runs), after the
   /// step boundary's reload, cancellations and admissions: tests hold the loop here.
   std::function<void()> before_step;
 };
 
+/// The default context of a sequence: real models have thousands of positions, and a cache of
+/// every one of them for every sequence would take gigabytes.
+inline constexpr std::size_t kDefaultContext = 2048;
+
 /// The decoding loop and its queue.
 class Scheduler {
  public:
-  /// Checks that the checkpoint file exists (throws if not) and starts the loop's thread, which
-  /// loads it first: until then requests get not_ready().
-  Scheduler(std::string checkpoint, SchedulerOptions options, Metrics& metrics);
+  /// Checks that the file (or folder) exists (throws if not) and starts the loop's thread, which
+  /// loads it with options.load first: until then requests get not_ready().
+  Scheduler(std::string path, SchedulerOptions options, Metrics& metrics);
   ~Scheduler();  ///< stop().
   Scheduler(const Scheduler&) = delete;
   Scheduler& operator=(const Scheduler&) = delete;
@@ -100,6 +102,9 @@ class Scheduler {
   /// Queues a request, or refuses it: 400 (its checks against the current model), 503 with
   /// code "loading", "queue_full" (the queue holds options.queue requests) or "draining".
   std::variant<std::shared_ptr<Job>, ApiError> submit(const CompletionRequest& request);
+  /// Renders a chat request with the current weights' chat template and submits it; a 400 when
+  /// they have none (chat_completion_request).
+  std::variant<std::shared_ptr<Job>, ApiError> submit_chat(const ChatRequest& request);
 
   std::shared_ptr<const Weights> weights() const;  ///< The weights new requests get (null while loading).
   /// Waits for the first load to end: returns its weights, or throws its error (the loop then
@@ -111,6 +116,9 @@ class Scheduler {
   /// (retry shortly), 500 "load_failed" naming the error once it failed (retrying will not help).
   ApiError not_ready() const;
   const SchedulerOptions& options() const { return options_; }  ///< As constructed.
+  /// The tokens a sequence of these weights holds: options.ctx, or the model's max_len up to
+  /// kDefaultContext.
+  std::size_t context(const Weights& weights) const;
   /// Stops admitting new requests (they get 503 "draining"); the queued and running ones go on.
   void drain();
   bool draining() const { return draining_; }  ///< Whether drain() or stop() was called.
@@ -126,6 +134,8 @@ class Scheduler {
  private:
   struct Slot;
   struct Generation;
+  ModelLimits limits(const Weights& weights) const;
+  std::shared_ptr<const Weights> load() const;
   void loop();
   void reload_if_changed();
   void admit();
@@ -136,7 +146,7 @@ class Scheduler {
   void end_job(Job& job, std::optional<ApiError> error);
   void fail_generation(Generation& generation, const std::string& message);
 
-  const std::string checkpoint_;
+  const std::string path_;
   const SchedulerOptions options_;
   Metrics& metrics_;
 

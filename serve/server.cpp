@@ -120,8 +120,8 @@ struct Server::Impl {
       : options(std::move(o)),
         cpus(options.pin_cpus ? split_cpus(allowed_cpus(), std::size_t(num_threads())) : CpuSplit{}),
         metrics(options.scheduler.parallel),
-        scheduler(options.checkpoint, decoding_on(cpus.decoding, options.scheduler), metrics),
-        model_name(std::filesystem::path(options.checkpoint).stem().string()) {
+        scheduler(served_path(options), scheduler_options(options, cpus.decoding), metrics),
+        model_name(name_of(served_path(options))) {
     routes();
     // A connection holds a worker while it streams: enough for every sequence, every queued
     // request and a few quick requests (/health, /metrics) besides.
@@ -154,15 +154,41 @@ struct Server::Impl {
     http.set_socket_options([](int) {});  // the lambda above refers to this constructor's frame
   }
 
-  static SchedulerOptions decoding_on(std::vector<int> cpus, SchedulerOptions scheduler) {
+  static const std::string& served_path(const ServerOptions& options) {
+    if (options.checkpoint.empty() == options.model.empty())
+      throw std::invalid_argument(options.model.empty() ? "serve: give a checkpoint (--checkpoint) or a model (--model)"
+                                                         : "serve: give --checkpoint or --model, not both");
+    return options.model.empty() ? options.checkpoint : options.model;
+  }
+
+  // A model's name: its file's stem, or its folder's name.
+  static std::string name_of(const std::string& path) {
+    const std::filesystem::path p = std::filesystem::path(path).lexically_normal();
+    return (p.has_filename() ? p : p.parent_path()).stem().string();
+  }
+
+  // The decoding loop's options: the loader of a checkpoint (watched) or a published model (loaded
+  // once), with --chat-template's template; the decoding CPUs.
+  static SchedulerOptions scheduler_options(const ServerOptions& options, std::vector<int> cpus) {
+    SchedulerOptions scheduler = options.scheduler;
     if (!cpus.empty()) scheduler.cpus = std::move(cpus);
+    if (!options.model.empty()) {
+      scheduler.watch = false;
+      scheduler.load = [name = options.chat_template](const std::string& path) {
+        return load_pretrained_weights(path, name);
+      };
+    } else if (!options.chat_template.empty()) {
+      scheduler.load = [name = options.chat_template](const std::string& path) {
+        return load_weights(path, name);
+      };
+    }
     return scheduler;
   }
 
   // The fields every answer and every chunk of a stream share.
-  json base_object(const Job& job, const std::string& id) {
+  json base_object(const Job& job, const std::string& id, const char* object) {
     return {{"id", id},
-            {"object", "text_completion"},
+            {"object", object},
             {"created", std::int64_t(std::time(nullptr))},
             {"model", model_name},
             {"system_fingerprint", job.fingerprint}};
@@ -199,6 +225,10 @@ struct Server::Impl {
                     {"arch", weights->model.arch()},
                     {"vocab_size", weights->model.config().vocab},
                     {"max_len", weights->model.config().max_len},
+                    {"context", scheduler.context(*weights)},
+                    {"format", weights->format},
+                    // The playground offers its chat mode when there is one.
+                    {"chat_template", weights->chat_template ? json(weights->chat_template->name()) : json(nullptr)},
                     {"parameters", weights->model.num_params()},
                     {"step", weights->step},
                     {"system_fingerprint", weights->fingerprint}};
@@ -213,7 +243,9 @@ struct Server::Impl {
       res.set_content(dump({{"object", "list"}, {"data", json::array({model})}}), "application/json");
     });
     http.Post("/v1/completions",
-              [this](const httplib::Request& req, httplib::Response& res) { complete(req, res); });
+              [this](const httplib::Request& req, httplib::Response& res) { complete(req, res, Api::completion); });
+    http.Post("/v1/chat/completions",
+              [this](const httplib::Request& req, httplib::Response& res) { complete(req, res, Api::chat); });
 
     http.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
       settle_worker(cpus.others);
@@ -234,7 +266,7 @@ struct Server::Impl {
     // itself get OpenAI's body too.
     http.set_error_handler(httplib::Server::HandlerWithResponse([this](const httplib::Request& req,
                                                                         httplib::Response& res) {
-      if (req.path == "/v1/completions") metrics.request_done(res.status);
+      if (req.path == "/v1/completions" || req.path == "/v1/chat/completions") metrics.request_done(res.status);
       if (!res.body.empty()) return httplib::Server::HandlerResponse::Unhandled;
       ApiError error{.status = res.status, .message = fmt::format("{} {}: HTTP {}", req.method, req.path, res.status)};
       if (res.status == 404) {
@@ -253,10 +285,31 @@ struct Server::Impl {
     });
   }
 
-  void complete(const httplib::Request& req, httplib::Response& res) {
-    auto parsed = parse_completion_request(req.body);
-    if (auto* error = std::get_if<ApiError>(&parsed)) return reply_error(res, *error);
-    auto submitted = scheduler.submit(std::get<CompletionRequest>(parsed));
+  // The two endpoints' shapes: OpenAI's completion ("text") and chat ("message" and "delta").
+  enum class Api { completion, chat };
+
+  static const char* object_name(Api api, bool chunk) {
+    if (api == Api::completion) return "text_completion";
+    return chunk ? "chat.completion.chunk" : "chat.completion";
+  }
+
+  std::string next_request_id(Api api) {
+    return fmt::format("{}-{}", api == Api::completion ? "cmpl" : "chatcmpl", next_id++);
+  }
+
+  std::variant<std::shared_ptr<Job>, ApiError> submit(const httplib::Request& req, Api api) {
+    if (api == Api::completion) {
+      auto parsed = parse_completion_request(req.body);
+      if (auto* error = std::get_if<ApiError>(&parsed)) return *error;
+      return scheduler.submit(std::get<CompletionRequest>(parsed));
+    }
+    auto parsed = parse_chat_request(req.body);
+    if (auto* error = std::get_if<ApiError>(&parsed)) return *error;
+    return scheduler.submit_chat(std::get<ChatRequest>(parsed));
+  }
+
+  void complete(const httplib::Request& req, httplib::Response& res, Api api) {
+    auto submitted = submit(req, api);
     if (auto* error = std::get_if<ApiError>(&submitted)) return reply_error(res, *error);
     std::shared_ptr<Job> job = std::get<std::shared_ptr<Job>>(submitted);
     HangupWatch::Watch watch = hangups.watch(connection_socket(req), job);
@@ -265,13 +318,14 @@ struct Server::Impl {
     if (!request.stream) {
       job->changed.wait(lock, [&] { return job->done; });
       if (job->error) return reply_error(res, *job->error);
-      json body = base_object(*job, fmt::format("cmpl-{}", next_id++));
+      json body = base_object(*job, next_request_id(api), object_name(api, false));
       body["choices"] = json::array();
-      for (std::size_t i = 0; i < job->choices.size(); ++i)
-        body["choices"].push_back({{"text", job->choices[i].text},
-                                   {"index", i},
-                                   {"logprobs", nullptr},
-                                   {"finish_reason", *job->choices[i].finish_reason}});
+      for (std::size_t i = 0; i < job->choices.size(); ++i) {
+        json choice = {{"index", i}, {"logprobs", nullptr}, {"finish_reason", *job->choices[i].finish_reason}};
+        if (api == Api::completion) choice["text"] = job->choices[i].text;
+        else choice["message"] = {{"role", "assistant"}, {"content", job->choices[i].text}};
+        body["choices"].push_back(std::move(choice));
+      }
       body["usage"] = usage(*job);
       res.set_content(dump(body), "application/json");
       metrics.request_done(200);
@@ -288,7 +342,7 @@ struct Server::Impl {
     lock.unlock();
     metrics.request_done(200);
     res.set_header("Cache-Control", "no-cache");
-    auto state = std::make_shared<StreamState>(fmt::format("cmpl-{}", next_id++), job->choices.size(), std::move(watch));
+    auto state = std::make_shared<StreamState>(api, next_request_id(api), job->choices.size(), std::move(watch));
     res.set_chunked_content_provider("text/event-stream", [this, job, state](
                                                               std::size_t, httplib::DataSink& sink) {
       return stream_step(*job, *state, sink);
@@ -297,8 +351,9 @@ struct Server::Impl {
 
   // Where a stream is: how much of each choice's text it has sent, and whether its finish.
   struct StreamState {
-    StreamState(std::string i, std::size_t choices, HangupWatch::Watch w)
-        : id(std::move(i)), sent(choices, 0), finished(choices, false), watch(std::move(w)) {}
+    StreamState(Api a, std::string i, std::size_t choices, HangupWatch::Watch w)
+        : api(a), id(std::move(i)), sent(choices, 0), finished(choices, false), watch(std::move(w)) {}
+    Api api;
     std::string id;
     std::vector<std::size_t> sent;
     std::vector<bool> finished;
@@ -354,16 +409,30 @@ struct Server::Impl {
       if (done && !error && job.request.include_usage) usage_at_end = usage(job);
     }
     std::vector<std::string> events;
-    const json base = base_object(job, state.id);  // the fingerprint was set before the first token
-    for (ChoiceNews& choice : news) {
+    // The fingerprint was set before the first token.
+    const json base = base_object(job, state.id, object_name(state.api, true));
+    auto chunk = [&](std::size_t index, json delta_or_text, const std::optional<std::string>& finish_reason) {
       json event = base;
-      const json finish_reason = choice.finish_reason ? json(*choice.finish_reason) : json(nullptr);
-      event["choices"] = json::array({{{"text", std::move(choice.text)},
-                                       {"index", choice.index},
-                                       {"logprobs", nullptr},
-                                       {"finish_reason", finish_reason}}});
+      json choice = {{"index", index},
+                     {"logprobs", nullptr},
+                     {"finish_reason", finish_reason ? json(*finish_reason) : json(nullptr)}};
+      choice[state.api == Api::completion ? "text" : "delta"] = std::move(delta_or_text);
+      event["choices"] = json::array({std::move(choice)});
       if (job.request.include_usage) event["usage"] = nullptr;
       events.push_back(dump(event));
+    };
+    // A chat stream opens each choice with the assistant's role, as OpenAI's does.
+    if (state.api == Api::chat && state.last_send == std::nullopt)
+      for (std::size_t i = 0; i < state.sent.size(); ++i)
+        chunk(i, {{"role", "assistant"}, {"content", ""}}, std::nullopt);
+    for (ChoiceNews& choice : news) {
+      if (state.api == Api::completion) {
+        chunk(choice.index, std::move(choice.text), choice.finish_reason);
+        continue;
+      }
+      // A chat choice's text comes in content deltas; its finish in a last chunk with an empty delta.
+      if (!choice.text.empty()) chunk(choice.index, {{"content", std::move(choice.text)}}, std::nullopt);
+      if (choice.finish_reason) chunk(choice.index, json::object(), choice.finish_reason);
     }
     if (done && error) {
       events.push_back(error_body(*error));

@@ -1,6 +1,7 @@
-// Server: the HTTP side of `serve` (cpp-httplib): OpenAI's /v1/completions (JSON or server-sent
-// events), /v1/models, /health, /metrics in Prometheus text, and the playground page at /, in
-// front of the decoding loop (serve/scheduler.h). httplib stays inside server.cpp.
+// Server: the HTTP side of `serve` (cpp-httplib): OpenAI's /v1/completions and
+// /v1/chat/completions (JSON or server-sent events), /v1/models, /health, /metrics in Prometheus
+// text, and the playground page at /, in front of the decoding loop (serve/scheduler.h). httplib
+// stays inside server.cpp.
 #pragma once
 
 #include <chrono>
@@ -18,7 +19,11 @@ std::string_view playground_html();
 
 /// What `serve` is started with.
 struct ServerOptions {
-  std::string checkpoint;              ///< the checkpoint file to serve (and watch for changes)
+  std::string checkpoint;              ///< a checkpoint file to serve (and watch for changes), or
+  std::string model;                   ///< a published model (.gguf or a Hugging Face folder), loaded once
+  /// "chatml", "llama3" or a template file, in place of the model's own (or for one without any).
+  /// With it, or with a model, scheduler.load is load_weights or load_pretrained_weights.
+  std::string chat_template;
   std::string host = "127.0.0.1";      ///< the address to bind: loopback unless told otherwise
   int port = 8080;                     ///< 0: any free port (see Server::port())
   SchedulerOptions scheduler;          ///< sequences, queue, max_tokens cap
@@ -31,12 +36,13 @@ struct ServerOptions {
   bool pin_cpus = false;
 };
 
-/// An HTTP server bound to its port, serving a checkpoint.
+/// An HTTP server bound to its port, serving a checkpoint or a published model.
 class Server {
  public:
-  /// Starts the decoding loop, which loads the checkpoint (/health says 503 "loading" until it has:
-  /// Scheduler::wait_loaded), and binds the port; throws std::runtime_error naming the file (if it
-  /// does not exist) or the address.
+  /// Starts the decoding loop, which loads the checkpoint or model (/health says 503 "loading" until
+  /// it has: Scheduler::wait_loaded), and binds the port; throws std::invalid_argument unless
+  /// exactly one of options.checkpoint and options.model is given, std::runtime_error naming the
+  /// file (if it does not exist) or the address.
   explicit Server(ServerOptions options);
   ~Server();  ///< shutdown(), then waits for run() to return if it runs on another thread.
 

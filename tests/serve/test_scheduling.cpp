@@ -9,7 +9,10 @@
 #include <fstream>
 #include <thread>
 
+#include "nn/architecture.h"
 #include "serve/hangup_watch.h"
+#include "tokenizers/utf8.h"
+#include "tokenizers/utf8_stream.h"
 #include "serve_helpers.h"
 #include "support/helpers.h"
 
@@ -252,4 +255,83 @@ TEST_CASE("live weights: a replaced checkpoint serves new requests; a stream in 
     CHECK(metric(metrics->body, "tapegrad_checkpoint_reloads_total") == 1);
     CHECK(contains(metrics->body, "tapegrad_weights_info{system_fingerprint=\"" + new_fingerprint + "\"} 1"));
   }
+}
+
+namespace {
+
+// A tokenizer whose tokens are pieces of characters: a character's bytes may come in two tokens,
+// and a lone piece is a broken character.
+class FragmentTokenizer : public tokenizers::Tokenizer {
+ public:
+  std::string kind() const override { return "fragments"; }
+  std::vector<std::int32_t> encode(std::string_view text) const override {
+    std::vector<std::int32_t> ids;
+    while (!text.empty()) {
+      std::size_t best = kPieces.size();
+      for (std::size_t i = 0; i < kPieces.size(); ++i)
+        if (text.starts_with(kPieces[i]) && (best == kPieces.size() || kPieces[i].size() > kPieces[best].size())) best = i;
+      if (best == kPieces.size()) throw std::invalid_argument("FragmentTokenizer: no piece for the text");
+      ids.push_back(std::int32_t(best));
+      text.remove_prefix(kPieces[best].size());
+    }
+    return ids;
+  }
+  std::string token_bytes(std::int32_t id) const override { return kPieces.at(std::size_t(id)); }
+  std::size_t vocab_size() const override { return kPieces.size(); }
+  std::map<std::string, std::string> to_metadata() const override { return {{"tokenizer", kind()}}; }
+
+  inline static const std::vector<std::string> kPieces = {
+      "a", "b", " ", "\xc3", "\xa9", "\xc3\xa9", "\xe2\x86", "\x92", "\xf0\x9f", "\x98\x80", "\xe2"};
+};
+
+}  // namespace
+
+TEST_CASE("a token may end mid-character: the text holds its bytes back, never sends a broken character, and stop "
+          "strings apply to whole characters") {
+  const FragmentTokenizer fragments;
+  const nn::ModelShape shape{.vocab = fragments.vocab_size(), .d_model = 16, .n_heads = 2, .n_blocks = 1,
+                             .max_len = 64, .seed = 4};
+  auto weights = std::make_shared<const serve::Weights>(
+      serve::Weights{.model = nn::find_architecture("rotary").make(shape),
+                     .tokenizer = std::make_shared<FragmentTokenizer>(),
+                     .format = "test",
+                     .fingerprint = "fp_fragments"});
+  ServeDir dir("fragments");
+  write_tiny_checkpoint(dir.path / "unused.safetensors", 1);  // the path the scheduler watches
+  serve::ServerOptions options = test_options(dir.path / "unused.safetensors");
+  options.scheduler.load = [weights](const std::string&) { return weights; };
+  TestServer s(options);
+  const std::vector<std::int32_t> prompt = fragments.encode("ab\xc3\xa9");
+  std::size_t split_characters = 0;
+  for (std::uint64_t seed = 1; seed <= 6; ++seed)
+    for (const std::vector<std::string>& stop : {std::vector<std::string>{}, {"\xc3\xa9"}, {"\xe2\x86\x92", "b"}}) {
+      CAPTURE(seed);
+      CAPTURE(stop.size());
+      const std::vector<std::int32_t> tokens =
+          nn::generate(weights->model, prompt, {.max_new = 40, .seed = seed}).tokens;
+      std::string bytes;
+      for (std::size_t i = 0; i < tokens.size(); ++i) {
+        bytes += fragments.token_bytes(tokens[i]);
+        // A character whose bytes came in two tokens.
+        if (i > 0 && (tokens[i - 1] == 3 && tokens[i] == 4)) ++split_characters;
+      }
+      std::string expected = tokenizers::replace_invalid_utf8(bytes);
+      std::size_t cut = std::string::npos;
+      for (const std::string& s : stop) cut = std::min(cut, expected.find(s));
+      if (cut != std::string::npos) expected.resize(cut);
+      const json body = {{"prompt", "ab\u00e9"}, {"max_tokens", 40}, {"seed", seed}, {"stop", stop}};
+      httplib::Client client = s.client();
+      auto whole = client.Post("/v1/completions", body.dump(), "application/json");
+      REQUIRE(whole);
+      REQUIRE_MESSAGE(whole->status == 200, whole->body);
+      CHECK(json::parse(whole->body)["choices"][0]["text"] == expected);
+      json streamed_body = body;
+      streamed_body["stream"] = true;
+      auto streamed = client.Post("/v1/completions", streamed_body.dump(), "application/json");
+      REQUIRE(streamed);
+      const StreamedCompletion stream = parse_stream(streamed->body);
+      CHECK(stream.text.at(0) == expected);
+      for (const std::string& piece : stream.pieces) CHECK_NOTHROW(tokenizers::decode_utf8(piece));
+    }
+  CHECK(split_characters > 0);  // the case the test is for did occur
 }

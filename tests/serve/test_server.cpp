@@ -244,7 +244,7 @@ TEST_CASE("a first load that fails: /health 503 load_failed and requests 500 nam
   auto check_failed = [](const httplib::Result& r) {
     const json e = error_of(r, 500);
     CHECK(e["code"] == "load_failed");
-    CHECK(contains(e["message"], "the checkpoint could not be loaded: "));
+    CHECK(contains(e["message"], "the model could not be loaded: "));
     CHECK(contains(e["message"], "a forged header"));
     CHECK(!r->has_header("Retry-After"));
   };

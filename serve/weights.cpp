@@ -1,0 +1,101 @@
+// Loading the server's weights: tapegrad checkpoints, published models, and a chat template given
+// on the command line.
+#include "serve/weights.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+
+#include "nn/pretrained.h"
+#include "tokenizers/char_tokenizer.h"
+
+namespace tapegrad::serve {
+
+namespace {
+
+// FNV-1a over a file's bytes, or over a folder's files in name order: enough to tell two models
+// apart in a fingerprint.
+std::uint64_t content_hash(const std::filesystem::path& path, std::uint64_t hash = 1469598103934665603ull) {
+  if (std::filesystem::is_directory(path)) {
+    std::vector<std::filesystem::path> files;
+    for (const auto& entry : std::filesystem::directory_iterator(path))
+      if (entry.is_regular_file()) files.push_back(entry.path());
+    std::sort(files.begin(), files.end());
+    for (const auto& file : files) hash = content_hash(file, hash);
+    return hash;
+  }
+  std::ifstream in(path, std::ios::binary);
+  char buffer[1 << 16];
+  while (in.read(buffer, sizeof buffer) || in.gcount() > 0) {
+    for (std::streamsize i = 0; i < in.gcount(); ++i) hash = (hash ^ std::uint8_t(buffer[i])) * 1099511628211ull;
+    if (!in) break;
+  }
+  return hash;
+}
+
+std::string fingerprint(std::uint64_t step, std::uint64_t hash) {
+  return fmt::format("fp_{}_{:012x}", step, hash & 0xffffffffffffull);
+}
+
+// --chat-template's template, when given, in place of the file's own.
+void use_chat_template(Weights& weights, const std::string& name) {
+  if (name.empty()) return;
+  weights.chat_template = tokenizers::ChatTemplate::named(name);
+  weights.no_chat_template.clear();
+}
+
+}  // namespace
+
+std::shared_ptr<const Weights> load_weights(const std::string& path, const std::string& chat_template) {
+  const std::uint64_t hash = content_hash(path);
+  nn::LoadedModelCheckpoint loaded = nn::load_model_checkpoint(path);
+  loaded.model.set_training(false);
+  std::uint64_t step = 0;
+  if (auto it = loaded.metadata.find("step"); it != loaded.metadata.end()) {
+    try {
+      step = std::stoull(it->second);
+    } catch (const std::exception&) {
+      step = 0;  // a checkpoint not written by training: its step is unknown
+    }
+  }
+  auto tokenizer = std::make_shared<const tokenizers::CharTokenizer>(std::move(loaded.tokenizer));
+  Weights weights{.model = std::move(loaded.model),
+                  .tokenizer = tokenizer,
+                  .end_ids = tokenizer->end_ids(),
+                  .no_chat_template = fmt::format("the checkpoint {} has no chat template", path),
+                  .metadata = std::move(loaded.metadata),
+                  .format = "checkpoint",
+                  .step = step,
+                  .fingerprint = fingerprint(step, hash)};
+  use_chat_template(weights, chat_template);
+  return std::make_shared<const Weights>(std::move(weights));
+}
+
+std::shared_ptr<const Weights> load_pretrained_weights(const std::string& path, const std::string& chat_template) {
+  const std::uint64_t hash = content_hash(path);
+  nn::PretrainedModel loaded = nn::load_pretrained(path);
+  loaded.model.set_training(false);
+  std::shared_ptr<const tokenizers::Tokenizer> tokenizer = std::move(loaded.tokenizer);
+  Weights weights{.model = std::move(loaded.model),
+                  .tokenizer = tokenizer,
+                  .end_ids = tokenizer->end_ids(),
+                  .format = loaded.format,
+                  .fingerprint = fingerprint(0, hash)};
+  if (!loaded.chat_template) {
+    weights.no_chat_template = fmt::format("the model {} has no chat template", path);
+  } else {
+    // A template the server does not recognise leaves completions working: only chat requests
+    // are refused, with the reason.
+    try {
+      weights.chat_template = tokenizers::ChatTemplate::recognise(*loaded.chat_template, path);
+    } catch (const std::invalid_argument& e) {
+      weights.no_chat_template = e.what();
+    }
+  }
+  use_chat_template(weights, chat_template);
+  return std::make_shared<const Weights>(std::move(weights));
+}
+
+}  // namespace tapegrad::serve
