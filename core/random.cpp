@@ -73,7 +73,16 @@ std::size_t Rng::categorical(const float* weights, std::size_t count) {
   return last_positive;  // rounding left target at the very top
 }
 
+namespace {
+thread_local int skip_init_depth = 0;
+}  // namespace
+
+SkipInitScope::SkipInitScope() { ++skip_init_depth; }
+SkipInitScope::~SkipInitScope() { --skip_init_depth; }
+bool SkipInitScope::active() { return skip_init_depth > 0; }
+
 void Rng::fill_normal(Tensor& t, float stddev) {
+  if (SkipInitScope::active()) return;
   for (std::size_t i = 0; i < t.size(); ++i) t[i] = normal() * stddev;
 }
 

@@ -30,7 +30,8 @@ class Rng {
   /// Index drawn with probability weights[i] / sum(weights); weights are non-negative.
   std::size_t categorical(const float* weights, std::size_t count);
 
-  /// Fills t with normal(0, stddev) values, in storage order.
+  /// Fills t with normal(0, stddev) values, in storage order; inside a SkipInitScope, leaves t
+  /// as it is and draws nothing.
   void fill_normal(Tensor& t, float stddev);
 
   /// The full state as text ("s0 s1 s2 s3" in decimal), for checkpoints.
@@ -40,6 +41,18 @@ class Rng {
 
  private:
   std::array<std::uint64_t, 4> s_{};
+};
+
+/// While alive, parameter initialisation (Rng::fill_normal) on this thread is skipped: a model
+/// whose every weight a loader is about to assign is built at the cost of its allocation (as
+/// transformers' no_init_weights). Scopes nest.
+class SkipInitScope {
+ public:
+  SkipInitScope();
+  ~SkipInitScope();
+  SkipInitScope(const SkipInitScope&) = delete;
+  SkipInitScope& operator=(const SkipInitScope&) = delete;
+  static bool active();  ///< Whether a scope is alive on this thread.
 };
 
 }  // namespace tapegrad

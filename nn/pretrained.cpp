@@ -11,6 +11,7 @@
 #include <nlohmann/json.hpp>
 #include <stdexcept>
 
+#include "core/random.h"
 #include "io/gguf.h"
 #include "io/hf_folder.h"
 #include "nn/models/foreign_tensors.h"
@@ -79,10 +80,30 @@ LlamaConfig llama_config_from_gguf(const io::GgufFile& file, std::size_t vocab) 
   return c;
 }
 
-LlamaConfig llama_config_from_hf(const json& config, const std::string& path) {
+// RoPE's base: "rope_theta" (transformers 4) or "rope_parameters" {"rope_type": "default",
+// "rope_theta"} (transformers 5). Scaled variants (Llama 3.1's "llama3", YaRN) are refused.
+double rope_theta_from_hf(const json& config, const std::string& path) {
   if (auto it = config.find("rope_scaling"); it != config.end() && !it->is_null())
     throw std::runtime_error(fmt::format("{}/config.json: rope_scaling {} is not supported (plain RoPE only)", path,
                                          it->dump()));
+  auto it = config.find("rope_parameters");
+  if (it == config.end() || it->is_null()) return hf_number(config, "rope_theta", path, 10000.0);
+  if (!it->is_object() || it->value("rope_type", "default") != "default")
+    throw std::runtime_error(fmt::format("{}/config.json: rope_parameters {} is not supported (rope_type \"default\" "
+                                         "only)",
+                                         path, it->dump()));
+  return hf_number(*it, "rope_theta", path, 10000.0);
+}
+
+LlamaConfig llama_config_from_hf(const json& config, const std::string& path) {
+  const json silu = "silu", no_bias = false;
+  if (hf_key(config, "hidden_act", path, &silu) != "silu")
+    throw std::runtime_error(fmt::format("{}/config.json: hidden_act {} is not supported (SwiGLU's \"silu\" only)",
+                                         path, config["hidden_act"].dump()));
+  for (const char* key : {"attention_bias", "mlp_bias"})
+    if (hf_key(config, key, path, &no_bias) != false)
+      throw std::runtime_error(fmt::format("{}/config.json: {} is {}; Llama without biases only", path, key,
+                                           config[key].dump()));
   LlamaConfig c;
   c.vocab = hf_size(config, "vocab_size", path);
   c.d_model = hf_size(config, "hidden_size", path);
@@ -95,7 +116,7 @@ LlamaConfig llama_config_from_hf(const json& config, const std::string& path) {
   if (config.contains("head_dim") && !config["head_dim"].is_null()) c.head_dim = hf_size(config, "head_dim", path);
   c.max_len = hf_size(config, "max_position_embeddings", path);
   c.norm_eps = float(hf_number(config, "rms_norm_eps", path, 1e-6));
-  c.rope_theta = hf_number(config, "rope_theta", path, 10000.0);
+  c.rope_theta = rope_theta_from_hf(config, path);
   const json tied_default = false;
   const json& tied = hf_key(config, "tie_word_embeddings", path, &tied_default);
   if (!tied.is_boolean())
@@ -140,7 +161,10 @@ Gpt2Config gpt2_config_from_hf(const json& config, const std::string& path) {
 template <class Model, class Config>
 LanguageModel load_weights(const Config& config, std::span<const ForeignTensor> map,
                            const std::function<Tensor(const ForeignTensor&)>& fetch, bool from_hf) {
-  Model model(config);
+  Model model = [&] {
+    SkipInitScope skip;  // every parameter is assigned below
+    return Model(config);
+  }();
   load_foreign_tensors(model, map, fetch, from_hf);
   return LanguageModel(std::move(model));
 }

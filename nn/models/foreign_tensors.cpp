@@ -85,7 +85,13 @@ void load_foreign_tensors(Module& model, std::span<const ForeignTensor> map,
                                               to_string(file_shape), to_string(t.shape()), entry.param,
                                               to_string(param.value().shape())));
     std::copy_n(t.data(), t.size(), param.mutable_value().data());
+    params.erase(found);
   }
+  // A model built under SkipInitScope holds zeros where no entry wrote: a silent wrong model.
+  if (!params.empty())
+    throw std::invalid_argument(fmt::format("load_foreign_tensors: the map names no tensor for parameter '{}' ({} "
+                                            "parameters left unassigned)",
+                                            params.begin()->first, params.size()));
 }
 
 }  // namespace tapegrad::nn

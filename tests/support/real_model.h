@@ -44,4 +44,16 @@ inline std::optional<std::string> smollm2_path() {
   return std::nullopt;
 }
 
+/// The path of tiny Shakespeare ($TAPEGRAD_SHAKESPEARE, else ../shared/data/tinyshakespeare.txt
+/// beside the source tree), or nullopt when it is absent, failing under CI as smollm2_path() does.
+inline std::optional<std::string> shakespeare_path() {
+  const char* env = std::getenv("TAPEGRAD_SHAKESPEARE");
+  const std::string path = env != nullptr && *env != '\0' ? env : TAPEGRAD_SOURCE_DIR "/../shared/data/tinyshakespeare.txt";
+  if (std::filesystem::is_regular_file(path)) return path;
+  const std::string why = "tiny Shakespeare is not at " + path + " (set TAPEGRAD_SHAKESPEARE to the file)";
+  if (std::getenv("CI") != nullptr) FAIL(why);
+  MESSAGE("skipped: ", why);
+  return std::nullopt;
+}
+
 }  // namespace tapegrad::test

@@ -1,0 +1,270 @@
+// Published models through nn/pretrained against an independent implementation: transformers'
+// logits and greedy ids for the committed tiny models (tests/data/tiny_models_golden.json) and
+// for SmolLM2 (tests/data/smollm2_reference.json), both written by
+// tests/data/make_real_model_goldens.py; and the refusals of bad folders and files.
+#include <doctest/doctest.h>
+#include <fmt/format.h>
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "core/tape.h"
+#include "io/gguf.h"
+#include "nn/generate.h"
+#include "nn/pretrained.h"
+#include "support/helpers.h"
+#include "support/real_model.h"
+#include "tokenizers/chat_template.h"
+
+using namespace tapegrad;
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+
+namespace {
+
+const fs::path data_dir = fs::path(TAPEGRAD_SOURCE_DIR) / "tests" / "data";
+
+json read_json(const fs::path& path) {
+  std::ifstream in(path);
+  REQUIRE_MESSAGE(in, "cannot read " << path.string());
+  return json::parse(in);
+}
+
+// A golden entry's file: "tiny_llama" is a folder, "tiny_llama.q4_1.gguf" a file in it.
+fs::path model_path(const std::string& name) {
+  const std::string folder = name.substr(0, name.find('.'));
+  return name == folder ? data_dir / "models" / folder : data_dir / "models" / folder / name;
+}
+
+std::uint64_t fnv1a64(const void* bytes, std::size_t n) {
+  std::uint64_t h = 0xcbf29ce484222325ULL;
+  for (std::size_t i = 0; i < n; ++i) h = (h ^ static_cast<const unsigned char*>(bytes)[i]) * 0x100000001b3ULL;
+  return h;
+}
+
+// Greedy ids (full forward per token, as the reference decodes) compared where transformers'
+// top-1 margin leaves no doubt; after the first near-tie the two may rightly part.
+void check_greedy(const nn::LanguageModel& model, std::span<const std::int32_t> prompt, const json& expected,
+                  const json& margins, std::size_t max_new) {
+  nn::GenerateOptions options{.max_new = max_new, .sampling = {.temperature = 0.0f}};
+  const std::vector<std::int32_t> ours = nn::generate_samples(model, prompt, 1, options).front().tokens;
+  REQUIRE(ours.size() == expected.size());
+  std::size_t compared = 0;
+  for (std::size_t i = 0; i < ours.size() && margins[i].get<double>() > 0.01; ++i, ++compared) {
+    CAPTURE(i);
+    CHECK(ours[i] == expected[i].get<std::int32_t>());
+  }
+  CHECK(compared > 0);
+}
+
+// SmolLM2, loaded once per process: every test below reads it.
+const nn::PretrainedModel* smollm2() {
+  static std::optional<nn::PretrainedModel> model;
+  if (!model) {
+    auto path = test::smollm2_path();
+    if (!path) return nullptr;
+    model = nn::load_pretrained(*path);
+    model->model.set_training(false);
+  }
+  return &*model;
+}
+
+}  // namespace
+
+TEST_CASE("tiny Llama and GPT-2 models from Hugging Face folders and GGUF files give transformers' logits and greedy ids") {
+  const json golden = read_json(data_dir / "tiny_models_golden.json");
+  REQUIRE(golden["models"].size() >= 10);
+  for (const auto& [name, entry] : golden["models"].items()) {
+    CAPTURE(name);
+    nn::PretrainedModel loaded = nn::load_pretrained(model_path(name).string());
+    loaded.model.set_training(false);
+    const std::vector<std::int32_t> ids = entry["ids"];
+    const std::size_t vocab = loaded.model.config().vocab;
+    REQUIRE(vocab == entry["logits_shape"][1].get<std::size_t>());
+    NoGradScope no_grad;
+    const Tensor logits = loaded.model.forward(ids, 1, ids.size()).value();  // (1, T, V)
+    double worst = 0;
+    for (std::size_t p = 0; p < entry["positions"].size(); ++p) {
+      const std::size_t position = entry["positions"][p];
+      for (std::size_t v = 0; v < vocab; ++v) {
+        const double expected = entry["logits"][p * vocab + v];
+        worst = std::max(worst, std::abs(double(logits[position * vocab + v]) - expected));
+      }
+    }
+    CAPTURE(worst);
+    CHECK(worst < 1e-4);
+    const std::vector<std::int32_t> prompt = entry["prompt"];
+    check_greedy(loaded.model, prompt, entry["greedy"], entry["greedy_margins"], entry["greedy"].size());
+  }
+}
+
+TEST_CASE("the tiny GGUF files' tensors dequantize to the bits of the gguf package's dequantize") {
+  const json golden = read_json(data_dir / "tiny_models_golden.json");
+  std::size_t checked = 0;
+  for (const auto& [name, entry] : golden["models"].items()) {
+    if (!entry.contains("tensors")) continue;
+    const io::GgufFile file = io::GgufFile::open(model_path(name).string());
+    for (const auto& [tensor_name, expected] : entry["tensors"].items()) {
+      CAPTURE(name);
+      CAPTURE(tensor_name);
+      const io::GgufTensor* tensor = file.find_tensor(tensor_name);
+      REQUIRE(tensor != nullptr);
+      const Tensor values = file.dequantize(*tensor);
+      CHECK(fmt::format("{:#018x}", fnv1a64(values.data(), values.size() * sizeof(float))) ==
+            expected["fnv1a64"].get<std::string>());
+      ++checked;
+    }
+  }
+  CHECK(checked > 100);
+}
+
+TEST_CASE("bad Hugging Face folders are refused naming the file and the key") {
+  const fs::path dir = test::process_dir() / "pretrained_bad";
+  auto copy_of_tiny = [&](const std::string& name) {
+    const fs::path folder = dir / name;
+    fs::remove_all(folder);
+    fs::create_directories(folder);
+    for (const auto& file : fs::directory_iterator(model_path("tiny_llama")))
+      if (file.path().extension() != ".gguf") fs::copy(file.path(), folder / file.path().filename());
+    return folder;
+  };
+  auto edit_config = [](const fs::path& folder, const std::function<void(json&)>& edit) {
+    json config = read_json(folder / "config.json");
+    edit(config);
+    std::ofstream(folder / "config.json") << config.dump();
+  };
+  auto refusal = [](const fs::path& path) {
+    try {
+      nn::load_pretrained(path.string());
+    } catch (const std::exception& e) {
+      return std::string(e.what());
+    }
+    return std::string("(loaded)");
+  };
+  const fs::path unknown = copy_of_tiny("unknown_arch");
+  edit_config(unknown, [](json& c) { c["architectures"] = {"MambaForCausalLM"}; });
+  std::string message = refusal(unknown);
+  CHECK(test::contains(message, "config.json"));
+  CHECK(test::contains(message, "MambaForCausalLM"));
+
+  const fs::path scaled = copy_of_tiny("rope_scaling");
+  edit_config(scaled, [](json& c) { c["rope_scaling"] = {{"rope_type", "llama3"}, {"factor", 8.0}}; });
+  CHECK(test::contains(refusal(scaled), "rope_scaling"));
+  edit_config(scaled, [](json& c) {
+    c.erase("rope_scaling");
+    c["rope_parameters"] = {{"rope_type", "yarn"}, {"rope_theta", 10000.0}};
+  });
+  CHECK(test::contains(refusal(scaled), "yarn"));
+
+  const fs::path heads = copy_of_tiny("bad_heads");
+  edit_config(heads, [](json& c) { c["num_key_value_heads"] = 3; });  // 4 query heads
+  message = refusal(heads);
+  CHECK(test::contains(message, "3"));
+  CHECK(message != "(loaded)");
+
+  const fs::path no_tokenizer = copy_of_tiny("no_tokenizer");
+  fs::remove(no_tokenizer / "tokenizer.json");
+  CHECK(test::contains(refusal(no_tokenizer), "tokenizer.json"));
+
+  const fs::path missing_key = copy_of_tiny("no_hidden_size");
+  edit_config(missing_key, [](json& c) { c.erase("hidden_size"); });
+  message = refusal(missing_key);
+  CHECK(test::contains(message, "config.json"));
+  CHECK(test::contains(message, "hidden_size"));
+
+  std::ofstream(dir / "not_a_model.bin") << "not a model";
+  message = refusal(dir / "not_a_model.bin");
+  CHECK(test::contains(message, "not_a_model.bin"));
+  CHECK(test::contains(message, "GGUF"));
+  CHECK(test::contains(refusal(dir / "absent"), "no such file"));
+}
+
+TEST_CASE("SmolLM2: greedy continuations equal transformers' where its top-1 margin exceeds 0.01") {
+  const nn::PretrainedModel* model = smollm2();
+  if (!model) return;
+  const json reference = read_json(data_dir / "smollm2_reference.json");
+  for (const auto& example : reference["greedy"]["cases"]) {
+    CAPTURE(example["prompt"].get<std::string>());
+    const std::vector<std::int32_t> prompt = model->tokenizer->encode(example["prompt"].get<std::string>());
+    CHECK(prompt == example["prompt_ids"].get<std::vector<std::int32_t>>());
+    check_greedy(model->model, prompt, example["generated"], example["top1_minus_top2"], example["generated"].size());
+  }
+}
+
+TEST_CASE("SmolLM2: the mean loss over tiny Shakespeare's first 1,024 predicted tokens is transformers' within 1e-3") {
+  const nn::PretrainedModel* model = smollm2();
+  if (!model) return;
+  const json reference = read_json(data_dir / "smollm2_reference.json")["shakespeare_cross_entropy"];
+  const auto text_path = test::shakespeare_path();
+  if (!text_path) return;
+  std::ifstream in(*text_path, std::ios::binary);
+  const std::string text(std::istreambuf_iterator<char>(in), {});
+  std::vector<std::int32_t> ids = model->tokenizer->encode(text);
+  REQUIRE(ids.size() >= 1025);
+  ids.resize(1025);
+  CHECK(fmt::format("{:#018x}", fnv1a64(ids.data(), ids.size() * 4)) == reference["window_ids_fnv1a64"].get<std::string>());
+  NoGradScope no_grad;
+  const std::vector<std::int32_t> inputs(ids.begin(), ids.end() - 1), targets(ids.begin() + 1, ids.end());
+  const double loss = model->model.loss(inputs, targets, 1, inputs.size()).value().item();
+  CHECK(std::abs(loss - reference["mean_nats"].get<double>()) < 1e-3);
+}
+
+TEST_CASE("SmolLM2: four prompts decoded as a batch equal each alone, bit for bit") {
+  const nn::PretrainedModel* model = smollm2();
+  if (!model) return;
+  const std::vector<std::string> texts = {"The capital of France is", "def fibonacci(n):",
+                                          "Once upon a time, in a land far away,", "1, 2, 3, 4,"};
+  std::vector<std::vector<std::int32_t>> prompts;
+  for (const auto& text : texts) prompts.push_back(model->tokenizer->encode(text));
+  NoGradScope no_grad;
+  constexpr std::size_t new_tokens = 8;
+  nn::KVCache batch = model->model.make_cache(texts.size(), 64);
+  const Tensor prefilled = model->model.prefill(prompts, batch);
+  std::size_t row = 0;
+  for (std::size_t s = 0; s < texts.size(); ++s) {
+    CAPTURE(texts[s]);
+    nn::KVCache alone = model->model.make_cache(1, 64);
+    const Tensor logits = model->model.prefill(prompts[s], alone);
+    REQUIRE(logits.size() == prompts[s].size() * model->model.config().vocab);
+    CHECK(std::equal(logits.data(), logits.data() + logits.size(), prefilled.data() + row));
+    row += logits.size();
+  }
+  // Then steps: every sequence takes token 11 ("," in this vocabulary) each time, alone and together.
+  const std::size_t vocab = model->model.config().vocab;
+  std::vector<std::vector<float>> together(texts.size());
+  for (std::size_t t = 0; t < new_tokens; ++t) {
+    std::span<const float> rows = model->model.step(std::vector<std::int32_t>(texts.size(), 11), batch);
+    for (std::size_t s = 0; s < texts.size(); ++s)
+      together[s].insert(together[s].end(), rows.begin() + s * vocab, rows.begin() + (s + 1) * vocab);
+  }
+  for (std::size_t s = 0; s < texts.size(); ++s) {
+    nn::KVCache alone = model->model.make_cache(1, 64);
+    model->model.prefill(prompts[s], alone);
+    std::vector<float> own;
+    for (std::size_t t = 0; t < new_tokens; ++t) {
+      std::span<const float> logits = model->model.step(11, alone);
+      own.insert(own.end(), logits.begin(), logits.end());
+    }
+    CHECK(own == together[s]);
+  }
+}
+
+TEST_CASE("SmolLM2 answers 'What is the capital of France?' through its chat template as transformers does") {
+  const nn::PretrainedModel* model = smollm2();
+  if (!model) return;
+  const json chat = read_json(data_dir / "smollm2_reference.json")["chat"];
+  REQUIRE(model->chat_template);
+  const auto format = tokenizers::ChatTemplate::recognise(*model->chat_template, "SmolLM2");
+  const std::vector<tokenizers::ChatMessage> messages = {{"user", "What is the capital of France?"}};
+  const std::string prompt = format.render(messages, true);
+  CHECK(prompt == chat["prompt_text"].get<std::string>());
+  CHECK(model->tokenizer->encode(prompt) == chat["prompt_ids"].get<std::vector<std::int32_t>>());
+  nn::GenerateOptions options{.max_new = 40, .sampling = {.temperature = 0.0f}, .stop_ids = model->tokenizer->end_ids()};
+  const nn::Generation reply = nn::generate(model->model, model->tokenizer->encode(prompt), options);
+  CHECK(reply.stopped_at_stop_id);
+  std::vector<std::int32_t> reference_ids = chat["reply_ids"];  // the end id last: generate leaves it out
+  CHECK(reply.tokens == std::vector<std::int32_t>(reference_ids.begin(), reference_ids.end() - 1));
+  CHECK(model->tokenizer->decode(reply.tokens) == "The capital of France is Paris.");
+}
