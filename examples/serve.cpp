@@ -92,7 +92,8 @@ int main(int argc, char** argv) {
       while (!(weights = server.scheduler().wait_loaded_for(std::chrono::milliseconds(50)))) {
         const timespec now{};
         if (const int caught = sigtimedwait(&signals, nullptr, &now); caught > 0) {
-          fmt::print(stderr, "serve: {} while loading the model: stopped\n", caught == SIGTERM ? "SIGTERM" : "SIGINT");
+          fmt::print(stderr, "serve: {} while loading the {}: stopped\n", caught == SIGTERM ? "SIGTERM" : "SIGINT",
+                     options.model.empty() ? "checkpoint" : "model");
           std::_Exit(0);
         }
       }

@@ -3,6 +3,8 @@
 // OpenAI's chat chunks, finish reasons, characters split across tokens, and SmolLM2's answer.
 #include <doctest/doctest.h>
 
+#include <signal.h>
+
 #include <algorithm>
 #include <thread>
 
@@ -398,4 +400,54 @@ TEST_CASE("serve --model with SmolLM2: \"What is the capital of France?\" greedy
   MESSAGE("SmolLM2: ", reply);
   CHECK_MESSAGE(contains(reply, "Paris"), reply);
   CHECK(answer["model"] == "SmolLM2-135M-Instruct.Q4_1");
+}
+
+TEST_CASE("the serve program: --model with --ctx and --chat-template chats; --model and --checkpoint exclude each other") {
+  const fs::path dir = work_dir("serve_chat_program");
+  Result both = run("serve", {"--checkpoint", "x.safetensors", "--model", kTinyLlama});
+  CHECK(both.status == 2);
+  CHECK(one_error_line(both, "serve"));
+  Result neither = run("serve", {"--port", "0"});
+  CHECK(neither.status == 2);
+  CHECK(contains(neither.err, "--checkpoint FILE"));
+  CHECK(contains(neither.err, "--model PATH"));
+  Result help = run("serve", {"--help"});
+  CHECK(contains(help.out, "loaded once"));
+  Result too_long = run("serve", {"--model", kTinyLlama, "--port", "0", "--ctx", "200"});
+  CHECK(too_long.status == 1);
+  CHECK(contains(too_long.err, "--ctx 200 is more than the model's max_len of 128"));
+  Result unknown_template = run("serve", {"--model", kTinyLlama, "--port", "0", "--chat-template", "vicuna"});
+  CHECK(unknown_template.status == 1);
+  CHECK(contains(unknown_template.err, "neither chatml, llama3 nor a file"));
+
+  const fs::path out = dir / "serve.out", err = dir / "serve.err";
+  const pid_t pid = start("serve",
+                          {"--model", kTinyLlama + "/tiny_llama.q8_0.gguf", "--port", "0", "--ctx", "100",
+                           "--chat-template", "chatml", "--threads", "1"},
+                          out, err);
+  httplib::Client client("127.0.0.1", port_of(err));
+  client.set_read_timeout(20);
+  auto models = client.Get("/v1/models");
+  REQUIRE(models);
+  const json model = json::parse(models->body)["data"][0];
+  CHECK(model["context"] == 100);
+  CHECK(model["format"] == "gguf");
+  CHECK(model["chat_template"] == "chatml");
+  // Plain ChatML in place of the file's own: no default system message.
+  const json body = {{"messages", {{{"role", "user"}, {"content", "Hi"}}}}, {"seed", 2}};
+  auto r = client.Post("/v1/chat/completions", body.dump(), "application/json");
+  REQUIRE(r);
+  CHECK(r->status == 200);
+  const json answer = json::parse(r->body);
+  const std::shared_ptr<const serve::Weights> weights =
+      serve::load_pretrained_weights(kTinyLlama + "/tiny_llama.q8_0.gguf", "chatml");
+  const std::vector<std::int32_t> prompt = chat_prompt(*weights, {{"user", "Hi"}});
+  CHECK(answer["usage"]["prompt_tokens"] == prompt.size());
+  // Without max_tokens the reply may fill the context.
+  const Reply expected = reference_reply(*weights, prompt, {}, 100 - prompt.size(), 2);
+  CHECK(answer["choices"][0]["message"]["content"] == expected.text);
+  CHECK(answer["choices"][0]["finish_reason"] == expected.finish_reason);
+  REQUIRE(::kill(pid, SIGTERM) == 0);
+  CHECK(wait_for(pid) == 0);
+  fs::remove_all(dir);
 }
