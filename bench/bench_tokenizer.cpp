@@ -11,7 +11,7 @@
 #include <sstream>
 
 #include "bench/bench_common.h"
-#include "io/gguf.h"
+#include "nn/pretrained.h"
 #include "tokenizers/byte_level_bpe.h"
 
 using namespace tapegrad;
@@ -35,16 +35,6 @@ std::string default_gguf() {
 std::string default_text() {
   if (const char* path = std::getenv("TAPEGRAD_SHAKESPEARE")) return path;
   return std::string(TAPEGRAD_SOURCE_DIR) + "/../shared/data/tinyshakespeare.txt";
-}
-
-tokenizers::ByteLevelBpe smollm2_tokenizer(const std::string& path) {
-  io::GgufFile file = io::GgufFile::open(path);
-  tokenizers::BpeVocab vocab;
-  vocab.tokens = file.at("tokenizer.ggml.tokens").as_strings();
-  vocab.merges = file.at("tokenizer.ggml.merges").as_strings();
-  for (std::int64_t type : file.at("tokenizer.ggml.token_type").as_ints()) vocab.token_types.push_back(std::int32_t(type));
-  vocab.pre = file.at("tokenizer.ggml.pre").as_string();
-  return tokenizers::ByteLevelBpe::from_vocab(std::move(vocab));
 }
 
 std::uint64_t fnv1a64(const std::vector<std::int32_t>& ids) {
@@ -89,7 +79,8 @@ int main(int argc, char** argv) try {
   }
   const std::string text = slurp(text_path);
   const std::vector<std::string_view> lines = lines_of(text);
-  tokenizers::ByteLevelBpe tokenizer = smollm2_tokenizer(gguf_path);
+  const std::unique_ptr<tokenizers::Tokenizer> loaded = nn::load_pretrained_tokenizer(gguf_path);
+  const auto& tokenizer = dynamic_cast<const tokenizers::ByteLevelBpe&>(*loaded);
 
   std::vector<std::int32_t> ids = tokenizer.encode(text);  // also the warm-up
   const nlohmann::json golden = nlohmann::json::parse(slurp(std::string(TAPEGRAD_SOURCE_DIR) + "/tests/data/tokenizer_golden.json"));
