@@ -8,6 +8,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
+#include <thread>
 
 #include "nn/pretrained.h"
 #include "support/helpers.h"
@@ -221,4 +222,21 @@ TEST_CASE("a byte without a token is dropped, or becomes unk when the vocabulary
   CHECK(ByteLevelBpe::from_vocab(vocab).encode("hello l") == std::vector<std::int32_t>{256, 'o', space});
   vocab.unk = 0;
   CHECK(ByteLevelBpe::from_vocab(vocab).encode("hello l") == std::vector<std::int32_t>{256, 0, 0, 'o', space, 0});
+}
+
+TEST_CASE("one tokenizer encodes from several threads at once, each getting the ids it gets alone") {
+  ByteLevelBpe tokenizer = ByteLevelBpe::from_tokenizer_json(TAPEGRAD_SOURCE_DIR "/tests/data/models/tiny_llama/tokenizer.json",
+                                                             std::nullopt);
+  Rng rng(41);
+  std::vector<std::string> texts;
+  for (int i = 0; i < 4; ++i) texts.push_back(random_utf8(rng, 20000));
+  std::vector<std::vector<std::int32_t>> alone, together(texts.size());
+  for (const std::string& text : texts) alone.push_back(tokenizer.encode(text));
+  std::vector<std::thread> threads;
+  for (std::size_t i = 0; i < texts.size(); ++i)
+    threads.emplace_back([&, i] {
+      for (int repeat = 0; repeat < 3; ++repeat) together[i] = tokenizer.encode(texts[i]);
+    });
+  for (std::thread& thread : threads) thread.join();
+  CHECK(together == alone);
 }
