@@ -47,7 +47,7 @@ TEST_CASE("train_char --arch gpt2 --dropout resumes bit-identically and matches 
 
   Result unknown = run("train_char", tiny(data, dir / "unknown.safetensors", 2) + std::vector<std::string>{"--arch", "mamba"});
   CHECK(unknown.status == 2);
-  CHECK(contains(unknown.err, "--arch 'mamba' is not a registered architecture (registered: rotary, gpt2)"));
+  CHECK(contains(unknown.err, "--arch 'mamba' is not a registered architecture (registered: rotary, gpt2, llama)"));
 }
 
 TEST_CASE("generate (cached, uncached, batched) and evaluate read a gpt2 checkpoint by its arch") {

@@ -202,7 +202,7 @@ TEST_CASE("an architecture defined in a test trains, saves, loads by its name an
 TEST_CASE("an unknown architecture, in a checkpoint or by name, is an error naming it and every registered name") {
   REQUIRE(one_block_registered);
   CHECK(test::error_of([] { find_architecture("mlp", "--arch"); }) ==
-        "--arch 'mlp' is not a registered architecture (registered: rotary, gpt2, one_block)");
+        "--arch 'mlp' is not a registered architecture (registered: rotary, gpt2, llama, one_block)");
   const CharTokenizer tokenizer = CharTokenizer::from_text("abcd");
   const std::string good = temp_path("rotary.safetensors"), bad = temp_path("unknown_arch.safetensors");
   save_model_checkpoint(good, rotary_decoder(4, 8, 2, 1, 8), tokenizer);
@@ -213,7 +213,7 @@ TEST_CASE("an unknown architecture, in a checkpoint or by name, is an error nami
   for (const auto& [name, t] : file.tensors) tensors.emplace_back(name, &t);
   write_safetensors(bad, tensors, file.metadata);
   CHECK(test::error_of([&] { load_model_checkpoint(bad); }) ==
-        bad + ": metadata arch 'mamba' is not a registered architecture (registered: rotary, gpt2, one_block)");
+        bad + ": metadata arch 'mamba' is not a registered architecture (registered: rotary, gpt2, llama, one_block)");
   CHECK(test::contains(test::error_of([] {
                          register_architecture(make_architecture<OneBlock>("other", &one_block_config, &one_block_metadata));
                        }),
