@@ -2,10 +2,12 @@
 """Drives serve's playground in headless Chromium through the DevTools protocol (over a pipe, so
 that only Python's standard library and Debian's chromium are needed) the way a user would: types a
 prompt, sets the sampling settings, clicks Generate and waits for the text; then starts a long
-generation and clicks Stop. Prints one JSON object on standard output for the caller to check:
+generation and clicks Stop; or, with --chat, turns chat mode on and sends each message in turn.
+Prints one JSON object on standard output for the caller to check:
   {"text": the page's prompt + completion, "state": the page's state after Generate,
    "stop_state": its state after Stop, "stopped_chars": the characters shown when stopped,
-   "cancelled": the requests /metrics counts as cancelled after Stop, "error": the page's error line}
+   "cancelled": the requests /metrics counts as cancelled after Stop, "error": the page's error line,
+   "chat_offered": whether the chat toggle shows, "conversation": the chat's messages {role, content}}
 Exit status 3 when chromium is not installed (the caller skips), 1 on any other failure."""
 
 import argparse
@@ -157,6 +159,28 @@ def cancelled_requests(url):
                if line.startswith("tapegrad_requests_cancelled_total "))
 
 
+def chat(browser, args):
+    """Chat mode: each message sent in turn, the page's conversation printed."""
+    browser.wait_until("document.getElementById('model').textContent !== ''", 10)
+    out = {"chat_offered": browser.evaluate("!document.getElementById('chat_toggle').hidden")}
+    if out["chat_offered"]:
+        browser.click("chat")
+        for field, value in (("temperature", args.temperature), ("top_k", args.top_k), ("top_p", args.top_p),
+                             ("max_tokens", args.max_tokens), ("seed", args.seed)):
+            browser.type_into(field, value)
+        for message in args.chat:
+            browser.type_into("prompt", message)
+            browser.click("generate")
+            browser.wait_until("['done', 'error'].includes(document.body.dataset.state)", 30)
+            if browser.evaluate("document.body.dataset.state") != "done":
+                break
+    out["state"] = browser.evaluate("document.body.dataset.state")
+    out["error"] = browser.evaluate("document.getElementById('error').textContent")
+    out["conversation"] = json.loads(browser.evaluate("JSON.stringify(conversation)"))
+    print(json.dumps(out))
+    return 0
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--url", required=True, help="the server, e.g. http://127.0.0.1:8080")
@@ -168,6 +192,8 @@ def main():
     parser.add_argument("--seed", default="7")
     parser.add_argument("--long-max-tokens", default="", help="max tokens of the generation that Stop ends "
                         "(empty: no Stop step)")
+    parser.add_argument("--chat", action="append", default=[], help="a user message of a chat (repeat for "
+                        "more turns): chat mode instead of a completion")
     parser.add_argument("--screenshot", default="", help="a PNG of the page after Generate")
     parser.add_argument("--timeout", type=float, default=60, help="seconds for the whole run")
     args = parser.parse_args()
@@ -182,6 +208,8 @@ def main():
         browser.call("Runtime.enable")
         browser.navigate(args.url + "/")
         browser.wait_until("document.body.dataset.state === 'idle'", 10)
+        if args.chat:
+            return chat(browser, args)
         browser.type_into("prompt", args.prompt)
         for field, value in (("temperature", args.temperature), ("top_k", args.top_k), ("top_p", args.top_p),
                              ("max_tokens", args.max_tokens), ("seed", args.seed)):
