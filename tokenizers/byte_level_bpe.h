@@ -36,11 +36,11 @@ struct BpeVocab {
   std::vector<std::int32_t> special_ids;
 };
 
+/// Immutable once built: encode may run on several threads at once.
 class ByteLevelBpe : public Tokenizer {
  public:
   /// Checks the vocabulary whole: merges name tokens (and their concatenation), ids are in range,
-  /// the pre-tokenizer is known. Throws std::invalid_argument naming the
-  /// first fault.
+  /// the pre-tokenizer is known. Throws std::invalid_argument naming the first fault.
   static ByteLevelBpe from_vocab(BpeVocab vocab);
   /// A Hugging Face tokenizer.json and, when given, its tokenizer_config.json (bos_token,
   /// eos_token, add_bos_token); tokenizer_json.h says what is understood.
