@@ -69,7 +69,8 @@ Reply reference_reply(const serve::Weights& weights, const std::vector<std::int3
 }
 
 /// The prompt ids of a conversation, rendered by the weights' chat template.
-std::vector<std::int32_t> chat_prompt(const serve::Weights& weights, const std::vector<tokenizers::ChatMessage>& messages) {
+std::vector<std::int32_t> chat_prompt(const serve::Weights& weights,
+                                      const std::vector<tokenizers::ChatMessage>& messages) {
   REQUIRE(weights.chat_template);
   return weights.tokenizer->encode(weights.chat_template->render(messages, true));
 }
@@ -297,7 +298,8 @@ TEST_CASE("16 concurrent chat requests, streamed or not, each get the reply the 
     c.body = {{"messages", messages}, {"max_tokens", max_tokens}, {"seed", 100 + i}, {"n", n},
               {"temperature", sampling.temperature}, {"top_k", sampling.top_k}, {"stream", i % 2 == 1}};
     for (std::size_t k = 0; k < n; ++k)
-      c.expected.push_back(reference_reply(*weights, chat_prompt(*weights, c.messages), sampling, max_tokens, 100 + i + k));
+      c.expected.push_back(
+          reference_reply(*weights, chat_prompt(*weights, c.messages), sampling, max_tokens, 100 + i + k));
   }
   std::vector<std::thread> clients;
   for (Case& c : cases)
@@ -402,7 +404,7 @@ TEST_CASE("serve --model with SmolLM2: \"What is the capital of France?\" greedy
   CHECK(answer["model"] == "SmolLM2-135M-Instruct.Q4_1");
 }
 
-TEST_CASE("the serve program: --model with --ctx and --chat-template chats; --model and --checkpoint exclude each other") {
+TEST_CASE("the serve program: --model with --ctx and --chat-template chats; --model excludes --checkpoint") {
   const fs::path dir = work_dir("serve_chat_program");
   Result both = run("serve", {"--checkpoint", "x.safetensors", "--model", kTinyLlama});
   CHECK(both.status == 2);

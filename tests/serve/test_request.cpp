@@ -247,7 +247,8 @@ TEST_CASE("a chat request becomes a completion of its rendered messages, or a 40
   const nn::CharTokenizer tokenizer = nn::CharTokenizer::from_text("abcdefghijklmnopqrstuvwxyz<|>_\n .");
   const ModelLimits limits{.max_len = 100, .max_tokens = 60, .parallel = 2};
   const ChatRequest request = parsed_chat(R"({"messages": [{"role": "user", "content": "hi"}], "seed": 3})");
-  const auto refused = chat_completion_request(request, nullptr, "the checkpoint x has no chat template", tokenizer, limits);
+  const auto refused =
+      chat_completion_request(request, nullptr, "the checkpoint x has no chat template", tokenizer, limits);
   REQUIRE(std::holds_alternative<ApiError>(refused));
   const ApiError& no_template = std::get<ApiError>(refused);
   CHECK(no_template.status == 400);
@@ -267,8 +268,8 @@ TEST_CASE("a chat request becomes a completion of its rendered messages, or a 40
   // Without max_tokens the reply may take the rest of the context, up to the server's cap.
   CHECK(completion.max_tokens == std::min<std::size_t>(60, 100 - rendered.size()));
   const ModelLimits short_context{.max_len = rendered.size() + 5, .max_tokens = 60, .parallel = 2};
-  CHECK(std::get<CompletionRequest>(chat_completion_request(request, &chatml, "", tokenizer, short_context)).max_tokens ==
-        5);
+  const auto shorter = chat_completion_request(request, &chatml, "", tokenizer, short_context);
+  CHECK(std::get<CompletionRequest>(shorter).max_tokens == 5);
   const ModelLimits no_room{.max_len = rendered.size(), .max_tokens = 60, .parallel = 2};
   const auto full = chat_completion_request(request, &chatml, "", tokenizer, no_room);
   REQUIRE(std::holds_alternative<ApiError>(full));
@@ -277,8 +278,8 @@ TEST_CASE("a chat request becomes a completion of its rendered messages, or a 40
 
   // A character the vocabulary lacks is named, and blamed on the messages.
   const ChatRequest unknown = parsed_chat(R"({"messages": [{"role": "user", "content": "hi!"}], "max_tokens": 2})");
-  auto checked = check_against_model(std::get<CompletionRequest>(chat_completion_request(unknown, &chatml, "", tokenizer, limits)),
-                                     tokenizer, limits);
+  const auto unknown_chat = chat_completion_request(unknown, &chatml, "", tokenizer, limits);
+  auto checked = check_against_model(std::get<CompletionRequest>(unknown_chat), tokenizer, limits);
   REQUIRE(std::holds_alternative<ApiError>(checked));
   CHECK(std::get<ApiError>(checked).param == std::optional<std::string>("messages"));
   CHECK(test::contains(std::get<ApiError>(checked).message, "1 character outside the model's vocabulary"));

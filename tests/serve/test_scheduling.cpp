@@ -269,7 +269,8 @@ class FragmentTokenizer : public tokenizers::Tokenizer {
     while (!text.empty()) {
       std::size_t best = kPieces.size();
       for (std::size_t i = 0; i < kPieces.size(); ++i)
-        if (text.starts_with(kPieces[i]) && (best == kPieces.size() || kPieces[i].size() > kPieces[best].size())) best = i;
+        if (text.starts_with(kPieces[i]) && (best == kPieces.size() || kPieces[i].size() > kPieces[best].size()))
+          best = i;
       if (best == kPieces.size()) throw std::invalid_argument("FragmentTokenizer: no piece for the text");
       ids.push_back(std::int32_t(best));
       text.remove_prefix(kPieces[best].size());
