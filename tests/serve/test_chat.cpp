@@ -182,6 +182,13 @@ TEST_CASE("serve --model: a chat completion of the tiny Llama in OpenAI's shape,
                                 {"completion_tokens", completion_tokens},
                                 {"total_tokens", prompt.size() + completion_tokens}});
 
+  // A completion of the same model: its BPE ids, its text through the UTF-8 stream, its end ids.
+  const json completion = post(s, "/v1/completions", {{"prompt", "Once upon a time"}, {"max_tokens", 10}, {"seed", 4}});
+  const Reply continued = reference_reply(*weights, weights->tokenizer->encode("Once upon a time"), {}, 10, 4);
+  CHECK(completion["choices"][0]["text"] == continued.text);
+  CHECK(completion["choices"][0]["finish_reason"] == continued.finish_reason);
+  CHECK(completion["usage"]["prompt_tokens"] == weights->tokenizer->encode("Once upon a time").size());
+
   // The same through a GGUF file of the same model: its template, tokenizer and replies.
   TestServer gguf(model_options(kTinyLlama + "/tiny_llama.f32.gguf"));
   CHECK(gguf.server.scheduler().weights()->format == "gguf");

@@ -284,3 +284,31 @@ TEST_CASE("a chat request becomes a completion of its rendered messages, or a 40
   CHECK(std::get<ApiError>(checked).param == std::optional<std::string>("messages"));
   CHECK(test::contains(std::get<ApiError>(checked).message, "1 character outside the model's vocabulary"));
 }
+
+namespace {
+
+// Characters with a BOS that the tokenizer asks to be put before a prompt (as Llama 2's does).
+class BosTokenizer : public tokenizers::CharTokenizer {
+ public:
+  BosTokenizer() : CharTokenizer(from_text("abc")) {}
+  std::optional<std::int32_t> bos_id() const override { return 2; }
+  bool add_bos() const override { return true; }
+};
+
+}  // namespace
+
+TEST_CASE("a completion's prompt gets the BOS when the tokenizer asks for it; a rendered chat carries its own") {
+  const BosTokenizer tokenizer;
+  const ModelLimits limits{.max_len = 10, .max_tokens = 8, .parallel = 1};
+  CompletionRequest request = parsed(R"({"prompt": "ab", "max_tokens": 2})");
+  CHECK(std::get<std::vector<std::int32_t>>(check_against_model(request, tokenizer, limits)) ==
+        std::vector<std::int32_t>{2, 0, 1});
+  request.rendered_chat = true;
+  CHECK(std::get<std::vector<std::int32_t>>(check_against_model(request, tokenizer, limits)) ==
+        std::vector<std::int32_t>{0, 1});
+  // The BOS counts toward the context.
+  request.rendered_chat = false;
+  request.max_tokens = 8;
+  CHECK(std::get<ApiError>(check_against_model(request, tokenizer, limits)).message ==
+        "the prompt has 3 characters and max_tokens is 8: 11 in all, more than the model's max_len of 10");
+}
