@@ -235,11 +235,14 @@ TensorInfo read_tensor_info(Cursor& in, std::size_t index, std::size_t alignment
   if (row % format->block_elems != 0)
     throw format_error(path, field, fmt::format("ne[0] = {} is not a whole number of {}-element {} blocks", row,
                                                 format->block_elems, format->name));
+  const std::uint64_t blocks = elements / format->block_elems;
+  if (blocks > std::numeric_limits<std::uint64_t>::max() / format->block_bytes)
+    throw format_error(path, field, fmt::format("the byte count overflows ({} blocks of {} bytes)", blocks,
+                                                format->block_bytes));
+  info.bytes = blocks * format->block_bytes;
   info.offset = in.read<std::uint64_t>(field, "the offset");
   if (info.offset % alignment != 0)
     throw format_error(path, field, fmt::format("offset {} is not a multiple of the alignment {}", info.offset, alignment));
-  // elements < 2^63 and block_bytes / block_elems <= 4, so this cannot overflow.
-  info.bytes = elements / format->block_elems * format->block_bytes;
   info.tensor.type = format->type;
   info.tensor.shape.assign(ne.rbegin(), ne.rend());
   return info;

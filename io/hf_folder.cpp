@@ -45,10 +45,9 @@ std::optional<std::string> optional_file(const fs::path& folder, const char* nam
   return std::nullopt;
 }
 
-// A JSON object parsed from `file`, refusing duplicate keys at the top two levels (a tensor named
+// The JSON object in `text`, read from `file`, refusing duplicate keys at the top two levels (a tensor named
 // twice in weight_map would otherwise silently keep the last shard).
-json parse_object(const fs::path& file) {
-  const std::string text = read_text(file);
+json parse_object(const fs::path& file, const std::string& text) {
   std::vector<std::set<std::string>> keys_at_depth(3);
   std::string duplicate;
   auto on_event = [&](int depth, json::parse_event_t event, json& parsed) {
@@ -72,7 +71,7 @@ json parse_object(const fs::path& file) {
 
 // The shards named by the index, each with the tensors the index puts in it.
 std::map<std::string, std::set<std::string>> read_index(const fs::path& index) {
-  const json parsed = parse_object(index);
+  const json parsed = parse_object(index, read_text(index));
   if (!parsed.contains("weight_map") || !parsed["weight_map"].is_object())
     throw file_error(index, "weight_map: missing or not an object of tensor name -> shard file");
   std::map<std::string, std::set<std::string>> shards;
@@ -126,8 +125,8 @@ HfFolder read_hf_folder(const std::string& path) {
   HfFolder out;
   out.path = path;
   const fs::path config = required_file(folder, "config.json", "config.json");
-  parse_object(config);
   out.config_json = read_text(config);
+  parse_object(config, out.config_json);
   out.tokenizer_json_path = required_file(folder, "tokenizer.json", "tokenizer.json").string();
   out.tokenizer_config_path = optional_file(folder, "tokenizer_config.json");
   out.chat_template_path = optional_file(folder, "chat_template.jinja");

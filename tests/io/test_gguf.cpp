@@ -286,6 +286,9 @@ TEST_CASE("GGUF tensor infos with bad dims, types, offsets, overlaps or names ar
   forge.put(forge.ne_at("t.f32", 2), std::uint64_t(1) << 31);
   check_refused(forge.write("overflow"), "tensor 't.f32'", "the element count overflows");
   forge = Forge();
+  forge.put(forge.ne_at("t.f32", 0), std::uint64_t(1) << 60);  // 2^60 * 3 * 1 * 2 elements of 4 bytes
+  check_refused(forge.write("byte_overflow"), "tensor 't.f32'", "the byte count overflows");
+  forge = Forge();
   forge.put(forge.ne_at("t.q4_1", 0), std::uint64_t(3));  // 3 x 32 instead of 32 x 3: same count
   forge.put(forge.ne_at("t.q4_1", 1), std::uint64_t(32));
   check_refused(forge.write("partial_block"), "tensor 't.q4_1'", "ne[0] = 3 is not a whole number of 32-element q4_1 blocks");
