@@ -8,7 +8,7 @@
 #include <utility>
 #include <vector>
 
-#include "core/safetensors.h"
+#include "io/safetensors.h"
 #include "nn/models/rotary_decoder.h"
 #include "nn/tokenizer.h"
 

@@ -9,7 +9,7 @@
 #include <iterator>
 
 #include "core/ops.h"
-#include "core/safetensors.h"
+#include "io/safetensors.h"
 #include "nn/architecture.h"
 #include "nn/generate.h"
 #include "nn/models/gpt2.h"

@@ -4,7 +4,7 @@
 #include <cmath>
 #include <filesystem>
 
-#include "core/safetensors.h"
+#include "io/safetensors.h"
 #include "nn/checkpoint.h"
 #include "nn/generate.h"
 #include "nn/language_model.h"

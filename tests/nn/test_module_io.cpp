@@ -3,7 +3,7 @@
 
 #include <filesystem>
 
-#include "core/safetensors.h"
+#include "io/safetensors.h"
 #include "nn/models/gpt2.h"
 #include "nn/module_io.h"
 #include "support/checks.h"
