@@ -103,7 +103,14 @@ TEST_CASE("generate --num-samples 5 --jsonl equals five single runs at sizes no 
     for (int i = 0; i < 5; ++i) {
       Result alone = run("generate", args + std::vector<std::string>{"--seed", std::to_string(7 + i)});
       REQUIRE_MESSAGE(alone.status == 0, alone.err);
-      expected += nlohmann::json{{"sample", i}, {"seed", 7 + i}, {"text", alone.out}}.dump() + "\n";
+      // The line one sample prints with --jsonl (its ids too), whose text is what it streams.
+      Result line = run("generate", args + std::vector<std::string>{"--seed", std::to_string(7 + i), "--jsonl"});
+      REQUIRE_MESSAGE(line.status == 0, line.err);
+      nlohmann::json object = nlohmann::json::parse(line.out);
+      CHECK(object["text"] == alone.out);
+      CHECK(object["ids"].size() == 30);
+      object["sample"] = i;
+      expected += object.dump() + "\n";
     }
     Result batch = run("generate", args + std::vector<std::string>{"--seed", "7", "--num-samples", "5", "--jsonl"});
     REQUIRE_MESSAGE(batch.status == 0, batch.err);

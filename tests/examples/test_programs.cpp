@@ -148,8 +148,14 @@ TEST_CASE("generate streams exactly the prompt and the new characters, the same 
       Result alone = run("generate", sampled + std::vector<std::string>{"--seed", std::to_string(3 + i)});
       REQUIRE(alone.status == 0);
       expected += alone.out + "\n---\n";
-      expected_jsonl +=
-          nlohmann::json{{"sample", i}, {"seed", 3 + i}, {"text", alone.out}}.dump() + "\n";
+      // The line one sample prints with --jsonl (its ids too), whose text is what it streams.
+      Result line = run("generate", sampled + std::vector<std::string>{"--seed", std::to_string(3 + i), "--jsonl"});
+      REQUIRE(line.status == 0);
+      nlohmann::json object = nlohmann::json::parse(line.out);
+      CHECK(object["text"] == alone.out);
+      CHECK(object["ids"].size() == 20);
+      object["sample"] = i;
+      expected_jsonl += object.dump() + "\n";
     }
     Result batch = run("generate", sampled + std::vector<std::string>{"--seed", "3", "--num-samples", "4"});
     REQUIRE_MESSAGE(batch.status == 0, batch.err);
@@ -183,10 +189,12 @@ TEST_CASE("evaluate prints one JSON line whose loss matches a direct windowed co
   REQUIRE_MESSAGE(r.status == 0, r.err);
   REQUIRE(std::count(r.out.begin(), r.out.end(), '\n') == 1);
   nlohmann::json line = nlohmann::json::parse(r.out);
-  CHECK(line.size() == 3);
+  CHECK(line.size() == 4);
   REQUIRE(line.contains("loss"));
+  REQUIRE(line.contains("perplexity"));
   REQUIRE(line.contains("bits_per_char"));
   REQUIRE(line.contains("tokens"));
+  CHECK(line["perplexity"].get<double>() == doctest::Approx(std::exp(line["loss"].get<double>())));
   CHECK(line["tokens"].get<int>() == 999);
   // evaluate's windows by hand: L = min(max_len, n-1-s) at s = 0, L, 2L, ..., one at a
   // time, weighted by length. The program batches full windows, so float32 means may round
@@ -275,7 +283,7 @@ TEST_CASE("generate refuses a prompt outside the vocabulary or longer than max_l
   Result too_long = run("generate", {"--checkpoint", ckpt.string(), "--prompt", std::string(33, 'a')});
   CHECK(too_long.status == 2);
   CHECK(one_error_line(too_long, "generate"));
-  CHECK(test::contains(too_long.err, "33 characters, more than the model's max_len 32"));
+  CHECK(test::contains(too_long.err, "33 tokens, more than the model's max_len 32"));
   CHECK(too_long.out.empty());
   write_bytes(dir / "other.txt", "The cat#");
   Result evaluate_outside = run("evaluate", {"--checkpoint", ckpt.string(), "--data", (dir / "other.txt").string()});
