@@ -317,7 +317,7 @@ json load_round(const Target& target, int clients, int requests, std::size_t new
   auto answers = std::vector<Answer>(std::size_t(requests));
   std::vector<std::string> prompts;
   Rng rng{std::uint64_t(clients)};
-  for (int i = 0; i < requests; ++i) prompts.push_back(random_prompt(target.checkpoint.tokenizer, 8, rng));
+  for (int i = 0; i < requests; ++i) prompts.push_back(random_prompt(target.checkpoint.char_tokenizer(), 8, rng));
   std::atomic<int> next{0};
   const auto start = Clock::now();
   std::vector<std::thread> threads;
@@ -393,7 +393,7 @@ std::vector<Case> mixed_cases(const nn::LoadedModelCheckpoint& checkpoint, std::
   std::vector<Case> cases;
   for (std::size_t k = 0; k < count; ++k) {
     const std::size_t prompt_len = 1 + rng.below(std::min<std::size_t>(24, max_len - 1));
-    const std::string prompt = random_prompt(checkpoint.tokenizer, prompt_len, rng);
+    const std::string prompt = random_prompt(checkpoint.char_tokenizer(), prompt_len, rng);
     const std::size_t max_tokens = 1 + rng.below(std::min<std::size_t>(64, max_len - prompt_len));
     nn::GenerateOptions options{.max_new = max_tokens,
                                 .sampling = {.temperature = temperatures[rng.below(4)],
@@ -406,12 +406,12 @@ std::vector<Case> mixed_cases(const nn::LoadedModelCheckpoint& checkpoint, std::
     c.body = {{"prompt", prompt},         {"max_tokens", max_tokens},         {"temperature", options.sampling.temperature},
               {"top_p", options.sampling.top_p}, {"seed", options.seed}, {"n", n}, {"echo", echo}};
     if (options.sampling.top_k) c.body["top_k"] = options.sampling.top_k;
-    const std::vector<std::int32_t> ids = checkpoint.tokenizer.encode(prompt);
+    const std::vector<std::int32_t> ids = checkpoint.tokenizer->encode(prompt);
     for (std::size_t i = 0; i < n; ++i) {
       nn::GenerateOptions sample = options;
       sample.seed = options.seed + i;
       c.expected.push_back((echo ? prompt : "") +
-                           checkpoint.tokenizer.decode(nn::generate(checkpoint.model, ids, sample).tokens));
+                           checkpoint.tokenizer->decode(nn::generate(checkpoint.model, ids, sample).tokens));
     }
     cases.push_back(std::move(c));
   }

@@ -10,12 +10,15 @@
 namespace tapegrad::nn {
 
 void write_checkpoint_file(const std::string& path, const ParameterList& params, std::size_t vocab,
-                           const CharTokenizer& tokenizer, std::map<std::string, std::string> metadata,
+                           const tokenizers::Tokenizer& tokenizer, std::map<std::string, std::string> metadata,
                            const CheckpointExtras& extras) {
-  if (tokenizer.size() != vocab)
-    throw std::invalid_argument(fmt::format("save_checkpoint: the tokenizer has {} characters but the model's vocab is {}",
-                                            tokenizer.size(), vocab));
-  metadata["vocab"] = tokenizer.vocab();
+  // A published model's embedding may have more rows than its tokenizer has tokens (padding).
+  const bool fits = tokenizer.kind() == "char" ? tokenizer.vocab_size() == vocab : tokenizer.vocab_size() <= vocab;
+  if (!fits)
+    throw std::invalid_argument(fmt::format("save_checkpoint: the tokenizer has {} {} but the model's vocab is {}",
+                                            tokenizer.vocab_size(), tokenizer.kind() == "char" ? "characters" : "tokens",
+                                            vocab));
+  for (auto& [key, value] : tokenizer.to_metadata()) metadata[key] = std::move(value);
   metadata["format_version"] = kCheckpointFormatVersion;
   for (const auto& [key, value] : extras.metadata) {
     if (metadata.count(key)) throw std::invalid_argument(fmt::format("save_checkpoint: metadata key '{}' is reserved", key));
@@ -44,7 +47,7 @@ LoadedCheckpoint load_checkpoint(const std::string& path, bool remat) {
     throw std::runtime_error(fmt::format("{}: arch '{}' is not the rotary decoder; load it with load_model_checkpoint "
                                          "(nn/language_model.h)",
                                          path, loaded.model.arch()));
-  return {std::move(*model), std::move(loaded.tokenizer), std::move(loaded.extra_tensors), std::move(loaded.metadata)};
+  return {std::move(*model), loaded.char_tokenizer(), std::move(loaded.extra_tensors), std::move(loaded.metadata)};
 }
 
 }  // namespace tapegrad::nn

@@ -11,6 +11,7 @@
 #include "io/safetensors.h"
 #include "nn/models/rotary_decoder.h"
 #include "nn/tokenizer.h"
+#include "tokenizers/tokenizer.h"
 
 namespace tapegrad::nn {
 
@@ -23,12 +24,13 @@ struct CheckpointExtras {
   std::map<std::string, std::string> metadata;                 ///< e.g. step, rng_state, data_position
 };
 
-/// What every model checkpoint writer shares: checks that the tokenizer has `vocab` characters,
-/// adds "vocab" (its characters in id order), "format_version" and the extras' metadata to
+/// What every model checkpoint writer shares: checks that the tokenizer's ids fit the model's
+/// `vocab` (a character vocabulary: exactly), adds the tokenizer's metadata (tokenizer.h:
+/// "tokenizer" and "vocab" or "tokenizer.json"), "format_version" and the extras' metadata to
 /// `metadata` (whose keys are reserved) and their "optim." tensors to `params`, and writes it all
 /// atomically to path.
 void write_checkpoint_file(const std::string& path, const ParameterList& params, std::size_t vocab,
-                           const CharTokenizer& tokenizer, std::map<std::string, std::string> metadata,
+                           const tokenizers::Tokenizer& tokenizer, std::map<std::string, std::string> metadata,
                            const CheckpointExtras& extras);
 
 /// Writes the model, its vocabulary and extras atomically to path (temporary file, fsync, rename),

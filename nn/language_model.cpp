@@ -66,7 +66,15 @@ void load_parameters(std::map<std::string, Tensor>& tensors, ParameterList param
 
 std::string LanguageModel::arch() const { return architecture_of(*this).name; }
 
-void save_model_checkpoint(const std::string& path, const LanguageModel& model, const CharTokenizer& tokenizer,
+const CharTokenizer& LoadedModelCheckpoint::char_tokenizer() const {
+  const auto* chars = dynamic_cast<const CharTokenizer*>(tokenizer.get());
+  if (!chars)
+    throw std::runtime_error(
+        fmt::format("the checkpoint's tokenizer is '{}', not a character vocabulary", tokenizer->kind()));
+  return *chars;
+}
+
+void save_model_checkpoint(const std::string& path, const LanguageModel& model, const tokenizers::Tokenizer& tokenizer,
                            const CheckpointExtras& extras) {
   const Architecture& arch = architecture_of(model);
   Metadata metadata = arch.to_metadata(model);
@@ -90,10 +98,20 @@ LoadedModelCheckpoint load_model_checkpoint(const std::string& path, bool remat)
                                                               "than the file's tensors");
       return arch.from_metadata(meta, remat);
     }();
-    CharTokenizer tokenizer = CharTokenizer::from_vocab(metadata_text(meta, "vocab"));
-    if (tokenizer.size() != model.config().vocab)
-      throw std::runtime_error(fmt::format("the vocabulary has {} characters but vocab_size is {}", tokenizer.size(),
-                                           model.config().vocab));
+    std::shared_ptr<const tokenizers::Tokenizer> tokenizer;
+    auto kind = meta.find("tokenizer");  // absent in the files of the time before BPE: characters
+    if (kind == meta.end() || kind->second == "char") {
+      auto chars = std::make_shared<const CharTokenizer>(CharTokenizer::from_vocab(metadata_text(meta, "vocab")));
+      if (chars->size() != model.config().vocab)
+        throw std::runtime_error(fmt::format("the vocabulary has {} characters but vocab_size is {}", chars->size(),
+                                             model.config().vocab));
+      tokenizer = std::move(chars);
+    } else {
+      tokenizer = tokenizers::tokenizer_from_metadata(meta);
+      if (tokenizer->vocab_size() > model.config().vocab)
+        throw std::runtime_error(fmt::format("the tokenizer has {} tokens but vocab_size is {}", tokenizer->vocab_size(),
+                                             model.config().vocab));
+    }
     LoadedModelCheckpoint out{std::move(model), std::move(tokenizer), {}, meta};
     load_parameters(file.tensors, out.model.params(), out.extra_tensors);
     return out;

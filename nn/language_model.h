@@ -140,18 +140,21 @@ class LanguageModel {
   std::unique_ptr<Base> held_;
 };
 
-/// Writes any registered model, its vocabulary and extras atomically (nn/checkpoint.h): the
+/// Writes any registered model, its tokenizer and extras atomically (nn/checkpoint.h): the
 /// tensor names of model.params(), and the metadata of its architecture's to_metadata plus
-/// arch, vocab and format_version.
-void save_model_checkpoint(const std::string& path, const LanguageModel& model, const CharTokenizer& tokenizer,
+/// arch, the tokenizer's own (a character vocabulary or a byte-level BPE) and format_version.
+void save_model_checkpoint(const std::string& path, const LanguageModel& model, const tokenizers::Tokenizer& tokenizer,
                            const CheckpointExtras& extras = {});
 
 /// What load_model_checkpoint returns.
 struct LoadedModelCheckpoint {
-  LanguageModel model;                          ///< the model, its weights loaded
-  CharTokenizer tokenizer;                      ///< the file's vocabulary
-  std::map<std::string, Tensor> extra_tensors;  ///< the "optim." tensors
-  std::map<std::string, std::string> metadata;  ///< the file's metadata, every key
+  LanguageModel model;                                     ///< the model, its weights loaded
+  std::shared_ptr<const tokenizers::Tokenizer> tokenizer;  ///< the file's tokenizer
+  std::map<std::string, Tensor> extra_tensors;             ///< the "optim." tensors
+  std::map<std::string, std::string> metadata;             ///< the file's metadata, every key
+  /// The tokenizer as a character vocabulary (what train_char writes); throws
+  /// std::runtime_error naming its kind when it is another.
+  const CharTokenizer& char_tokenizer() const;
 };
 
 /// Reads a checkpoint of any registered architecture, by the file's "arch" (absent: "rotary"),

@@ -60,7 +60,7 @@ std::shared_ptr<const Weights> load_weights(const std::string& path, const std::
       step = 0;  // a checkpoint not written by training: its step is unknown
     }
   }
-  auto tokenizer = std::make_shared<const tokenizers::CharTokenizer>(std::move(loaded.tokenizer));
+  std::shared_ptr<const tokenizers::Tokenizer> tokenizer = std::move(loaded.tokenizer);
   Weights weights{.model = std::move(loaded.model),
                   .tokenizer = tokenizer,
                   .end_ids = tokenizer->end_ids(),

@@ -24,8 +24,7 @@ LoadedModel ModelSource::load() const {
     return {std::move(pretrained.model), std::move(pretrained.tokenizer), std::move(pretrained.chat_template), model};
   }
   nn::LoadedModelCheckpoint loaded = nn::load_model_checkpoint(checkpoint);  // any registered arch
-  auto tokenizer = std::make_shared<const tokenizers::CharTokenizer>(std::move(loaded.tokenizer));
-  return {std::move(loaded.model), std::move(tokenizer), std::nullopt, checkpoint};
+  return {std::move(loaded.model), std::move(loaded.tokenizer), std::nullopt, checkpoint};
 }
 
 tokenizers::ChatTemplate chat_template_of(const LoadedModel& loaded, const std::string& override_name) {

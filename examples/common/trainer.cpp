@@ -379,11 +379,11 @@ void prepare_leader_run(const TrainOptions& o, std::int64_t decay_steps, const M
     if (o.model.dropout && *o.model.dropout != saved_dropout)
       throw UsageError(fmt::format("--dropout {} disagrees with --resume {}, whose model has dropout {} (drop the flag)",
                                    *o.model.dropout, o.resume, saved_dropout));
-    if (ckpt->tokenizer.vocab() != corpus.tokenizer.vocab())
+    if (ckpt->char_tokenizer().vocab() != corpus.tokenizer.vocab())
       throw std::runtime_error(
           fmt::format("--resume {}: its vocabulary ({} characters) differs from that of {} ({} "
                       "characters); resume with the same --data",
-                      o.resume, ckpt->tokenizer.size(), o.data, corpus.tokenizer.size()));
+                      o.resume, ckpt->char_tokenizer().size(), o.data, corpus.tokenizer.size()));
   } else {
     fresh.emplace(new_model(o, corpus.tokenizer.size()));
   }

@@ -268,3 +268,21 @@ TEST_CASE("SmolLM2 answers 'What is the capital of France?' through its chat tem
   CHECK(reply.tokens == std::vector<std::int32_t>(reference_ids.begin(), reference_ids.end() - 1));
   CHECK(model->tokenizer->decode(reply.tokens) == "The capital of France is Paris.");
 }
+
+TEST_CASE("a published model saved as a tapegrad checkpoint keeps its byte-level BPE and its logits") {
+  nn::PretrainedModel tiny = nn::load_pretrained(model_path("tiny_llama").string());
+  const std::string path = test::process_path("tiny_llama_checkpoint.safetensors");
+  nn::save_model_checkpoint(path, tiny.model, *tiny.tokenizer);
+  nn::LoadedModelCheckpoint loaded = nn::load_model_checkpoint(path);
+  CHECK(loaded.model.arch() == "llama");
+  CHECK(loaded.tokenizer->kind() == "bpe");
+  const std::string text = "Hello <|im_start|>world, 1234!";
+  CHECK(loaded.tokenizer->encode(text) == tiny.tokenizer->encode(text));
+  CHECK(loaded.tokenizer->end_ids() == tiny.tokenizer->end_ids());
+  CHECK(test::contains(test::error_of([&] { loaded.char_tokenizer(); }), "'bpe'"));
+  const std::vector<std::int32_t> ids = tiny.tokenizer->encode(text);
+  NoGradScope no_grad;
+  const Tensor before = tiny.model.forward(ids, 1, ids.size()).value();
+  const Tensor after = loaded.model.forward(ids, 1, ids.size()).value();
+  CHECK(std::equal(before.data(), before.data() + before.size(), after.data()));
+}

@@ -69,11 +69,11 @@ inline std::vector<std::string> reference_texts(const fs::path& checkpoint, cons
                                                 const std::vector<std::string>& stop = {}) {
   nn::LoadedModelCheckpoint loaded = nn::load_model_checkpoint(checkpoint.string());
   loaded.model.set_training(false);
-  const std::vector<std::int32_t> ids = loaded.tokenizer.encode(prompt);
+  const std::vector<std::int32_t> ids = loaded.tokenizer->encode(prompt);
   std::vector<std::string> texts;
   for (std::size_t i = 0; i < n; ++i) {
     const nn::GenerateOptions options{.max_new = max_tokens, .sampling = sampling, .seed = seed + i};
-    std::string text = loaded.tokenizer.decode(nn::generate(loaded.model, ids, options).tokens);
+    std::string text = loaded.tokenizer->decode(nn::generate(loaded.model, ids, options).tokens);
     std::size_t cut = std::string::npos;
     for (const std::string& s : stop) cut = std::min(cut, text.find(s));
     if (cut != std::string::npos) text.resize(cut);
