@@ -54,7 +54,9 @@ Var swiglu(const Var& a, const Var& b);
 struct AttentionHeads {
   std::size_t n_heads = 1;     ///< query heads: q and the output are (.., n_heads * Dh)
   std::size_t n_kv_heads = 1;  ///< key and value heads, dividing n_heads: k and v are (.., n_kv_heads * Dh)
-  AttentionHeads(std::size_t heads) : n_heads(heads), n_kv_heads(heads) {}  // NOLINT: a count is MHA
+  /// Multi-head attention: `heads` heads of queries, keys and values (implicit: a count is MHA).
+  AttentionHeads(std::size_t heads) : n_heads(heads), n_kv_heads(heads) {}  // NOLINT(google-explicit-constructor)
+  /// Grouped-query attention: `heads` query heads over `kv_heads` key and value heads.
   AttentionHeads(std::size_t heads, std::size_t kv_heads) : n_heads(heads), n_kv_heads(kv_heads) {}
 };
 

@@ -157,10 +157,11 @@ Gpt2Config gpt2_config_from_hf(const json& config, const std::string& path) {
 
 // ---- weights -----------------------------------------------------------------------------------
 
+using Fetch = std::function<Tensor(const ForeignTensor&)>;
+
 // Builds a Model from config and loads every parameter through its tensor map.
 template <class Model, class Config>
-LanguageModel load_weights(const Config& config, std::span<const ForeignTensor> map,
-                           const std::function<Tensor(const ForeignTensor&)>& fetch, bool from_hf) {
+LanguageModel load_weights(const Config& config, std::span<const ForeignTensor> map, const Fetch& fetch, bool from_hf) {
   Model model = [&] {
     SkipInitScope skip;  // every parameter is assigned below
     return Model(config);
@@ -170,7 +171,7 @@ LanguageModel load_weights(const Config& config, std::span<const ForeignTensor> 
 }
 
 // The fetch of a GGUF file's tensors, dequantized, in PyTorch's layout.
-std::function<Tensor(const ForeignTensor&)> gguf_fetch(const io::GgufFile& file) {
+Fetch gguf_fetch(const io::GgufFile& file) {
   return [&file](const ForeignTensor& entry) {
     const io::GgufTensor* tensor = file.find_tensor(entry.gguf_name);
     if (!tensor) throw std::runtime_error(fmt::format("{}: tensor '{}' is missing", file.path(), entry.gguf_name));
@@ -178,13 +179,54 @@ std::function<Tensor(const ForeignTensor&)> gguf_fetch(const io::GgufFile& file)
   };
 }
 
-std::function<Tensor(const ForeignTensor&)> hf_fetch(io::HfFolder& folder) {
+Fetch hf_fetch(io::HfFolder& folder) {
   return [&folder](const ForeignTensor& entry) {
     auto it = folder.tensors.find(entry.hf_name);
     if (it == folder.tensors.end())
       throw std::runtime_error(fmt::format("{}: tensor '{}' is missing", folder.path, entry.hf_name));
     return it->second;  // GPT-2's fused c_attn is fetched three times, once per part
   };
+}
+
+// ---- the architectures a published file may hold ----------------------------------------------
+
+// One per architecture: its names in GGUF (general.architecture) and in config.json
+// ("architectures"), and how a file of it becomes a model.
+struct PublishedArchitecture {
+  const char* gguf_name;
+  const char* hf_name;
+  LanguageModel (*from_gguf)(const io::GgufFile& file, std::size_t vocab);
+  LanguageModel (*from_hf)(const json& config, const std::string& path, io::HfFolder& folder);
+};
+
+template <class Model, auto config_from_gguf, auto config_from_hf, auto foreign_tensors>
+constexpr PublishedArchitecture published(const char* gguf_name, const char* hf_name) {
+  return {gguf_name, hf_name,
+          [](const io::GgufFile& file, std::size_t vocab) {
+            const auto config = config_from_gguf(file, vocab);
+            return load_weights<Model>(config, foreign_tensors(config), gguf_fetch(file), false);
+          },
+          [](const json& config, const std::string& path, io::HfFolder& folder) {
+            const auto model_config = config_from_hf(config, path);
+            return load_weights<Model>(model_config, foreign_tensors(model_config), hf_fetch(folder), true);
+          }};
+}
+
+const PublishedArchitecture published_architectures[] = {
+    published<Llama, llama_config_from_gguf, llama_config_from_hf, llama_foreign_tensors>("llama", "LlamaForCausalLM"),
+    published<Gpt2, gpt2_config_from_gguf, gpt2_config_from_hf, gpt2_foreign_tensors>("gpt2", "GPT2LMHeadModel"),
+};
+
+// The entry whose GGUF (hf false) or config.json (hf true) name is `name`, or an error naming
+// `where` and every supported name.
+const PublishedArchitecture& find_published(const std::string& name, bool hf, const std::string& where) {
+  std::vector<std::string> names;
+  for (const PublishedArchitecture& arch : published_architectures) {
+    if (name == (hf ? arch.hf_name : arch.gguf_name)) return arch;
+    names.push_back(hf ? arch.hf_name : arch.gguf_name);
+  }
+  throw std::runtime_error(
+      fmt::format("{}: architecture '{}' is not supported (supported: {})", where, name, fmt::join(names, ", ")));
 }
 
 // ---- tokenizers --------------------------------------------------------------------------------
@@ -279,20 +321,10 @@ PretrainedModel load_gguf(const std::string& path) {
   const std::size_t file_bytes = std::filesystem::file_size(path);
   TensorAllocationLimit limit(16 * file_bytes + (64 << 20),
                               fmt::format("{}: the sizes in the metadata describe a model larger than the file", path));
-  std::optional<LanguageModel> model;
-  if (arch == "llama") {
-    const LlamaConfig config = llama_config_from_gguf(file, vocab);
-    model = load_weights<Llama>(config, llama_foreign_tensors(config), gguf_fetch(file), false);
-  } else if (arch == "gpt2") {
-    const Gpt2Config config = gpt2_config_from_gguf(file, vocab);
-    model = load_weights<Gpt2>(config, gpt2_foreign_tensors(config), gguf_fetch(file), false);
-  } else {
-    throw std::runtime_error(
-        fmt::format("{}: general.architecture '{}' is not supported (supported: llama, gpt2)", path, arch));
-  }
+  LanguageModel model = find_published(arch, false, path + ": general.architecture").from_gguf(file, vocab);
   std::optional<std::string> chat_template;
   if (const io::GgufValue* value = file.find("tokenizer.chat_template")) chat_template = value->as_string();
-  return {std::move(*model), std::move(tokenizer), std::move(chat_template), "gguf"};
+  return {std::move(model), std::move(tokenizer), std::move(chat_template), "gguf"};
 }
 
 std::unique_ptr<tokenizers::Tokenizer> hf_tokenizer(const std::string& tokenizer_json,
@@ -311,23 +343,12 @@ PretrainedModel load_hf(const std::string& path) {
     throw std::runtime_error(fmt::format("{}/config.json: 'architectures' is {}; expected one name", path,
                                          architectures.dump()));
   const std::string arch = architectures[0].get<std::string>();
-  std::optional<LanguageModel> model;
-  if (arch == "LlamaForCausalLM") {
-    const LlamaConfig llama = llama_config_from_hf(config, path);
-    model = load_weights<Llama>(llama, llama_foreign_tensors(llama), hf_fetch(folder), true);
-  } else if (arch == "GPT2LMHeadModel") {
-    const Gpt2Config gpt2 = gpt2_config_from_hf(config, path);
-    model = load_weights<Gpt2>(gpt2, gpt2_foreign_tensors(gpt2), hf_fetch(folder), true);
-  } else {
-    throw std::runtime_error(fmt::format("{}/config.json: architecture '{}' is not supported (supported: "
-                                         "LlamaForCausalLM, GPT2LMHeadModel)",
-                                         path, arch));
-  }
+  LanguageModel model = find_published(arch, true, path + "/config.json").from_hf(config, path, folder);
   std::unique_ptr<tokenizers::Tokenizer> tokenizer = hf_tokenizer(folder.tokenizer_json_path, folder.tokenizer_config_path);
-  if (tokenizer->vocab_size() > model->config().vocab)
+  if (tokenizer->vocab_size() > model.config().vocab)
     throw std::runtime_error(fmt::format("{}: tokenizer.json has {} tokens but config.json's vocab_size is {}", path,
-                                         tokenizer->vocab_size(), model->config().vocab));
-  return {std::move(*model), std::move(tokenizer), hf_chat_template(folder), "hf"};
+                                         tokenizer->vocab_size(), model.config().vocab));
+  return {std::move(model), std::move(tokenizer), hf_chat_template(folder), "hf"};
 }
 
 void check_exists(const std::string& path) {
