@@ -370,7 +370,13 @@ bool is_pretrained_path(const std::string& path) {
 
 PretrainedModel load_pretrained(const std::string& path) {
   check_exists(path);
-  return std::filesystem::is_directory(path) ? load_hf(path) : load_gguf(path);
+  try {
+    return std::filesystem::is_directory(path) ? load_hf(path) : load_gguf(path);
+  } catch (const std::exception& e) {
+    // The readers name the file; a model's own checks (impossible sizes) do not.
+    if (std::string_view(e.what()).starts_with(path)) throw;
+    throw std::runtime_error(fmt::format("{}: {}", path, e.what()));
+  }
 }
 
 std::unique_ptr<tokenizers::Tokenizer> load_pretrained_tokenizer(const std::string& path) {

@@ -161,8 +161,8 @@ TEST_CASE("bad Hugging Face folders are refused naming the file and the key") {
   const fs::path heads = copy_of_tiny("bad_heads");
   edit_config(heads, [](json& c) { c["num_key_value_heads"] = 3; });  // 4 query heads
   message = refusal(heads);
+  CHECK(test::contains(message, heads.string()));
   CHECK(test::contains(message, "3"));
-  CHECK(message != "(loaded)");
 
   const fs::path no_tokenizer = copy_of_tiny("no_tokenizer");
   fs::remove(no_tokenizer / "tokenizer.json");
