@@ -5,6 +5,8 @@
 #include <unistd.h>
 
 #include <filesystem>
+#include <fstream>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -17,6 +19,15 @@ namespace tapegrad::test {
 /// its own). The suite removes it when the run passes and keeps it for a look when a test fails.
 inline std::filesystem::path process_dir() {
   return std::filesystem::temp_directory_path() / ("tapegrad_test_" + std::to_string(::getpid()));
+}
+
+/// A file's whole contents; the test fails naming the path when it cannot be read.
+inline std::string slurp(const std::filesystem::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  REQUIRE_MESSAGE(in, "cannot open " << path.string());
+  std::ostringstream text;
+  text << in.rdbuf();
+  return text.str();
 }
 
 /// process_dir() / name, its folder created.

@@ -19,16 +19,9 @@
 
 using namespace tapegrad;
 using namespace tapegrad::tokenizers;
+using test::slurp;
 
 namespace {
-
-std::string slurp(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  REQUIRE_MESSAGE(in, "cannot open ", path);
-  std::ostringstream text;
-  text << in.rdbuf();
-  return text.str();
-}
 
 const nlohmann::json& golden() {
   static const nlohmann::json json = nlohmann::json::parse(slurp(TAPEGRAD_SOURCE_DIR "/tests/data/tokenizer_golden.json"));

@@ -14,18 +14,11 @@
 
 using namespace tapegrad;
 using namespace tapegrad::tokenizers;
+using test::slurp;
 
 namespace {
 
 const std::string kTinyDir = TAPEGRAD_SOURCE_DIR "/tests/data/models/tiny_llama/";
-
-std::string slurp(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  REQUIRE_MESSAGE(in, "cannot open ", path);
-  std::ostringstream text;
-  text << in.rdbuf();
-  return text.str();
-}
 
 const nlohmann::json& tiny_cases() {
   static const nlohmann::json cases =
