@@ -75,7 +75,7 @@ typename P::Value LlamaBlock::run(P& p, const typename P::Value& x) const {
   return p.output_residual(h, p.swiglu(gate, up), w2, drop);
 }
 
-// The names are the rotary decoder's (RotaryDecoderBlock::members): one internal scheme.
+// The rotary decoder's blocks are these too (RotaryDecoderBlock): one internal scheme of names.
 void LlamaBlock::members(Members& m) {
   m("attn_norm", attn_norm);
   m("attn.wq", wq);
@@ -116,6 +116,10 @@ typename P::Value Llama::run(P& p) const {
   auto out = p.rms_norm(x, norm);
   return head ? p.linear(out, *head) : p.matmul_transposed(out, embed.weight);  // tied: x E^T
 }
+template Var LlamaBlock::run<TapePass>(TapePass&, const Var&) const;
+template Rows LlamaBlock::run<CachePass>(CachePass&, const Rows&) const;
+template ModelPassArchetype::Value LlamaBlock::run<ModelPassArchetype>(ModelPassArchetype&,
+                                                                       const ModelPassArchetype::Value&) const;
 template Var Llama::run<TapePass>(TapePass&) const;
 template Rows Llama::run<CachePass>(CachePass&) const;
 template ModelPassArchetype::Value Llama::run<ModelPassArchetype>(ModelPassArchetype&) const;

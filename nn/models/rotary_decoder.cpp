@@ -37,47 +37,16 @@ static Rng validated_init_rng(const RotaryDecoderConfig& config) {
   return Rng(config.seed);
 }
 
-RotaryDecoderBlock::RotaryDecoderBlock(const RotaryDecoderConfig& c, std::shared_ptr<const kernels::RopeTable<float>> rope_table,
-                           float init_std, float out_std, Rng& rng)
-    : n_heads(c.n_heads),
-      rope(std::move(rope_table)),
-      attn_norm(c.d_model, c.norm_eps),
-      wq(c.d_model, c.d_model, false, init_std, rng),
-      wk(c.d_model, c.d_model, false, init_std, rng),
-      wv(c.d_model, c.d_model, false, init_std, rng),
-      wo(c.d_model, c.d_model, false, out_std, rng),
-      ffn_norm(c.d_model, c.norm_eps),
-      w1(c.d_model, c.ffn_dim(), false, init_std, rng),
-      w3(c.d_model, c.ffn_dim(), false, init_std, rng),
-      w2(c.ffn_dim(), c.d_model, false, out_std, rng),
-      drop(c.dropout) {}
-
-// Dropout masks, when active, in a fixed order: probabilities, attention branch, FFN branch.
-template <ModelPass P>
-typename P::Value RotaryDecoderBlock::run(P& p, const typename P::Value& x) const {
-  auto a = p.rms_norm(x, attn_norm);
-  auto q = p.rope(p.linear(a, wq), rope, n_heads);
-  auto k = p.rope(p.linear(a, wk), rope, n_heads);
-  auto v = p.linear(a, wv);
-  auto h = p.residual(x, p.attention(q, k, v, n_heads, drop), wo, drop);
-  auto f = p.rms_norm(h, ffn_norm);
-  auto gate = p.linear(f, w1);
-  auto up = p.linear(f, w3);
-  return p.output_residual(h, p.swiglu(gate, up), w2, drop);
+// The block config of a rotary decoder: Llama's with n_kv_heads = n_heads and Dh = d_model / n_heads.
+static LlamaConfig block_config(const RotaryDecoderConfig& c) {
+  return {.vocab = c.vocab, .d_model = c.d_model, .n_heads = c.n_heads, .n_blocks = c.n_blocks, .max_len = c.max_len,
+          .d_ff = c.ffn_dim(), .norm_eps = c.norm_eps, .rope_theta = c.rope_theta, .dropout = c.dropout};
 }
 
-void RotaryDecoderBlock::members(Members& m) {
-  m("attn_norm", attn_norm);
-  m("attn.wq", wq);
-  m("attn.wk", wk);
-  m("attn.wv", wv);
-  m("attn.wo", wo);
-  m("ffn_norm", ffn_norm);
-  m("ffn.w1", w1);
-  m("ffn.w3", w3);
-  m("ffn.w2", w2);
-  m("drop", drop);
-}
+RotaryDecoderBlock::RotaryDecoderBlock(const RotaryDecoderConfig& c,
+                                       std::shared_ptr<const kernels::RopeTable<float>> rope_table, float init_std,
+                                       float out_std, Rng& rng)
+    : LlamaBlock(block_config(c), std::move(rope_table), init_std, out_std, rng), n_heads(c.n_heads) {}
 
 RotaryDecoder::RotaryDecoder(const RotaryDecoderConfig& config) : RotaryDecoder(config, validated_init_rng(config)) {}
 

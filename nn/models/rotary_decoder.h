@@ -12,6 +12,7 @@
 
 #include "nn/checkpoint_metadata.h"
 #include "nn/decoder_model.h"
+#include "nn/models/llama.h"
 
 namespace tapegrad::nn {
 
@@ -33,29 +34,15 @@ struct RotaryDecoderConfig {
   void validate() const;
 };
 
-/// h = x + Attn(RMSNorm_a(x)); out = h + FFN(RMSNorm_f(h)). Attn: q = rope(x Wq), k = rope(x Wk),
-/// v = x Wv, heads as contiguous column chunks, causal softmax(q k^T / sqrt(Dh)) v, then Wo.
-/// FFN (SwiGLU, Shazeer 2020): (silu(x W1) * (x W3)) W2. No biases.
-class RotaryDecoderBlock : public Module {
+/// Llama's block (nn/models/llama.h: its math, members and initialisation order written once)
+/// with every query head its own key and value head: h = x + Attn(RMSNorm_a(x)); out = h +
+/// FFN(RMSNorm_f(h)), rotary attention with projections (D, D), SwiGLU FFN, no biases.
+class RotaryDecoderBlock : public LlamaBlock {
  public:
   /// Projections ~ N(0, init_std^2), the residual outputs Wo and W2 ~ N(0, out_std^2), norms one.
-  RotaryDecoderBlock(const RotaryDecoderConfig& config, std::shared_ptr<const kernels::RopeTable<float>> rope, float init_std,
-               float out_std, Rng& rng);
-  /// The block's one description (x: (B, T, D) on the tape, or rows in a cache pass).
-  template <ModelPass P> typename P::Value run(P& p, const typename P::Value& x) const;
-  void members(Members& m) override;
-
-  std::size_t n_heads;                                    ///< attention heads
-  std::shared_ptr<const kernels::RopeTable<float>> rope;  ///< the RoPE table, shared by every block
-  RMSNorm attn_norm;                                      ///< before attention
-  /// @{ The attention projections, (D, D), named attn.w*.
-  Linear wq, wk, wv, wo;
-  /// @}
-  RMSNorm ffn_norm;  ///< before the FFN
-  /// @{ The FFN: gate W1 (D, F), up W3 (D, F), down W2 (F, D), named ffn.w*.
-  Linear w1, w3, w2;
-  /// @}
-  Dropout drop;  ///< on the attention probabilities and each residual branch
+  RotaryDecoderBlock(const RotaryDecoderConfig& config, std::shared_ptr<const kernels::RopeTable<float>> rope,
+                     float init_std, float out_std, Rng& rng);
+  std::size_t n_heads;  ///< attention heads
 };
 
 /// The rotary decoder: token embedding, DecoderBlocks, a final RMSNorm and a biased head.
