@@ -15,8 +15,11 @@ pids=()
 for target in "${targets[@]}"; do
   work=build-fuzz/corpus-$target
   mkdir -p "$work"
+  seeds=(fuzz/corpus/$target)
+  # GGUF seeds: the suite's tensor-type files too (every block type, v2 and v3), not copies of them.
+  [ "$target" = gguf ] && seeds+=(tests/data/gguf_types)
   ./build-fuzz/fuzz_$target -max_total_time="$seconds" -rss_limit_mb=2048 -malloc_limit_mb=512 \
-    -artifact_prefix=build-fuzz/crashes/$target- -print_final_stats=1 "$work" fuzz/corpus/$target \
+    -artifact_prefix=build-fuzz/crashes/$target- -print_final_stats=1 "$work" "${seeds[@]}" \
     2>build-fuzz/fuzz_$target.log &
   pids+=($!)
 done
