@@ -64,15 +64,22 @@ double hf_number(const json& config, const std::string& key, const std::string& 
   return value.get<double>();
 }
 
-LlamaConfig llama_config_from_gguf(const io::GgufFile& file, std::size_t vocab) {
-  LlamaConfig c;
+// The sizes every GGUF architecture names the same way, "<arch>.embedding_length" and so on.
+template <class Config>
+Config gguf_sizes(const io::GgufFile& file, const std::string& arch, std::size_t vocab) {
+  Config c;
   c.vocab = vocab;
-  c.d_model = gguf_size(file, "llama.embedding_length");
-  c.n_blocks = gguf_size(file, "llama.block_count");
-  c.d_ff = gguf_size(file, "llama.feed_forward_length");
-  c.n_heads = gguf_size(file, "llama.attention.head_count");
+  c.d_model = gguf_size(file, arch + ".embedding_length");
+  c.n_blocks = gguf_size(file, arch + ".block_count");
+  c.d_ff = gguf_size(file, arch + ".feed_forward_length");
+  c.n_heads = gguf_size(file, arch + ".attention.head_count");
+  c.max_len = gguf_size(file, arch + ".context_length");
+  return c;
+}
+
+LlamaConfig llama_config_from_gguf(const io::GgufFile& file, std::size_t vocab) {
+  LlamaConfig c = gguf_sizes<LlamaConfig>(file, "llama", vocab);
   c.n_kv_heads = file.find("llama.attention.head_count_kv") ? gguf_size(file, "llama.attention.head_count_kv") : c.n_heads;
-  c.max_len = gguf_size(file, "llama.context_length");
   if (file.find("llama.rope.dimension_count")) c.head_dim = gguf_size(file, "llama.rope.dimension_count");
   c.norm_eps = float(file.at("llama.attention.layer_norm_rms_epsilon").as_float());
   c.rope_theta = gguf_float_or(file, "llama.rope.freq_base", 10000.0);
@@ -126,13 +133,7 @@ LlamaConfig llama_config_from_hf(const json& config, const std::string& path) {
 }
 
 Gpt2Config gpt2_config_from_gguf(const io::GgufFile& file, std::size_t vocab) {
-  Gpt2Config c;
-  c.vocab = vocab;
-  c.d_model = gguf_size(file, "gpt2.embedding_length");
-  c.n_blocks = gguf_size(file, "gpt2.block_count");
-  c.d_ff = gguf_size(file, "gpt2.feed_forward_length");
-  c.n_heads = gguf_size(file, "gpt2.attention.head_count");
-  c.max_len = gguf_size(file, "gpt2.context_length");
+  Gpt2Config c = gguf_sizes<Gpt2Config>(file, "gpt2", vocab);
   c.norm_eps = float(gguf_float_or(file, "gpt2.attention.layer_norm_epsilon", 1e-5));
   return c;
 }
