@@ -130,8 +130,9 @@ int main(int argc, char** argv) {
         return 0;
       }
     } else if (!app.count("--prompt")) {
-      if (!source.model.empty()) throw UsageError("--prompt is required with --model (or --chat for a conversation)");
+      // Only a character vocabulary has an obvious first text (a newline); a BPE model's has none.
       auto* chars = dynamic_cast<const tokenizers::CharTokenizer*>(&tokenizer);
+      if (!chars) throw UsageError("--prompt is required with a BPE model (or --chat for a conversation)");
       const std::string vocab = chars->vocab();
       prompt = vocab.find('\n') != std::string::npos ? "\n" : tokenizer.decode(std::vector<std::int32_t>{0});
     }

@@ -104,6 +104,17 @@ TEST_CASE("generate --model streams what the library generates, stops at end ids
   Result no_prompt = run("generate", {"--model", tiny_llama_dir.string()});
   CHECK(no_prompt.status == 2);
   CHECK(one_error_line(no_prompt, "generate"));
+  CHECK(contains(no_prompt.err, "--prompt is required"));
+  // The same model saved as a tapegrad checkpoint keeps its BPE: still no default prompt.
+  const std::string checkpoint = process_path("tiny_llama_bpe.safetensors");
+  nn::save_model_checkpoint(checkpoint, model.model, *model.tokenizer);
+  Result checkpoint_no_prompt = run("generate", {"--checkpoint", checkpoint});
+  CHECK(checkpoint_no_prompt.status == 2);
+  CHECK(contains(checkpoint_no_prompt.err, "--prompt is required"));
+  Result from_checkpoint = run("generate", {"--checkpoint", checkpoint, "--prompt", prompt, "--max-new", "24",
+                                            "--temperature", "1", "--seed", "5"});
+  REQUIRE_MESSAGE(from_checkpoint.status == 0, from_checkpoint.err);
+  CHECK(from_checkpoint.out == r.out);
   Result both = run("generate", {"--model", tiny_llama_dir.string(), "--checkpoint", "x.safetensors", "--prompt", "a"});
   CHECK(both.status == 2);
   CHECK(contains(both.err, "not both"));
