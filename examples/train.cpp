@@ -1,9 +1,10 @@
-// train_char: trains a char-level model of a registered architecture (rotary, gpt2) on a text
-// file. Flags become a TrainOptions; the run itself lives in examples/common/trainer.
+// train (also built as train_char, its name from before): trains a model of a registered architecture
+// on a text file. Flags become a TrainOptions; the run itself lives in examples/common/trainer.
 #include <fmt/ranges.h>
 
 #include <cstdint>
 #include <cstdlib>
+#include <filesystem>
 #include <memory>
 #include <optional>
 
@@ -19,7 +20,7 @@ int main(int argc, char** argv) {
       "Trains a character-level transformer language model on a UTF-8 text file.\n"
       "Progress goes to stdout (a live line on stderr when it is a terminal); Ctrl-C saves a checkpoint "
       "and exits with status 130; --resume continues bit-identically.",
-      "train_char"};
+      std::filesystem::path(argc > 0 ? argv[0] : "train").filename().string()};  // train or train_char
   TrainOptions o;
   std::size_t d_model = 64, heads = 4, blocks = 2, max_len = 256, d_ff = 0;
   std::int64_t decay_steps = 0, warmup = 100;
