@@ -33,10 +33,10 @@ class Sampler {
   SamplingOptions options_;
   Rng rng_;
   std::vector<float> probs_;
-  std::vector<std::int32_t> order_;
+  std::vector<std::uint64_t> keys_;  // (rank, id) of each id, for top-k and top-p
 };
 
-/// argmax with the lowest index winning ties.
+/// argmax with the lowest index winning ties (a NaN never wins, unless it is the first logit).
 std::int32_t argmax(std::span<const float> logits);
 
 }  // namespace tapegrad::nn
