@@ -1,34 +1,24 @@
-// The training loop of train_char, its checkpoints (model + AdamW state + metadata) and resume.
+// The training loop (steps, validation, metrics, saves, the stop on a signal) and train() itself.
 #include "common/trainer.h"
 
 #include <fmt/format.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <csignal>
 #include <cstdio>
-#include <filesystem>
 #include <limits>
-#include <array>
-#include <bit>
-#include <map>
 
 #include "common/batches.h"
-#include "common/corpus.h"
 #include "common/metrics.h"
-#include "common/output_lock.h"
-#include "common/program.h"
 #include "common/progress.h"
+#include "common/rank_agreement.h"
+#include "common/training_run.h"
 #include "core/kernels.h"
 #include "core/ops.h"
 #include "distributed/data_parallel.h"
-#include "io/safetensors.h"
-#include "nn/architecture.h"
-#include "nn/checkpoint.h"
-#include "nn/checkpoint_metadata.h"
-#include "nn/language_model.h"
-#include "optim/adamw.h"
 #include "optim/clip.h"
 #include "optim/schedule.h"
 
@@ -36,205 +26,8 @@ namespace tapegrad::examples {
 
 namespace {
 
-// Independent random streams from one --seed (Rng's splitmix64 seeding decorrelates them):
-// the model's initialisation uses the seed itself.
-constexpr std::uint64_t kBatchStream = 1, kValidationStream = 2;
-std::uint64_t stream_seed(std::uint64_t seed, std::uint64_t stream) { return seed ^ (stream * 0x9e3779b97f4a7c15ULL); }
-
-std::string str(float v) { return fmt::format("{}", v); }
-template <class T>
-std::string str(T v) requires std::integral<T> {
-  return std::to_string(v);
-}
-
-/// The hyperparameters a resume compares with its command line: metadata "train.<key>" -> value
-/// as text; the key is the flag's name with _ for - (beta1 and beta2 are fixed, not flags).
-std::map<std::string, std::string> hyperparameters(const TrainOptions& o, std::int64_t decay_steps) {
-  return {{"seq", str(o.seq)},
-          {"batch", str(o.batch)},
-          {"seed", str(o.seed)},
-          {"lr", str(o.lr)},
-          {"min_lr", str(o.min_lr)},
-          {"warmup", str(o.warmup_steps())},
-          {"decay_steps", str(decay_steps)},
-          {"weight_decay", str(o.weight_decay)},
-          {"clip", str(o.clip)},
-          {"beta1", str(o.beta1)},
-          {"beta2", str(o.beta2)}};
-}
-
-void check_flag(const char* flag, const std::optional<std::size_t>& given, std::size_t saved, const std::string& path) {
-  if (given && *given != saved)
-    throw UsageError(
-        fmt::format("--{} {} disagrees with --resume {}, whose model has {} {} (the shape comes from the "
-                    "checkpoint; drop the flag)",
-                    flag, *given, path, flag, saved));
-}
-
-/// A new model of o.model's --arch (default "rotary", any registered name) and sizes.
-nn::LanguageModel new_model(const TrainOptions& o, std::size_t vocab) {
-  const nn::ModelShape shape{.vocab = vocab,
-                             .d_model = o.model.d_model.value_or(64),
-                             .n_heads = o.model.heads.value_or(4),
-                             .n_blocks = o.model.blocks.value_or(2),
-                             .max_len = o.model.max_len.value_or(256),
-                             .d_ff = o.model.d_ff,
-                             .dropout = o.model.dropout.value_or(0.0f),
-                             .remat = o.remat,
-                             .seed = o.seed};
-  try {
-    return nn::find_architecture(o.model.arch.value_or("rotary"), "--arch").make(shape);
-  } catch (const std::invalid_argument& e) {  // an unknown --arch, or sizes the architecture refuses
-    throw UsageError(e.what());
-  }
-}
-
-/// The live state of one run.
-struct Run {
-  const TrainOptions& o;
-  std::int64_t decay_steps;
-  Corpus corpus;
-  nn::LanguageModel model;
-  ParameterList params;
-  optim::AdamW optimizer;
-  Rng batch_rng;
-  std::int64_t step = 0;         // steps completed
-  std::int64_t saved_step = -1;  // the step of the checkpoint at o.out written by this run
-
-  Run(const TrainOptions& options, std::int64_t decay, Corpus&& text, nn::LanguageModel&& m)
-      : o(options),
-        decay_steps(decay),
-        corpus(std::move(text)),
-        model(std::move(m)),
-        params(model.params()),
-        optimizer(params, {.lr = o.lr, .beta1 = o.beta1, .beta2 = o.beta2, .weight_decay = o.weight_decay}),
-        batch_rng(stream_seed(o.seed, kBatchStream)) {}
-
-  /// What stays at o.out when the run stops without saving, for the message.
-  std::string kept() const {
-    if (saved_step >= 0) return fmt::format("the checkpoint of step {}, {}, is kept", saved_step, o.out);
-    if (!o.resume.empty()) return fmt::format("the checkpoint it resumed from, {}, is kept", o.resume);
-    return "no checkpoint was written";
-  }
-
-  /// Writes the checkpoint of the current step to o.out atomically; a failure names the step and
-  /// what is kept (the file at o.out is then untouched: core/safetensors).
-  void save(const optim::OptimizerState& state) {
-    nn::CheckpointExtras extras;
-    for (const auto& t : state.tensors) extras.tensors.emplace_back(t.name, &t.value);
-    for (const auto& [key, value] : hyperparameters(o, decay_steps)) extras.metadata["train." + key] = value;
-    extras.metadata["train.steps"] = str(o.steps);
-    extras.metadata["step"] = str(step);
-    extras.metadata["optimizer_steps"] = str(state.step);
-    extras.metadata["rng_state"] = batch_rng.state();
-    // Windows start at random offsets drawn from rng_state; data_position counts the windows drawn.
-    extras.metadata["data_position"] = str(std::int64_t(step) * std::int64_t(o.batch));
-    extras.metadata["data_fingerprint"] = fmt::format("fnv1a64:{:016x}", corpus.fingerprint);
-    extras.metadata["data_chars"] = str(corpus.ids.size());
-    // Test seam: past the header (a few kilobytes), into the tensors.
-    if (o.fail_save_at && *o.fail_save_at == step) detail::safetensors_fail_after_bytes = 4096;
-    try {
-      nn::save_model_checkpoint(o.out, model, corpus.tokenizer, extras);
-    } catch (const std::exception& e) {
-      throw std::runtime_error(fmt::format("cannot save the checkpoint of step {}: {}; {}", step, e.what(), kept()));
-    }
-    saved_step = step;
-  }
-
-  /// Restores the optimizer, the batch stream and the step from a training checkpoint; returns
-  /// notes on the hyperparameters that differ from the checkpoint's.
-  std::vector<std::string> restore(const nn::LoadedModelCheckpoint& ckpt) {
-    const auto& meta = ckpt.metadata;
-    try {
-      if (!meta.count("step"))
-        throw std::runtime_error(
-            "it is not a training checkpoint (no 'step' in its metadata); train from scratch "
-            "without --resume");
-      step = nn::metadata_count(meta, "step");
-      batch_rng.set_state(nn::metadata_text(meta, "rng_state"));
-      optim::OptimizerState state{{}, nn::metadata_count(meta, "optimizer_steps")};
-      for (const auto& [name, tensor] : ckpt.extra_tensors) state.tensors.push_back({name, tensor});
-      optimizer.load_state(state);
-      const std::string fingerprint = fmt::format("fnv1a64:{:016x}", corpus.fingerprint);
-      auto saved_fingerprint = meta.find("data_fingerprint");
-      if (saved_fingerprint == meta.end() || saved_fingerprint->second != fingerprint)
-        throw std::runtime_error(fmt::format(
-            "it was trained on another text than {} (fingerprint {} here, {} there); "
-            "resume with the same --data",
-            corpus.path, fingerprint, saved_fingerprint == meta.end() ? "none" : saved_fingerprint->second));
-    } catch (const std::exception& e) {
-      throw std::runtime_error(fmt::format("--resume {}: {}", o.resume, e.what()));
-    }
-    std::vector<std::string> notes;
-    for (const auto& [key, value] : hyperparameters(o, decay_steps)) {
-      auto it = meta.find("train." + key);
-      std::string flag = key;
-      std::replace(flag.begin(), flag.end(), '_', '-');
-      if (it != meta.end() && it->second != value)
-        notes.push_back(
-            fmt::format("note: --{} {} differs from the checkpoint's {}; continuing with {} (the result "
-                        "will differ from an uninterrupted run)",
-                        flag, value, it->second, value));
-    }
-    return notes;
-  }
-};
-
-std::atomic<bool> g_agreed_failure{false};
-
-/// Marks the error about to be thrown as raised on every rank alike (failure_is_agreed()).
-template <class F>
-decltype(auto) agreed(F&& body) {
-  try {
-    return body();
-  } catch (...) {
-    g_agreed_failure = true;
-    throw;
-  }
-}
-
-/// Runs body on rank 0 only; its failure is sent to every rank, which all throw it (agreed).
-template <class F>
-void on_leader(distributed::Communicator& comm, F&& body) {
-  if (comm.size() == 1) return body();
-  int status = 0;  // 0: done; 2: a UsageError; 1: another error
-  std::string message;
-  if (comm.rank() == 0) {
-    try {
-      body();
-    } catch (const UsageError& e) {
-      status = 2, message = e.what();
-    } catch (const std::exception& e) {
-      status = 1, message = e.what();
-    }
-  }
-  distributed::broadcast_values(comm, std::span(&status, 1));
-  if (status == 0) return;
-  distributed::broadcast_string(comm, message);
-  g_agreed_failure = true;
-  if (status == 2) throw UsageError(message);
-  throw std::runtime_error(message);
-}
-
-/// Rank 0's run (after its setup) to every other rank: the parameters, the optimizer state, the
-/// step and the batch stream.
-void broadcast_state(distributed::Communicator& comm, Run& run) {
-  for (NamedParameter& p : run.params) {
-    Tensor& value = p.var.mutable_value();
-    distributed::broadcast_values(comm, std::span(value.data(), value.size()));
-  }
-  optim::OptimizerState state = run.optimizer.state();
-  for (auto& t : state.tensors) distributed::broadcast_values(comm, std::span(t.value.data(), t.value.size()));
-  distributed::broadcast_values(comm, std::span(&state.step, 1));
-  if (comm.rank() != 0) run.optimizer.load_state(state);
-  distributed::broadcast_values(comm, std::span(&run.step, 1));
-  std::string rng = run.batch_rng.state();
-  distributed::broadcast_string(comm, rng);
-  run.batch_rng.set_state(rng);
-}
-
 [[noreturn]] void diverged(const char* what, double value, const Run& run, MetricsLog& metrics, bool leader) {
-  g_agreed_failure = true;  // the loss and the gradient norm are the same on every rank
+  mark_failure_agreed();  // the loss and the gradient norm are the same on every rank
   if (leader) metrics.write();
   // A NaN's sign bit depends on the instruction set that made it and means nothing to a user.
   std::string shown = std::isnan(value) ? std::string("nan") : fmt::format("{}", value);
@@ -254,65 +47,7 @@ extern "C" void on_stop_signal(int signal) {
   g_stop_signal.store(signal);
 }
 
-/// What the other ranks need to build rank 0's model besides its arch: d_model, heads, blocks,
-/// max_len, d_ff, the dropout's bits and the seed (the root of the dropout streams).
-constexpr int kShapeFields = 7;
-std::array<std::uint64_t, kShapeFields> shape_fields(const nn::LanguageModel& model) {
-  const nn::ModelShape s = nn::find_architecture(model.arch()).shape(model);
-  return {s.d_model, s.n_heads, s.n_blocks, s.max_len, s.d_ff.value_or(0), std::bit_cast<std::uint32_t>(s.dropout),
-          s.seed};
-}
-
 }  // namespace
-
-void TrainOptions::validate() const {
-  auto require = [](bool ok, const std::string& message) {
-    if (!ok) throw UsageError(message);
-  };
-  require(!data.empty(), "no training text: pass --data FILE or set the DATA environment variable");
-  require(!out.empty(), "--out must not be empty");
-  std::error_code ec;
-  require(!std::filesystem::is_directory(out, ec), fmt::format("--out {} is a folder; give a file name", out));
-  require(seq >= 1, fmt::format("--seq must be at least 1, got {}", seq));
-  require(batch >= 1, fmt::format("--batch must be at least 1, got {}", batch));
-  require(micro_batches >= 1, fmt::format("--micro-batches must be at least 1, got {}", micro_batches));
-  require(batch % micro_batches == 0,
-          fmt::format("--batch {} does not split into --micro-batches {} equal parts; give a --batch divisible by {}",
-                      batch, micro_batches, micro_batches));
-  require(steps >= 1, fmt::format("--steps must be at least 1, got {}", steps));
-  require(!decay_steps || *decay_steps >= 1,
-          fmt::format("--decay-steps must be at least 1, got {}", decay_steps.value_or(0)));
-  require(warmup_steps() >= 0 && warmup_steps() <= decay(),
-          fmt::format("--warmup must be in [0, decay steps {}], got {}", decay(), warmup_steps()));
-  require(std::isfinite(lr) && lr > 0, fmt::format("--lr must be a positive number, got {}", lr));
-  require(std::isfinite(min_lr) && min_lr >= 0 && min_lr <= lr,
-          fmt::format("--min-lr must be in [0, --lr {}], got {}", lr, min_lr));
-  require(std::isfinite(weight_decay) && weight_decay >= 0,
-          fmt::format("--weight-decay must be a number >= 0, got {}", weight_decay));
-  require(std::isfinite(clip) && clip >= 0, fmt::format("--clip must be a number >= 0 (0: no clipping), got {}", clip));
-  require(threads >= 0, fmt::format("--threads must be >= 0 (0: OMP_NUM_THREADS, else all cores), got {}", threads));
-  require(eval_every >= 0, fmt::format("--eval-every must be >= 0 (0: only at the end), got {}", eval_every));
-  require(eval_batches >= 1, fmt::format("--eval-batches must be at least 1, got {}", eval_batches));
-  require(save_every >= 0, fmt::format("--save-every must be >= 0 (0: only at the end), got {}", save_every));
-  try {
-    if (model.arch) nn::find_architecture(*model.arch, "--arch");
-  } catch (const std::invalid_argument& e) {
-    throw UsageError(e.what());
-  }
-  for (const auto& [flag, value] : {std::pair{"d-model", model.d_model},
-                                    {"heads", model.heads},
-                                    {"blocks", model.blocks},
-                                    {"max-len", model.max_len},
-                                    {"d-ff", model.d_ff}})
-    require(!value || *value >= 1, fmt::format("--{} must be at least 1, got {}", flag, value.value_or(0)));
-}
-
-std::string output_stem(const std::string& out) {
-  constexpr std::string_view ext = ".safetensors";
-  if (out.size() > ext.size() && out.compare(out.size() - ext.size(), ext.size(), ext) == 0)
-    return out.substr(0, out.size() - ext.size());
-  return out;
-}
 
 const std::atomic<int>& install_stop_handlers() {
   std::signal(SIGINT, on_stop_signal);
@@ -320,8 +55,6 @@ const std::atomic<int>& install_stop_handlers() {
   std::signal(SIGUSR1, on_stop_signal);  // mpirun forwards SIGUSR1 to every rank: a way to stop a run
   return g_stop_signal;
 }
-
-bool failure_is_agreed() { return g_agreed_failure.load(); }
 
 int interrupting_signal() { return g_interrupting_signal; }
 
@@ -331,109 +64,6 @@ TrainOutcome train(const TrainOptions& o, const std::atomic<int>& stop_signal) {
 }
 
 namespace {
-
-/// Throws a UsageError (on every rank alike) for a bad flag or a --batch that does not split into
-/// equal parts over the ranks and micro-batches.
-void check_options(const TrainOptions& o, std::size_t ranks) {
-  agreed([&] {
-    o.validate();
-    if (o.batch % (ranks * o.micro_batches) != 0)
-      throw UsageError(fmt::format(
-          "--batch {} does not split among {} ranks{}: it is the global batch, each rank computes --batch / {} "
-          "rows; give a --batch divisible by {}",
-          o.batch, ranks, o.micro_batches > 1 ? fmt::format(" x --micro-batches {}", o.micro_batches) : "",
-          ranks, ranks * o.micro_batches));
-  });
-}
-
-/// What the set-up leaves for the training loop: the run, and the notes it logs.
-struct Setup {
-  std::string text;  // the training text's bytes, for the other ranks
-  std::optional<Run> run;
-  std::vector<std::string> notes;    // hyperparameters that differ from the resumed checkpoint's
-  std::vector<std::string> removed;  // temporary files of killed writers, removed
-  std::optional<OutputLock> lock;    // on o.out, for the whole run (rank 0)
-};
-
-/// Rank 0: reads --data and --resume and checks them against the flags, builds the run (new or
-/// resumed), then creates the output folder, takes the lock and removes stale temporary files.
-/// Inputs are checked first, so that a bad one leaves no trace (not even a folder).
-void prepare_leader_run(const TrainOptions& o, std::int64_t decay_steps, const MetricsLog& metrics, Setup& setup) {
-  setup.text = read_file(o.data);
-  Corpus corpus = corpus_from_bytes(o.data, setup.text);
-  std::optional<nn::LoadedModelCheckpoint> ckpt;
-  std::optional<nn::LanguageModel> fresh;
-  if (!o.resume.empty()) {
-    ckpt.emplace(nn::load_model_checkpoint(o.resume, o.remat));
-    const std::string arch = ckpt->model.arch();
-    if (o.model.arch && *o.model.arch != arch)
-      throw UsageError(fmt::format("--arch {} disagrees with --resume {}, whose model is {} (drop the flag)",
-                                   *o.model.arch, o.resume, arch));
-    auto meta_size = [&](const char* key) { return std::size_t(nn::metadata_count(ckpt->metadata, key)); };
-    check_flag("d-model", o.model.d_model, meta_size("d_model"), o.resume);
-    check_flag("heads", o.model.heads, meta_size("n_heads"), o.resume);
-    check_flag("blocks", o.model.blocks, meta_size("n_blocks"), o.resume);
-    check_flag("max-len", o.model.max_len, meta_size("max_len"), o.resume);
-    check_flag("d-ff", o.model.d_ff, meta_size("d_ff"), o.resume);
-    const float saved_dropout = nn::find_architecture(arch).shape(ckpt->model).dropout;
-    if (o.model.dropout && *o.model.dropout != saved_dropout)
-      throw UsageError(fmt::format("--dropout {} disagrees with --resume {}, whose model has dropout {} (drop the flag)",
-                                   *o.model.dropout, o.resume, saved_dropout));
-    if (ckpt->char_tokenizer().vocab() != corpus.tokenizer.vocab())
-      throw std::runtime_error(
-          fmt::format("--resume {}: its vocabulary ({} characters) differs from that of {} ({} "
-                      "characters); resume with the same --data",
-                      o.resume, ckpt->char_tokenizer().size(), o.data, corpus.tokenizer.size()));
-  } else {
-    fresh.emplace(new_model(o, corpus.tokenizer.size()));
-  }
-  const std::size_t max_len = (ckpt ? ckpt->model : *fresh).config().max_len;
-  if (o.seq > max_len)
-    throw UsageError(fmt::format("--seq {} is longer than the model's max_len {}", o.seq, max_len));
-  if (corpus.train().size() < o.seq + 1)
-    throw std::runtime_error(
-        fmt::format("{}: the training split (the first 90%) has {} characters; --seq {} needs at "
-                    "least {} (use a longer text or a smaller --seq)",
-                    o.data, corpus.train().size(), o.seq, o.seq + 1));
-  if (corpus.validation().size() < 2)
-    throw std::runtime_error(
-        fmt::format("{}: the validation split (the last 10%) has {} characters; at least 2 are "
-                    "needed (use a longer text)",
-                    o.data, corpus.validation().size()));
-
-  Run& run = setup.run.emplace(o, decay_steps, std::move(corpus), ckpt ? std::move(ckpt->model) : std::move(*fresh));
-  if (ckpt) setup.notes = run.restore(*ckpt);
-  ckpt.reset();
-  if (run.step > o.steps)
-    throw UsageError(
-        fmt::format("--steps {} is below the step {} that --resume {} reached", o.steps, run.step, o.resume));
-
-  create_parent_directories(o.out);  // fail now rather than at the first save
-  setup.lock.emplace(o.out);         // before any file is written
-  for (const std::string& path : {o.out, metrics.csv_path(), metrics.svg_path()})
-    for (std::string& file : remove_stale_temporaries(path)) setup.removed.push_back(std::move(file));
-}
-
-/// With several ranks: rank 0 sends its text, its model's shape and its state; the other ranks
-/// build the same run from them (they need no copy of --data or --resume).
-void share_leader_run(const TrainOptions& o, std::int64_t decay_steps, distributed::Communicator& comm, Setup& setup) {
-  distributed::broadcast_string(comm, setup.text);
-  std::string arch;
-  std::array<std::uint64_t, kShapeFields> fields{};
-  if (comm.rank() == 0) arch = setup.run->model.arch(), fields = shape_fields(setup.run->model);
-  distributed::broadcast_string(comm, arch);
-  distributed::broadcast_values(comm, std::span(fields));
-  if (comm.rank() != 0) {
-    TrainOptions shape = o;  // the model of rank 0, whether new or resumed
-    shape.model = {fields[0], fields[1], fields[2], fields[3], fields[4] ? std::optional(fields[4]) : std::nullopt, arch,
-                   std::bit_cast<float>(std::uint32_t(fields[5]))};
-    shape.seed = fields[6];
-    Corpus corpus = corpus_from_bytes(o.data, setup.text);
-    nn::LanguageModel model = new_model(shape, corpus.tokenizer.size());
-    setup.run.emplace(o, decay_steps, std::move(corpus), std::move(model));
-  }
-  broadcast_state(comm, *setup.run);
-}
 
 /// One training step's figures.
 struct StepResult {
