@@ -1,0 +1,75 @@
+// Private to core/: the kernels of packed_matmul, one table per SIMD level (core/kernels/
+// quant_matmul.cpp, compiled per level as the float kernels are), and the 8-bit activation
+// blocks the block formats' integer dot products read.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+
+#include "core/quant/packed_matrix.h"
+
+// Note [Packed products]
+// Every output y[m][n] = x[m] . W[n] is computed by one fixed sequence of operations, so that its
+// bits never depend on M, on the rows beside it, on the thread count or on the SIMD level:
+//
+// Block formats (Q4_0, Q4_1, Q8_0; as llama.cpp's vec_dot with Q8_0/Q8_1 activations): x's row
+// is cut into blocks of 32, each quantized to q = round_even(x / d), d = amax / 127 (float32, not
+// rounded to f16). The weights' codes u are unsigned (Q4: the nibble 0..15; Q8_0: q + 128) and
+// q_w = u - offset (Q4_0 8, Q8_0 128, Q4_1 0). For block b and group g of four elements,
+//   L[b][g] = sum_{4} u * q - offset * sum_{4} q      (int32, exact: q_w . q on the group)
+// and 16 float lanes, lane (b % 2) * 8 + g, accumulate in block order, starting at +0:
+//   acc  += float(L[b][g]) * (d_w[b] * d_x[b])
+//   acc2 += m_w[b] * (d_x[b] * float(sum_{4} q))       (Q4_1's minimum; acc2 = 0 otherwise)
+// each product rounded, then added (no FMA: SSE2 has none, and every level computes the same).
+// BF16 and F16: the weights converted to float exactly, lane k % 16 accumulates w[k] * x[k], k in
+// order, the same rounded product then sum. Then every format sums its lanes t = acc + acc2 in
+// one tree, t[l] += t[l + 8], t[l] += t[l + 4], t[l] += t[l + 2], y = t[0] + t[1], and adds y's
+// old value last when accumulating. A block or element past the row's end is no term at all
+// (adding +0 leaves a lane that started at +0 unchanged), so padding never changes a bit.
+// Each level may compute the integer sums with any instructions (VNNI's vpdpbusd, AVX2's
+// vpmaddubsw, plain loops): they are exact.
+
+namespace tapegrad::quant {
+
+/// x's rows for a packed product: the floats (BF16, F16) and, for the block formats, x quantized
+/// (Note [Packed products]), each row padded with zero blocks to an even number of blocks.
+struct ActivationRows {
+  const float* x = nullptr;  ///< (rows, cols)
+  std::size_t rows = 0, cols = 0;
+  std::size_t blocks = 0;                 ///< blocks of 32 per row, rounded up to even
+  const std::int8_t* q = nullptr;         ///< (rows, blocks * 32)
+  const std::int32_t* neg_sums = nullptr;  ///< (rows, blocks * 8): -sum of each group's four q
+  const float* d = nullptr;               ///< (rows, blocks * 8): the block's d, once per group
+  const float* scaled_sums = nullptr;     ///< (rows, blocks * 8): d * float(sum of the group's q)
+};
+
+/// The kernel of one format: y[m * ldy + n] for every row m of x and n in [first, last).
+using PackedKernel = void (*)(float* y, std::size_t ldy, const ActivationRows& x, const PackedMatrix& w,
+                              std::size_t first, std::size_t last, bool accumulate);
+
+/// One SIMD level's packed kernels.
+struct PackedKernelTable {
+  PackedKernel q4_0 = nullptr, q4_1 = nullptr, q8_0 = nullptr, bf16 = nullptr, f16 = nullptr;
+  const char* integer_dot = "";  ///< how the level forms the integer sums ("avx512vnni", ...)
+};
+
+/// Quantizes x's rows into blocks (Note [Packed products]); `storage` keeps the arrays.
+struct QuantizedActivations {
+  ActivationRows rows;
+  std::unique_ptr<std::byte[]> storage;
+  std::size_t capacity = 0;
+};
+void quantize_activations(const float* x, std::size_t rows, std::size_t cols, QuantizedActivations& out);
+
+/// The table of the level in use.
+const PackedKernelTable& active_packed_table();
+
+}  // namespace tapegrad::quant
+
+namespace tapegrad::kernels {
+namespace sse2 { const quant::PackedKernelTable& packed_table(); }
+namespace avx2 { const quant::PackedKernelTable& packed_table(); }
+namespace avx512 { const quant::PackedKernelTable& packed_table(); }
+namespace emulated16 { const quant::PackedKernelTable& packed_table(); }  // in builds with the tests
+}  // namespace tapegrad::kernels

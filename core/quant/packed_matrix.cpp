@@ -1,0 +1,237 @@
+// PackedMatrix: conversion from float32 (ggml's reference quantizers), views of a file's bytes,
+// dequantized rows, and packed_matmul: x quantized into 8-bit blocks once per call, then the
+// level's kernel on each thread's share of the outputs (Note [Packed products]).
+#include "core/quant/packed_matrix.h"
+
+#include <fmt/format.h>
+#include <omp.h>
+
+#include <algorithm>
+#include <bit>
+#include <cmath>
+#include <cstring>
+#include <stdexcept>
+#include <vector>
+
+#include "core/kernels.h"
+#include "core/quant/packed_kernels.h"
+#include "core/simd.h"
+
+#ifndef TAPEGRAD_HAVE_EMULATED16
+#error "CMakeLists.txt says whether this build has the emulated16 test level"
+#endif
+
+namespace tapegrad::quant {
+
+namespace {
+
+void store_u16(std::byte* p, std::uint16_t v) {
+  p[0] = std::byte(v & 0xFF);
+  p[1] = std::byte(v >> 8);
+}
+
+std::uint16_t to_half_bits(float x) { return std::bit_cast<std::uint16_t>(static_cast<_Float16>(x)); }  // RNE
+
+std::uint16_t to_bfloat_bits(float x) {  // round to nearest even; NaN stays a quiet NaN (as ggml)
+  const std::uint32_t bits = std::bit_cast<std::uint32_t>(x);
+  if ((bits & 0x7FFFFFFFu) > 0x7F800000u) return std::uint16_t((bits >> 16) | 64);
+  return std::uint16_t((bits + 0x7FFFu + ((bits >> 16) & 1)) >> 16);
+}
+
+// Q8_0 (ggml's quantize_row_q8_0_ref): d = amax / 127, q = round(x / d), d stored as f16.
+void quantize_q8_0(const float* x, std::byte* block) {
+  float amax = 0;
+  for (int j = 0; j < 32; ++j) amax = std::max(amax, std::fabs(x[j]));
+  const float d = amax / 127, id = d != 0 ? 1 / d : 0;
+  store_u16(block, to_half_bits(d));
+  for (int j = 0; j < 32; ++j) block[2 + j] = std::byte(std::int8_t(std::lround(x[j] * id)));
+}
+
+// Q4_0 (quantize_row_q4_0_ref): d = the value of largest magnitude / -8, q = x / d + 8 in 0..15.
+void quantize_q4_0(const float* x, std::byte* block) {
+  float amax = 0, max = 0;
+  for (int j = 0; j < 32; ++j)
+    if (std::fabs(x[j]) > amax) amax = std::fabs(x[j]), max = x[j];
+  const float d = max / -8, id = d != 0 ? 1 / d : 0;
+  store_u16(block, to_half_bits(d));
+  auto code = [&](int j) { return unsigned(std::min(15, int(std::int8_t(x[j] * id + 8.5f)))); };
+  for (int j = 0; j < 16; ++j) block[2 + j] = std::byte(code(j) | (code(j + 16) << 4));
+}
+
+// Q4_1 (quantize_row_q4_1_ref): d = (max - min) / 15, m = min, q = (x - min) / d in 0..15.
+void quantize_q4_1(const float* x, std::byte* block) {
+  float min = x[0], max = x[0];
+  for (int j = 1; j < 32; ++j) min = std::min(min, x[j]), max = std::max(max, x[j]);
+  const float d = (max - min) / 15, id = d != 0 ? 1 / d : 0;
+  store_u16(block, to_half_bits(d));
+  store_u16(block + 2, to_half_bits(min));
+  auto code = [&](int j) { return unsigned(std::min(15, int(std::int8_t((x[j] - min) * id + 0.5f)))); };
+  for (int j = 0; j < 16; ++j) block[4 + j] = std::byte(code(j) | (code(j + 16) << 4));
+}
+
+void pack_row(const float* x, std::size_t cols, TensorType type, std::byte* out) {
+  switch (type) {
+    case TensorType::BF16:
+      for (std::size_t k = 0; k < cols; ++k) store_u16(out + 2 * k, to_bfloat_bits(x[k]));
+      return;
+    case TensorType::F16:
+      for (std::size_t k = 0; k < cols; ++k) store_u16(out + 2 * k, to_half_bits(x[k]));
+      return;
+    case TensorType::Q8_0:
+      for (std::size_t b = 0; b < cols / 32; ++b) quantize_q8_0(x + 32 * b, out + 34 * b);
+      return;
+    case TensorType::Q4_0:
+      for (std::size_t b = 0; b < cols / 32; ++b) quantize_q4_0(x + 32 * b, out + 18 * b);
+      return;
+    case TensorType::Q4_1:
+      for (std::size_t b = 0; b < cols / 32; ++b) quantize_q4_1(x + 32 * b, out + 20 * b);
+      return;
+    default: break;
+  }
+  throw std::invalid_argument(fmt::format("pack_matrix: no conversion to {}", block_format(type).name));
+}
+
+// x rounded to the nearest integer, ties to even, for |x| < 2^22 (the default rounding mode).
+float round_even(float x) {
+  constexpr float magic = 12582912.0f;  // 1.5 * 2^23: adding it leaves no fraction bits
+  return x >= 0 ? (x + magic) - magic : -((-x + magic) - magic);
+}
+
+}  // namespace
+
+bool has_packed_kernels(TensorType type) {
+  return type == TensorType::Q4_0 || type == TensorType::Q4_1 || type == TensorType::Q8_0 ||
+         type == TensorType::BF16 || type == TensorType::F16;
+}
+
+const BlockFormat* find_conversion(std::string_view name) {
+  for (TensorType type : {TensorType::BF16, TensorType::F16, TensorType::Q8_0, TensorType::Q4_0, TensorType::Q4_1})
+    if (block_format(type).name == name) return &block_format(type);
+  return nullptr;
+}
+
+PackedMatrix view_matrix(TensorType type, std::size_t rows, std::size_t cols, std::span<const std::byte> bytes,
+                         std::shared_ptr<const void> owner) {
+  const BlockFormat& format = block_format(type);
+  if (!has_packed_kernels(type) || cols % format.block_elems != 0)
+    throw std::invalid_argument(fmt::format("PackedMatrix: a ({}, {}) matrix of {} has no kernels (block formats "
+                                            "need columns in whole blocks of {})",
+                                            rows, cols, format.name, format.block_elems));
+  PackedMatrix w{type, rows, cols, bytes, std::move(owner)};
+  if (bytes.size() != rows * w.row_bytes())
+    throw std::invalid_argument(fmt::format("PackedMatrix: a ({}, {}) matrix of {} is {} bytes, got {}", rows, cols,
+                                            format.name, rows * w.row_bytes(), bytes.size()));
+  return w;
+}
+
+PackedMatrix pack_matrix(const float* w, std::size_t rows, std::size_t cols, TensorType type) {
+  const BlockFormat& format = block_format(type);
+  if (!has_packed_kernels(type) || cols % format.block_elems != 0)
+    throw std::invalid_argument(fmt::format("pack_matrix: a ({}, {}) matrix cannot be {} (its rows must be whole "
+                                            "blocks of {})",
+                                            rows, cols, format.name, format.block_elems));
+  const std::size_t row_bytes = cols / format.block_elems * format.block_bytes;
+  auto storage = std::make_shared<std::vector<std::byte>>(rows * row_bytes);
+  for (std::size_t r = 0; r < rows; ++r) pack_row(w + r * cols, cols, type, storage->data() + r * row_bytes);
+  return view_matrix(type, rows, cols, *storage, storage);
+}
+
+void dequantize_rows(const PackedMatrix& w, std::size_t first, std::size_t count, float* out) {
+  if (first + count > w.rows)
+    throw std::out_of_range(fmt::format("dequantize_rows: rows {}..{} of a matrix of {}", first, first + count, w.rows));
+  w.format().dequantize(w.row(first), out, count * w.cols);
+}
+
+void quantize_activations(const float* x, std::size_t rows, std::size_t cols, QuantizedActivations& out) {
+  const std::size_t blocks = (cols / 32 + 1) / 2 * 2;  // padded to whole pairs
+  const std::size_t q_bytes = rows * blocks * 32, group_bytes = rows * blocks * 8 * 4;
+  const std::size_t needed = q_bytes + 3 * group_bytes + 64;
+  if (out.capacity < needed) {
+    out.storage = std::make_unique<std::byte[]>(needed);
+    out.capacity = needed;
+  }
+  std::byte* base = out.storage.get();
+  base += (64 - reinterpret_cast<std::uintptr_t>(base) % 64) % 64;
+  auto* q = reinterpret_cast<std::int8_t*>(base);
+  auto* neg_sums = reinterpret_cast<std::int32_t*>(base + q_bytes);
+  auto* d = reinterpret_cast<float*>(base + q_bytes + group_bytes);
+  auto* scaled_sums = reinterpret_cast<float*>(base + q_bytes + 2 * group_bytes);
+  for (std::size_t m = 0; m < rows; ++m)
+    for (std::size_t b = 0; b < blocks; ++b) {
+      std::int8_t* qb = q + (m * blocks + b) * 32;
+      const std::size_t g0 = (m * blocks + b) * 8;
+      if (32 * b >= cols) {  // a padding block: no term (Note [Packed products])
+        std::fill_n(qb, 32, std::int8_t(0));
+        std::fill_n(neg_sums + g0, 8, 0), std::fill_n(d + g0, 8, 0.0f), std::fill_n(scaled_sums + g0, 8, 0.0f);
+        continue;
+      }
+      const float* xb = x + m * cols + 32 * b;
+      float amax = 0;
+      for (int j = 0; j < 32; ++j) amax = std::max(amax, std::fabs(xb[j]));
+      float scale = amax / 127, inverse = scale != 0 ? 1 / scale : 0;
+      if (!(amax <= std::numeric_limits<float>::max()) || std::isnan(xb[0]))  // inf or NaN: NaN outputs
+        scale = std::numeric_limits<float>::quiet_NaN(), inverse = 0;
+      for (int j = 0; j < 32; ++j)
+        qb[j] = std::int8_t(std::clamp(round_even(std::isnan(xb[j]) ? 0.0f : xb[j] * inverse), -127.0f, 127.0f));
+      for (int g = 0; g < 8; ++g) {
+        const int sum = qb[4 * g] + qb[4 * g + 1] + qb[4 * g + 2] + qb[4 * g + 3];
+        neg_sums[g0 + g] = -sum;
+        d[g0 + g] = scale;
+        scaled_sums[g0 + g] = scale * float(sum);
+      }
+    }
+  out.rows = {x, rows, cols, blocks, q, neg_sums, d, scaled_sums};
+}
+
+const PackedKernelTable& active_packed_table() {
+  switch (simd_level()) {
+    case SimdLevel::avx512: return kernels::avx512::packed_table();
+    case SimdLevel::avx2: return kernels::avx2::packed_table();
+#if TAPEGRAD_HAVE_EMULATED16
+    case SimdLevel::emulated16: return kernels::emulated16::packed_table();
+#else
+    case SimdLevel::emulated16: break;
+#endif
+    case SimdLevel::sse2: break;
+  }
+  return kernels::sse2::packed_table();
+}
+
+void packed_matmul(float* y, const float* x, std::size_t M, const PackedMatrix& w, bool accumulate) {
+  const PackedKernelTable& table = active_packed_table();
+  PackedKernel kernel = nullptr;
+  switch (w.type) {
+    case TensorType::Q4_0: kernel = table.q4_0; break;
+    case TensorType::Q4_1: kernel = table.q4_1; break;
+    case TensorType::Q8_0: kernel = table.q8_0; break;
+    case TensorType::BF16: kernel = table.bf16; break;
+    case TensorType::F16: kernel = table.f16; break;
+    default:
+      throw std::invalid_argument(fmt::format("packed_matmul: no kernels for {}", w.format().name));
+  }
+  if (M == 0 || w.rows == 0) return;
+  static thread_local QuantizedActivations activations;
+  if (w.format().block_elems == 32) {
+    quantize_activations(x, M, w.cols, activations);
+  } else {
+    activations.rows = {};
+    activations.rows.x = x, activations.rows.rows = M, activations.rows.cols = w.cols;
+  }
+  const ActivationRows& rows = activations.rows;
+  // Outputs split into one contiguous share per thread: each output is computed whole by one
+  // thread, so the thread count never changes a bit.
+  const int threads = num_threads();
+  constexpr std::size_t min_parallel_bytes = 1 << 16;
+  if (threads <= 1 || omp_in_parallel() || w.rows < 64 || M * w.rows * w.row_bytes() < min_parallel_bytes) {
+    kernel(y, w.rows, rows, w, 0, w.rows, accumulate);
+    return;
+  }
+#pragma omp parallel num_threads(threads)
+  {
+    const std::size_t t = std::size_t(omp_get_thread_num()), n = std::size_t(omp_get_num_threads());
+    const std::size_t first = w.rows * t / n / 16 * 16, last = t + 1 == n ? w.rows : w.rows * (t + 1) / n / 16 * 16;
+    kernel(y, w.rows, rows, w, first, last, accumulate);
+  }
+}
+
+}  // namespace tapegrad::quant

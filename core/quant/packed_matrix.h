@@ -1,0 +1,54 @@
+// PackedMatrix: an inference-only weight matrix kept in a ggml block format, (out, in) rows of
+// blocks, its bytes owned or memory-mapped from the file they came from; packed_matmul, the
+// product y = x W^T that decoding runs on it (docs/quantization.md).
+#pragma once
+
+#include <cstddef>
+#include <memory>
+#include <span>
+#include <string_view>
+
+#include "core/quant/block_format.h"
+
+namespace tapegrad::quant {
+
+/// rows x cols weights, row r (an output) being cols / block_elems blocks of the format's bytes.
+struct PackedMatrix {
+  TensorType type = TensorType::F32;
+  std::size_t rows = 0;  ///< outputs
+  std::size_t cols = 0;  ///< inputs, a multiple of the format's block_elems
+  std::span<const std::byte> bytes;  ///< rows * row_bytes() bytes
+  std::shared_ptr<const void> owner;  ///< keeps `bytes` alive: an owned buffer or a file mapping
+
+  const BlockFormat& format() const { return block_format(type); }
+  std::size_t row_bytes() const { return cols / format().block_elems * format().block_bytes; }
+  const std::byte* row(std::size_t r) const { return bytes.data() + r * row_bytes(); }
+};
+
+/// Whether packed_matmul has kernels for `type`: Q4_0, Q4_1, Q8_0, BF16 and F16.
+bool has_packed_kernels(TensorType type);
+
+/// The formats a float matrix can be converted to at load (`--weights`): "bf16", "f16", "q8_0",
+/// "q4_0", "q4_1"; null for any other name.
+const BlockFormat* find_conversion(std::string_view name);
+
+/// w (rows, cols) float32, row-major, converted to `type` as ggml's reference quantizers do
+/// (round-to-nearest-even for bf16 and f16). Throws std::invalid_argument when cols is not a
+/// multiple of the format's block or the type has no kernels.
+PackedMatrix pack_matrix(const float* w, std::size_t rows, std::size_t cols, TensorType type);
+
+/// A matrix over `bytes` of a file's tensor, kept alive by `owner`; checks the sizes.
+PackedMatrix view_matrix(TensorType type, std::size_t rows, std::size_t cols, std::span<const std::byte> bytes,
+                         std::shared_ptr<const void> owner);
+
+/// out (count, cols) = rows first .. first + count - 1 of w, dequantized (block_format's dequantize).
+void dequantize_rows(const PackedMatrix& w, std::size_t first, std::size_t count, float* out);
+
+/// y (M, rows) = x (M, cols) W^T (+ y when accumulating: y + the product). Each output is computed
+/// by the same operations whatever M is, whichever rows share the call, at every SIMD level and
+/// thread count (Note [Packed products], core/quant/packed_kernels.h): the block formats through
+/// integer dot products with x quantized to 8 bits per block of 32, BF16 and F16 by float products.
+/// Outputs are split across the kernel threads when the product is large enough.
+void packed_matmul(float* y, const float* x, std::size_t M, const PackedMatrix& w, bool accumulate);
+
+}  // namespace tapegrad::quant

@@ -1,0 +1,193 @@
+// packed_matmul per format, at the SIMD level in use (the suite runs every level and emulated16):
+// bit for bit against Note [Packed products] written out here as plain loops (so every level gives
+// the same bits), within the activation quantization's error bound of a double product over the
+// dequantized weights, and the same bits for a row whatever the rows beside it, M and the threads.
+#include <doctest/doctest.h>
+
+#include <fmt/format.h>
+
+#include <bit>
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#include "core/kernels.h"
+#include "core/quant/packed_kernels.h"
+#include "core/quant/packed_matrix.h"
+#include "support/helpers.h"
+
+using namespace tapegrad;
+using quant::TensorType;
+
+namespace {
+
+constexpr TensorType kFormats[] = {TensorType::Q4_0, TensorType::Q4_1, TensorType::Q8_0, TensorType::BF16,
+                                   TensorType::F16};
+
+std::uint16_t u16(const std::byte* p) { return std::uint16_t(unsigned(p[0]) | (unsigned(p[1]) << 8)); }
+
+float tree_sum(const float t[16]) {
+  float t8[8], t4[4];
+  for (int l = 0; l < 8; ++l) t8[l] = t[l] + t[l + 8];
+  for (int l = 0; l < 4; ++l) t4[l] = t8[l] + t8[l + 4];
+  return (t4[0] + t4[2]) + (t4[1] + t4[3]);
+}
+
+// Note [Packed products] for output (m, n), from the block bytes and the quantized x.
+float reference_output(const quant::PackedMatrix& w, const quant::ActivationRows& x, std::size_t m, std::size_t n) {
+  const std::byte* row = w.row(n);
+  float acc[16] = {}, acc2[16] = {};
+  if (w.type == TensorType::BF16 || w.type == TensorType::F16) {
+    for (std::size_t k = 0; k < w.cols; ++k) {
+      float weight = 0;
+      quant::block_format(w.type).dequantize(row + 2 * k, &weight, 1);
+      const float product = weight * x.x[m * x.cols + k];
+      acc[k % 16] = acc[k % 16] + product;
+    }
+    return tree_sum(acc);
+  }
+  const std::size_t bytes = w.format().block_bytes;
+  const int offset = w.type == TensorType::Q4_0 ? 8 : w.type == TensorType::Q8_0 ? 128 : 0;
+  for (std::size_t b = 0; b < w.cols / 32; ++b) {
+    const std::byte* block = row + b * bytes;
+    int code[32];
+    for (int j = 0; j < 32; ++j) {
+      if (w.type == TensorType::Q8_0) code[j] = int(std::int8_t(block[2 + j])) + 128;
+      else code[j] = (unsigned(block[(w.type == TensorType::Q4_1 ? 4 : 2) + j % 16]) >> (j < 16 ? 0 : 4)) & 0xF;
+    }
+    const std::int8_t* q = x.q + (m * x.blocks + b) * 32;
+    const float dx = x.d[(m * x.blocks + b) * 8];
+    const float scale = quant::f16_to_f32(u16(block)) * dx;
+    for (int g = 0; g < 8; ++g) {
+      int sum = 0, q_sum = 0;
+      for (int j = 4 * g; j < 4 * g + 4; ++j) sum += (code[j] - offset) * q[j], q_sum += q[j];
+      const float product = float(sum) * scale;
+      acc[(b % 2) * 8 + g] = acc[(b % 2) * 8 + g] + product;
+      if (w.type == TensorType::Q4_1) {
+        const float min_term = quant::f16_to_f32(u16(block + 2)) * (dx * float(q_sum));
+        acc2[(b % 2) * 8 + g] = acc2[(b % 2) * 8 + g] + min_term;
+      }
+    }
+  }
+  for (int l = 0; l < 16; ++l) acc[l] = acc[l] + acc2[l];
+  return tree_sum(acc);
+}
+
+quant::PackedMatrix random_matrix(TensorType type, std::size_t rows, std::size_t cols, std::uint64_t seed) {
+  const std::vector<float> w = test::random_vector(rows * cols, seed);
+  return quant::pack_matrix(w.data(), rows, cols, type);
+}
+
+bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
+std::vector<std::size_t> column_counts(TensorType type) {
+  if (type == TensorType::BF16 || type == TensorType::F16) return {1, 7, 16, 17, 40, 96};
+  return {32, 64, 96, 576};
+}
+
+}  // namespace
+
+TEST_CASE("packed_matmul gives Note [Packed products]'s bits for every format at this level") {
+  for (TensorType type : kFormats)
+    for (std::size_t cols : column_counts(type))
+      for (std::size_t M : {1, 2, 5}) {
+        const std::size_t rows = 37;
+        const quant::PackedMatrix w = random_matrix(type, rows, cols, 7 + cols);
+        const std::vector<float> x = test::random_vector(M * cols, 100 + M, 3.0);
+        std::vector<float> y(M * rows);
+        quant::packed_matmul(y.data(), x.data(), M, w, false);
+        quant::QuantizedActivations qx;
+        quant::quantize_activations(x.data(), M, cols, qx);
+        quant::ActivationRows xr = qx.rows;
+        xr.x = x.data();
+        for (std::size_t m = 0; m < M; ++m)
+          for (std::size_t n = 0; n < rows; ++n) {
+            const float expected = reference_output(w, xr, m, n);
+            if (std::bit_cast<std::uint32_t>(y[m * rows + n]) != std::bit_cast<std::uint32_t>(expected))
+              FAIL(fmt::format("{} cols {} M {}: output ({}, {}) is {}, Note [Packed products] gives {}",
+                               w.format().name, cols, M, m, n, y[m * rows + n], expected));
+          }
+      }
+}
+
+TEST_CASE("packed_matmul stays within its activation rounding of a double product over the dequantized weights") {
+  for (TensorType type : kFormats) {
+    const std::size_t rows = 19, cols = 96, M = 3;
+    const quant::PackedMatrix w = random_matrix(type, rows, cols, 3);
+    const std::vector<float> x = test::random_vector(M * cols, 4, 2.0);
+    std::vector<float> dense(rows * cols), y(M * rows);
+    quant::dequantize_rows(w, 0, rows, dense.data());
+    quant::packed_matmul(y.data(), x.data(), M, w, false);
+    const bool blocks = w.format().block_elems == 32;
+    for (std::size_t m = 0; m < M; ++m)
+      for (std::size_t n = 0; n < rows; ++n) {
+        double exact = 0, bound = 0;
+        for (std::size_t b = 0; b < cols / 32; ++b) {
+          double amax = 0, weight_sum = 0;
+          for (std::size_t k = 32 * b; k < 32 * b + 32; ++k) {
+            exact += double(dense[n * cols + k]) * x[m * cols + k];
+            amax = std::max(amax, std::fabs(double(x[m * cols + k])));
+            weight_sum += std::fabs(double(dense[n * cols + k]) * (blocks ? 1.0 : x[m * cols + k]));
+          }
+          // x quantized to steps of amax / 127 moves each term by at most half a step; float
+          // sums add a relative 1e-5 or so.
+          bound += blocks ? weight_sum * amax / 127 / 2 * 1.001 + 1e-5 * weight_sum * amax : 1e-5 * weight_sum;
+        }
+        CHECK_MESSAGE(std::fabs(y[m * rows + n] - exact) <= bound + 1e-6,
+                      fmt::format("{}: output ({}, {}) is {}, the double product {} (bound {})", w.format().name, m,
+                                  n, y[m * rows + n], exact, bound));
+      }
+  }
+}
+
+TEST_CASE("packed_matmul gives a row the same bits alone, among others and on any thread count") {
+  const int threads_before = num_threads();
+  for (TensorType type : kFormats) {
+    const std::size_t rows = 160, cols = 576, M = 4;  // rows * cols worth two threads
+    const quant::PackedMatrix w = random_matrix(type, rows, cols, 11);
+    const std::vector<float> x = test::random_vector(M * cols, 12);
+    set_num_threads(1);
+    std::vector<float> together(M * rows);
+    quant::packed_matmul(together.data(), x.data(), M, w, false);
+    for (std::size_t m = 0; m < M; ++m) {
+      std::vector<float> alone(rows), expected(together.begin() + m * rows, together.begin() + (m + 1) * rows);
+      quant::packed_matmul(alone.data(), x.data() + m * cols, 1, w, false);
+      CHECK_MESSAGE(same_bits(alone, expected), fmt::format("{}: row {} of {} differs from the row alone",
+                                                            w.format().name, m, M));
+    }
+    set_num_threads(2);
+    std::vector<float> on_two(M * rows);
+    quant::packed_matmul(on_two.data(), x.data(), M, w, false);
+    CHECK_MESSAGE(same_bits(on_two, together), fmt::format("{}: two threads differ from one", w.format().name));
+    std::vector<float> accumulated(M * rows, 0.5f);
+    quant::packed_matmul(accumulated.data(), x.data(), M, w, true);
+    for (std::size_t i = 0; i < M * rows; ++i) REQUIRE(accumulated[i] == 0.5f + together[i]);
+  }
+  set_num_threads(threads_before);
+}
+
+TEST_CASE("pack_matrix rounds each weight within half a step of its block, and refuses partial blocks") {
+  const std::size_t rows = 3, cols = 64;
+  const std::vector<float> w = test::random_vector(rows * cols, 21);
+  for (TensorType type : kFormats) {
+    const quant::PackedMatrix packed = quant::pack_matrix(w.data(), rows, cols, type);
+    std::vector<float> back(rows * cols);
+    quant::dequantize_rows(packed, 0, rows, back.data());
+    for (std::size_t b = 0; b < rows * cols / 32; ++b) {
+      float lo = w[32 * b], hi = w[32 * b];
+      for (std::size_t k = 32 * b; k < 32 * b + 32; ++k) lo = std::min(lo, w[k]), hi = std::max(hi, w[k]);
+      const float amax = std::max(std::fabs(lo), std::fabs(hi));
+      const float step = type == TensorType::Q8_0   ? amax / 127
+                         : type == TensorType::Q4_0 ? amax / 8
+                         : type == TensorType::Q4_1 ? (hi - lo) / 15
+                                                    : amax / 128;  // bf16: 8 bits of mantissa
+      for (std::size_t k = 32 * b; k < 32 * b + 32; ++k)
+        CHECK_MESSAGE(std::fabs(back[k] - w[k]) <= step * 0.51f + 1e-3f * amax,
+                      fmt::format("{}: weight {} is {}, back {}", packed.format().name, k, w[k], back[k]));
+    }
+  }
+  CHECK_THROWS_WITH(quant::pack_matrix(w.data(), 2, 48, TensorType::Q8_0),
+                    "pack_matrix: a (2, 48) matrix cannot be q8_0 (its rows must be whole blocks of 32)");
+}
