@@ -1,13 +1,16 @@
-// The block-format table and its scalar dequantizers. Each one computes, in float32 and in the
-// same order, what gguf.quants.dequantize computes (e.g. Q4_K is (d*sc)*q - dmin*m, not
-// d*(sc*q) - ...), so the bits agree; this file is compiled with -ffp-contract=off so that no
-// a*b - c becomes a fused multiply-add.
+// The block-format table, its scalar dequantizers and quantizers. Each one computes, in float32 and
+// in the same order, what gguf.quants.dequantize (or quantize) computes (e.g. Q4_K is
+// (d*sc)*q - dmin*m, not d*(sc*q) - ...), so the bits agree; this file is compiled with
+// -ffp-contract=off so that no a*b - c becomes a fused multiply-add.
 #include "core/quant/block_format.h"
 
 #include <fmt/format.h>
 
 #include <array>
+#include <algorithm>
 #include <bit>
+#include <cmath>
+#include <cstring>
 #include <stdexcept>
 
 namespace tapegrad::quant {
@@ -15,6 +18,11 @@ namespace tapegrad::quant {
 namespace {
 
 std::uint16_t load_u16(const std::byte* p) { return std::uint16_t(unsigned(p[0]) | (unsigned(p[1]) << 8)); }
+
+void store_u16(std::byte* p, std::uint16_t bits) {
+  p[0] = std::byte(bits & 0xFF);
+  p[1] = std::byte(bits >> 8);
+}
 
 float load_f16(const std::byte* p) { return f16_to_f32(load_u16(p)); }
 
@@ -32,6 +40,21 @@ void dequantize_f16(const std::byte* blocks, float* out, std::size_t n_elems) {
 
 void dequantize_bf16(const std::byte* blocks, float* out, std::size_t n_elems) {
   for (std::size_t i = 0; i < n_elems; ++i) out[i] = bf16_to_f32(load_u16(blocks + 2 * i));
+}
+
+void quantize_f32(const float* in, std::byte* blocks, std::size_t n_elems) {
+  for (std::size_t i = 0; i < n_elems; ++i) {
+    const std::uint32_t bits = std::bit_cast<std::uint32_t>(in[i]);
+    for (int b = 0; b < 4; ++b) blocks[4 * i + b] = std::byte((bits >> (8 * b)) & 0xFF);
+  }
+}
+
+void quantize_f16(const float* in, std::byte* blocks, std::size_t n_elems) {
+  for (std::size_t i = 0; i < n_elems; ++i) store_u16(blocks + 2 * i, f32_to_f16(in[i]));
+}
+
+void quantize_bf16(const float* in, std::byte* blocks, std::size_t n_elems) {
+  for (std::size_t i = 0; i < n_elems; ++i) store_u16(blocks + 2 * i, f32_to_bf16(in[i]));
 }
 
 // Q4_0, 18 bytes: f16 d, 16 bytes of nibbles; byte j holds element j (low) and j + 16 (high).
@@ -66,6 +89,23 @@ void dequantize_q8_0(const std::byte* blocks, float* out, std::size_t n_elems) {
   for (std::size_t b = 0; b < n_elems / 32; ++b, blocks += 34, out += 32) {
     const float d = load_f16(blocks);
     for (int j = 0; j < 32; ++j) out[j] = float(std::int8_t(blocks[2 + j])) * d;
+  }
+}
+
+// d = max|x| / 127 and q = round(x * (1/d)), halves away from zero (gguf.quants' np_roundf:
+// floor(a) + floor(2 (a - floor(a))) on a = |x/d|), all in float32; a block of zeros has d = 0, q = 0.
+void quantize_q8_0(const float* in, std::byte* blocks, std::size_t n_elems) {
+  for (std::size_t b = 0; b < n_elems / 32; ++b, blocks += 34, in += 32) {
+    float amax = 0.0f;
+    for (int j = 0; j < 32; ++j) amax = std::max(amax, std::fabs(in[j]));
+    const float d = amax / 127.0f;
+    const float inverse = d == 0.0f ? 0.0f : 1.0f / d;
+    store_u16(blocks, f32_to_f16(d));
+    for (int j = 0; j < 32; ++j) {
+      const float scaled = in[j] * inverse, magnitude = std::fabs(scaled), floored = std::floor(magnitude);
+      const float rounded = floored + std::floor(2.0f * (magnitude - floored));
+      blocks[2 + j] = std::byte(std::uint8_t(std::int8_t(scaled < 0.0f ? -rounded : rounded)));
+    }
   }
 }
 
@@ -116,14 +156,14 @@ void dequantize_q6_k(const std::byte* blocks, float* out, std::size_t n_elems) {
 }
 
 constexpr std::array<BlockFormat, 8> kFormats{{
-    {TensorType::F32, "f32", 1, 4, dequantize_f32},
-    {TensorType::F16, "f16", 1, 2, dequantize_f16},
+    {TensorType::F32, "f32", 1, 4, dequantize_f32, quantize_f32},
+    {TensorType::F16, "f16", 1, 2, dequantize_f16, quantize_f16},
     {TensorType::Q4_0, "q4_0", 32, 18, dequantize_q4_0},
     {TensorType::Q4_1, "q4_1", 32, 20, dequantize_q4_1},
-    {TensorType::Q8_0, "q8_0", 32, 34, dequantize_q8_0},
+    {TensorType::Q8_0, "q8_0", 32, 34, dequantize_q8_0, quantize_q8_0},
     {TensorType::Q4_K, "q4_K", 256, 144, dequantize_q4_k},
     {TensorType::Q6_K, "q6_K", 256, 210, dequantize_q6_k},
-    {TensorType::BF16, "bf16", 1, 2, dequantize_bf16},
+    {TensorType::BF16, "bf16", 1, 2, dequantize_bf16, quantize_bf16},
 }};
 
 }  // namespace
@@ -158,5 +198,35 @@ float f16_to_f32(std::uint16_t bits) {
 }
 
 float bf16_to_f32(std::uint16_t bits) { return std::bit_cast<float>(std::uint32_t(bits) << 16); }
+
+std::uint16_t f32_to_f16(float value) {
+  const std::uint32_t bits = std::bit_cast<std::uint32_t>(value);
+  const std::uint16_t sign = std::uint16_t((bits >> 16) & 0x8000);
+  const std::uint32_t magnitude = bits & 0x7FFFFFFF, exponent = magnitude >> 23, mantissa = magnitude & 0x7FFFFF;
+  if (exponent == 0xFF) {
+    if (mantissa == 0) return sign | 0x7C00;
+    const std::uint16_t nan = std::uint16_t(0x7C00 | (mantissa >> 13));
+    return sign | (nan == 0x7C00 ? 0x7C01 : nan);
+  }
+  if (magnitude >= 0x47800000) return sign | 0x7C00;  // 2^16 and up: past the largest half
+  // Keeps `shift` low bits of `significand` off, rounding to nearest even.
+  const auto round_off = [](std::uint32_t significand, std::uint32_t shift) {
+    const std::uint32_t kept = significand >> shift, rest = significand & ((1u << shift) - 1), half = 1u << (shift - 1);
+    return kept + ((rest > half || (rest == half && (kept & 1))) ? 1u : 0u);
+  };
+  if (exponent < 113) {  // below 2^-14: a subnormal half, (implicit 1 . mantissa) * 2^(exponent - 127) / 2^-24
+    if (exponent < 102) return sign;  // below 2^-25: rounds to zero
+    return sign | std::uint16_t(round_off(mantissa | 0x800000, 126 - exponent));
+  }
+  // A carry out of the mantissa raises the exponent, to infinity at the top: the encoding's order.
+  return sign | std::uint16_t(round_off((exponent - 112) << 23 | mantissa, 13));
+}
+
+std::uint16_t f32_to_bf16(float value) {
+  std::uint32_t bits = std::bit_cast<std::uint32_t>(value);
+  if ((bits & 0x7FFFFFFF) > 0x7F800000) return std::uint16_t((bits >> 16) | 0x40);  // NaN, made quiet
+  bits += 0x7FFF + ((bits >> 16) & 1);
+  return std::uint16_t(bits >> 16);
+}
 
 }  // namespace tapegrad::quant

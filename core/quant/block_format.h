@@ -1,6 +1,7 @@
 // The block formats of ggml's quantized and half-precision tensors (ggml's type_traits table):
-// per type its name, elements and bytes per block, and a dequantizer to float32 that gives the
-// bits of the gguf package's gguf.quants.dequantize.
+// per type its name, elements and bytes per block, a dequantizer to float32 that gives the bits of
+// the gguf package's gguf.quants.dequantize, and for the types tapegrad writes a quantizer that
+// gives the bits of gguf.quants.quantize.
 #pragma once
 
 #include <cstddef>
@@ -20,6 +21,10 @@ struct BlockFormat {
   /// Writes n_elems floats (a multiple of block_elems) from the n_elems / block_elems blocks at
   /// `blocks` (little-endian, unaligned).
   void (*dequantize)(const std::byte* blocks, float* out, std::size_t n_elems);
+  /// Writes n_elems floats (a multiple of block_elems) as n_elems / block_elems blocks, the bits
+  /// of gguf.quants.quantize; null for the types tapegrad does not write (f32, f16, bf16 and q8_0
+  /// it does). Non-finite inputs of a block type (q8_0) give blocks as unspecified as numpy's.
+  void (*quantize)(const float* in, std::byte* blocks, std::size_t n_elems) = nullptr;
 };
 
 /// The format of ggml type id `ggml_type`, or null when tapegrad does not read it.
@@ -33,5 +38,14 @@ float f16_to_f32(std::uint16_t bits);
 
 /// bfloat16 bits to float32, exactly: the bits are float32's upper half.
 float bf16_to_f32(std::uint16_t bits);
+
+/// float32 to IEEE half bits, rounded to nearest even (numpy's astype(float16)): past 65504 a value
+/// rounds to infinity, below 2^-14 to a subnormal or zero; a NaN keeps its sign and top payload
+/// bits (a payload that would vanish becomes 1).
+std::uint16_t f32_to_f16(float value);
+
+/// float32 to bfloat16 bits, rounded to nearest even (ggml's ggml_compute_fp32_to_bf16, the gguf
+/// package, torch): a NaN keeps its sign and upper payload and is made quiet (bit 6 of the half set).
+std::uint16_t f32_to_bf16(float value);
 
 }  // namespace tapegrad::quant

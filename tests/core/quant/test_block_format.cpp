@@ -1,12 +1,16 @@
-// The block-format table: ggml's ids and sizes, and the exact half-to-float conversions (every one
-// of the 65,536 halves against a double reference). The dequantizers' bits are checked against the
-// gguf package in tests/io/test_gguf.cpp.
+// The block-format table: ggml's ids and sizes, the exact half-to-float conversions (every one of
+// the 65,536 halves against a double reference), and the quantizers' bits against the gguf
+// package's (tests/data/quant_golden.json). The dequantizers' bits are checked against the gguf
+// package in tests/io/test_gguf.cpp.
 #include <doctest/doctest.h>
 
 #include <bit>
 #include <cmath>
 #include <cstdint>
+#include <fstream>
+#include <nlohmann/json.hpp>
 #include <string>
+#include <vector>
 
 #include "core/quant/block_format.h"
 
@@ -54,4 +58,55 @@ TEST_CASE("bf16_to_f32 gives the float32 whose upper half the bits are") {
   CHECK(bf16_to_f32(0xC040) == -3.0f);
   CHECK(std::bit_cast<std::uint32_t>(bf16_to_f32(0x0001)) == 0x00010000u);
   CHECK(std::bit_cast<std::uint32_t>(bf16_to_f32(0xFFC1)) == 0xFFC10000u);
+}
+
+TEST_CASE("f32_to_f16 and f32_to_bf16 give back every half and bfloat16 that is not a NaN") {
+  for (std::uint32_t bits = 0; bits < 0x10000; ++bits) {
+    const bool half_nan = (bits & 0x7C00) == 0x7C00 && (bits & 0x3FF) != 0;
+    if (!half_nan && f32_to_f16(f16_to_f32(std::uint16_t(bits))) != bits) FAIL("half ", bits, " came back changed");
+    const bool bf16_nan = (bits & 0x7F80) == 0x7F80 && (bits & 0x7F) != 0;
+    if (!bf16_nan && f32_to_bf16(bf16_to_f32(std::uint16_t(bits))) != bits) FAIL("bfloat16 ", bits, " came back changed");
+  }
+}
+
+TEST_CASE("the f16, bf16 and q8_0 quantizers give the gguf package's bytes (quant_golden.json)") {
+  std::ifstream in(std::string(TAPEGRAD_SOURCE_DIR) + "/tests/data/quant_golden.json");
+  REQUIRE(in);
+  const nlohmann::json golden = nlohmann::json::parse(in);
+  for (const char* name : {"f16", "bf16", "q8_0"}) {
+    CAPTURE(name);
+    const nlohmann::json& c = golden[name];
+    std::vector<float> input;
+    for (std::uint32_t bits : c["input_bits"].get<std::vector<std::uint32_t>>()) input.push_back(std::bit_cast<float>(bits));
+    const std::string want = c["output_hex"].get<std::string>();
+    const BlockFormat* format = nullptr;
+    for (std::uint32_t id : {1u, 8u, 30u})
+      if (std::string(find_block_format(id)->name) == name) format = find_block_format(id);
+    REQUIRE(format != nullptr);
+    REQUIRE(bool(format->quantize));
+    REQUIRE(input.size() % format->block_elems == 0);
+    std::vector<std::byte> out(input.size() / format->block_elems * format->block_bytes);
+    format->quantize(input.data(), out.data(), input.size());
+    REQUIRE(want.size() == 2 * out.size());
+    std::size_t mismatches = 0;
+    for (std::size_t i = 0; i < out.size(); ++i) {
+      const unsigned expected = unsigned(std::stoul(want.substr(2 * i, 2), nullptr, 16));
+      if (unsigned(out[i]) != expected && ++mismatches <= 5) {
+        const std::size_t first = i / format->block_bytes * format->block_elems;
+        FAIL_CHECK("byte ", i, " is ", unsigned(out[i]), ", the gguf package's ", expected, " (block of input ", first,
+                   ", bits ", std::bit_cast<std::uint32_t>(input[first]), ")");
+      }
+    }
+    CHECK(mismatches == 0);
+  }
+}
+
+TEST_CASE("f32 quantizes to its own little-endian bytes, and the K and 4-bit types have no quantizer") {
+  const float value = -1.5f;
+  std::byte out[4];
+  block_format(TensorType::F32).quantize(&value, out, 1);
+  CHECK(std::bit_cast<float>(std::uint32_t(unsigned(out[0]) | unsigned(out[1]) << 8 | unsigned(out[2]) << 16 |
+                                           std::uint32_t(out[3]) << 24)) == value);
+  for (TensorType type : {TensorType::Q4_0, TensorType::Q4_1, TensorType::Q4_K, TensorType::Q6_K})
+    CHECK_FALSE(bool(block_format(type).quantize));
 }
