@@ -181,5 +181,16 @@ TAPEGRAD_KERNEL(void, cross_entropy_backward,
                 (T* dlogits, T dloss, const T* logits, const T* lse, const std::int32_t* targets, std::size_t n,
                  std::size_t vocab),
                 (dlogits, dloss, logits, lse, targets, n, vocab))
+/// The mean over rows of the cross-entropy of logits = x op(w) (+ bias) against targets, holding
+/// at most chunk_rows rows of logits (in scratch, (chunk_rows, V)): x (N, D); w (D, V), or (V, D)
+/// with transpose_w; bias (V) or null. With dx, dw or db, also their gradients of that mean, from
+/// each chunk's g = (softmax - onehot(targets)) / N (cross_entropy_backward's bits): dx = g op(w)^T,
+/// dw += x^T g (or g^T x transposed), db += the column sums of g. Chunks go in row order, so the
+/// sums over rows do not depend on the thread count.
+TAPEGRAD_KERNEL(T, linear_cross_entropy,
+                (T* dx, T* dw, T* db, const T* x, const T* w, const T* bias, const std::int32_t* targets,
+                 std::size_t n, std::size_t dim, std::size_t vocab, bool transpose_w, std::size_t chunk_rows,
+                 T* scratch, bool overwrite),
+                (dx, dw, db, x, w, bias, targets, n, dim, vocab, transpose_w, chunk_rows, scratch, overwrite))
 
 #undef TAPEGRAD_KERNEL

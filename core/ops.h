@@ -69,6 +69,13 @@ Var cross_entropy(const Var& logits, std::span<const std::int32_t> targets);
 /// Mean over the rows whose target is not ignore_index of -log softmax(logits)[target]
 /// (torch's ignore_index); at least one row must count. Saves the softmax (rows, V).
 Var cross_entropy(const Var& logits, std::span<const std::int32_t> targets, std::int32_t ignore_index);
+/// cross_entropy(x op(w) (+ bias), targets) without holding the logits: a language model's head
+/// and loss. x (.., D); weight (D, V), or (V, D) with transpose_weight (a tied embedding); bias (V)
+/// or undefined; one target per row, each < V. The logits are made a chunk of rows at a time (at
+/// most 32 MiB of them); when recording, the gradients of the inputs that need one are made then
+/// too and saved (their sizes), and backward scales them by the result's gradient.
+Var linear_cross_entropy(const Var& x, const Var& weight, std::span<const std::int32_t> targets,
+                         bool transpose_weight = false, const Var& bias = Var());
 /// y = (x - mean) * rsqrt(var + eps) * w + b over the last axis (biased variance); x (.., D),
 /// w, b (D). Saves mean and rstd (rows).
 Var layer_norm(const Var& x, const Var& weight, const Var& bias, float eps = 1e-5f);
