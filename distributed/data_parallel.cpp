@@ -21,7 +21,13 @@ GradientBuckets::GradientBuckets(ParameterList params, std::size_t bucket_floats
       bucket_of_(params_.size()),
       offset_of_(params_.size()),
       pending_(params_.size(), false) {
-  for (const NamedParameter& p : params_) vars_.push_back(p.var);
+  for (const NamedParameter& p : params_) {
+    if (!p.var.requires_grad())
+      throw std::invalid_argument(fmt::format("GradientBuckets: parameter '{}' is frozen (requires_grad false) and has "
+                                              "no gradient to exchange; pass trainable(params)",
+                                              p.name));
+    vars_.push_back(p.var);
+  }
   std::size_t floats = 0;
   for (std::size_t i = params_.size(); i-- > 0;) {
     if (buckets_.empty() || floats >= bucket_floats) buckets_.push_back({i + 1, i + 1, {}, 0, nullptr}), floats = 0;

@@ -30,7 +30,8 @@ namespace tapegrad::distributed {
 class GradientBuckets : private BackwardObserver {
  public:
   /// Buckets of whole parameters, from the last parameter back to the first, each closed once
-  /// it holds bucket_floats or more.
+  /// it holds bucket_floats or more. A frozen parameter (no gradient) is refused:
+  /// std::invalid_argument naming it (pass trainable(params)).
   explicit GradientBuckets(ParameterList params, std::size_t bucket_floats = std::size_t(1) << 16);
 
   /// Adds every parameter's current gradient into the buckets (a missing gradient counts as

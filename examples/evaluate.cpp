@@ -24,6 +24,7 @@ int main(int argc, char** argv) {
   std::size_t limit = 0, window = 0;
   // Required options are checked after parsing, so that an unknown flag is the error reported first.
   source.add_options(app);
+  source.add_lora_option(app);
   app.add_option("--data", data, "Text to evaluate on, UTF-8 (required)");
   app.add_option("--limit", limit, "Use only the first N tokens of the text (0: all)")
       ->check(non_negative())

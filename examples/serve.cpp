@@ -32,6 +32,9 @@ int main(int argc, char** argv) {
   app.add_option("--model", options.model,
                  "A published model: a .gguf file or a Hugging Face folder; loaded once, never reloaded")
       ->excludes(checkpoint);
+  app.add_option("--lora", options.lora,
+                 "A PEFT LoRA adapter folder (adapter_config.json, adapter_model.safetensors) applied on top of the "
+                 "model");
   app.add_option("--ctx", options.scheduler.ctx,
                  "Tokens a sequence holds, prompt and reply (0: the model's max_len, at most 2048)")
       ->check(non_negative())

@@ -81,7 +81,16 @@ Rows CachePass::linear(const Rows& x, const Linear& layer) {
   Rows y = take(layer.out());
   kernels::row_stable_matmul(y.data, x.data, layer.weight.value().data(), rows_, layer.in(), layer.out(), false);
   if (layer.bias.defined()) kernels::add_bias_forward(y.data, y.data, layer.bias.value().data(), rows_, y.cols);
+  if (layer.adapter) add_adapter(y, x, *layer.adapter);
   return y;
+}
+
+void CachePass::add_adapter(Rows& y, const Rows& x, const LoraAdapter& adapter) {
+  const std::size_t rank = adapter.a.shape()[1];
+  Rows down = take(rank);  // scale (x A), then y += down B: LoraAdapter::add_to's order
+  kernels::row_stable_matmul(down.data, x.data, adapter.a.value().data(), rows_, x.cols, rank, false);
+  kernels::scale_forward(down.data, down.data, adapter.scale(), rows_ * rank);
+  kernels::row_stable_matmul(y.data, down.data, adapter.b.value().data(), rows_, rank, y.cols, true);
 }
 
 Rows CachePass::matmul_transposed(const Rows& x, const Var& weight) {
@@ -141,11 +150,13 @@ Rows CachePass::residual(const Rows& x, const Rows& h, const Linear& out, const 
   if (!out.bias.defined()) {  // y = x + h W: the chains start from zero, then add x
     std::copy_n(x.data, rows_ * x.cols, y.data);
     kernels::row_stable_matmul(y.data, h.data, out.weight.value().data(), rows_, out.in(), out.out(), true);
+    if (out.adapter) add_adapter(y, h, *out.adapter);
     return y;
   }
   kernels::row_stable_matmul(y.data, h.data, out.weight.value().data(), rows_, out.in(), out.out(), false);
   kernels::add_bias_forward(y.data, y.data, out.bias.value().data(), rows_, y.cols);
   kernels::add_forward(y.data, y.data, x.data, rows_ * y.cols);
+  if (out.adapter) add_adapter(y, h, *out.adapter);
   return y;
 }
 

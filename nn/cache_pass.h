@@ -73,6 +73,8 @@ class CachePass {
  private:
   Rows take(std::size_t cols);
   void check_cols(const char* op, const Rows& x, std::size_t cols) const;
+  // y += scale (x A) B: a layer's LoRA adapter (nn/linear.h).
+  void add_adapter(Rows& y, const Rows& x, const LoraAdapter& adapter);
 
   KVCache& cache_;
   std::span<const Run> runs_;

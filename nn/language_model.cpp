@@ -12,6 +12,7 @@
 #include "io/safetensors.h"
 #include "nn/architecture.h"
 #include "nn/checkpoint_metadata.h"
+#include "nn/lora.h"
 
 namespace tapegrad::nn {
 
@@ -79,6 +80,7 @@ void save_model_checkpoint(const std::string& path, const LanguageModel& model, 
   const Architecture& arch = architecture_of(model);
   Metadata metadata = arch.to_metadata(model);
   metadata["arch"] = arch.name;
+  metadata.merge(lora_metadata(model));
   write_checkpoint_file(path, model.params(), model.config().vocab, tokenizer, std::move(metadata), extras);
 }
 
@@ -112,6 +114,7 @@ LoadedModelCheckpoint load_model_checkpoint(const std::string& path, bool remat)
         throw std::runtime_error(fmt::format("the tokenizer has {} tokens but vocab_size is {}", tokenizer->vocab_size(),
                                              model.config().vocab));
     }
+    add_lora_from_metadata(model, meta);  // a LoRA run's checkpoint: the base and its adapters
     LoadedModelCheckpoint out{std::move(model), std::move(tokenizer), {}, meta};
     load_parameters(file.tensors, out.model.params(), out.extra_tensors);
     return out;

@@ -76,6 +76,9 @@ class LanguageModel {
   /// step() of a one-sequence cache: the logits (vocab) of its next position.
   std::span<const float> step(std::int32_t token, KVCache& cache) const { return step(std::span(&token, 1), cache); }
 
+  /// The model as a Module (its layers, for what walks them: nn/lora.h).
+  Module& module() { return held_->module(); }
+
   /// The model itself if it is a Model (for what only one architecture has), else null.
   template <class Model> Model* as() {
     auto* held = dynamic_cast<Held<Model>*>(held_.get());
@@ -89,6 +92,7 @@ class LanguageModel {
   struct Base {
     virtual ~Base() = default;
     virtual std::type_index type() const = 0;
+    virtual Module& module() = 0;
     virtual Var forward(std::span<const std::int32_t> ids, std::size_t batch, std::size_t seq_len) const = 0;
     virtual Var loss(std::span<const std::int32_t> inputs, std::span<const std::int32_t> targets, std::size_t batch,
                      std::size_t seq_len) const = 0;
@@ -107,6 +111,7 @@ class LanguageModel {
   struct Held final : Base {
     explicit Held(Model m) : model(std::move(m)) {}
     std::type_index type() const override { return typeid(Model); }
+    Module& module() override { return model; }
     Var forward(std::span<const std::int32_t> ids, std::size_t batch, std::size_t seq_len) const override {
       return model.forward(ids, batch, seq_len);
     }

@@ -11,13 +11,24 @@ Linear::Linear(std::size_t in, std::size_t out, bool has_bias, float init_std, R
   if (has_bias) bias = parameter({out});
 }
 
+Var LoraAdapter::add_to(const Var& y, const Var& x, const Tensor* known_output) const {
+  Var down = matmul(x, a);  // (.., r)
+  Var scaled = tapegrad::scale(down, scale());
+  return add_matmul(y, scaled, b, known_output);
+}
+
 Var Linear::forward(const Var& x) const {
-  return bias.defined() ? add_matmul(bias, x, weight) : matmul(x, weight);
+  Var y = bias.defined() ? add_matmul(bias, x, weight) : matmul(x, weight);
+  return adapter ? adapter->add_to(y, x) : y;
 }
 
 void Linear::members(Members& m) {
   m("weight", weight);
   m("bias", bias);  // skipped when the layer has none
+  if (adapter) {
+    m("lora_a", adapter->a);
+    m("lora_b", adapter->b);
+  }
 }
 
 }  // namespace tapegrad::nn

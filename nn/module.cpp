@@ -53,6 +53,10 @@ std::size_t Module::num_params() const {
   return n;
 }
 
+void Module::freeze() {
+  for (NamedParameter& p : params()) p.var.node().requires_grad = false;
+}
+
 void Module::train(bool on) {
   training_ = on;
   ModeSetter setter(on);

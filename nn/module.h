@@ -43,8 +43,11 @@ class Module {
 
   /// Every parameter with its dotted name ("blocks.0.attn.wq.weight"), in members() order.
   ParameterList params() const;
-  /// The number of trainable values (every parameter's size, added up).
+  /// The number of values (every parameter's size, added up, frozen ones included).
   std::size_t num_params() const;
+  /// Every parameter stops requiring a gradient (a frozen base, as torch's requires_grad_(False)):
+  /// backward computes none for it, and optimizers refuse it (take trainable(params())).
+  void freeze();
 
   /// Training mode (the default) or evaluation mode, as torch's train() / eval(), for this module
   /// and every module under it: it switches dropout.

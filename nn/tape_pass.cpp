@@ -37,9 +37,16 @@ Var TapePass::attention(const Var& q, const Var& k, const Var& v, AttentionHeads
 Var TapePass::residual(const Var& x, const Var& h, const Linear& out, const Dropout& drop,
                        const Tensor* known_output) {
   if (drop.active()) return x + drop.forward(out.forward(h), rng_);
-  if (!out.bias.defined()) return add_matmul(x, h, out.weight, known_output);
-  auto biased = add_bias(x, out.bias);  // x + b first: then the projection is one add_matmul
-  return add_matmul(biased, h, out.weight, known_output);
+  // With an adapter, its add_matmul is the last op: the one whose output a remat re-run knows.
+  const Tensor* known_projection = out.adapter ? nullptr : known_output;
+  Var y;
+  if (!out.bias.defined()) {
+    y = add_matmul(x, h, out.weight, known_projection);
+  } else {
+    auto biased = add_bias(x, out.bias);  // x + b first: then the projection is one add_matmul
+    y = add_matmul(biased, h, out.weight, known_projection);
+  }
+  return out.adapter ? out.adapter->add_to(y, h, known_output) : y;
 }
 
 Var TapePass::residual(const Var& x, const Var& h, const Linear& out, const Dropout& drop) {

@@ -26,6 +26,10 @@ Optimizer::Optimizer(const char* name, ParameterList params, std::vector<std::st
     const NamedParameter& p = params_[i];
     if (!p.var.defined())
       throw std::invalid_argument(fmt::format("{}: parameter '{}' (index {}) is an undefined Var", name_, p.name, i));
+    if (!p.var.requires_grad())
+      throw std::invalid_argument(fmt::format("{}: parameter '{}' (index {}) is frozen (requires_grad false) and would "
+                                              "hold state it never uses; pass trainable(params)",
+                                              name_, p.name, i));
     auto [it, inserted] = seen.emplace(p.name, i);
     if (!inserted)
       throw std::invalid_argument(fmt::format("{}: parameters {} and {} are both named '{}'; names must be distinct "

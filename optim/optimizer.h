@@ -103,7 +103,8 @@ class Optimizer {
   static std::string state_name(const std::string& parameter, const std::string& slot);
 
  protected:
-  /// params must have distinct names and defined values; every slot starts as zeros of its
+  /// params must have distinct names and defined values, none frozen (std::invalid_argument
+  /// otherwise: pass trainable(params)); every slot starts as zeros of its
   /// parameter's shape. name is a string literal ("AdamW").
   Optimizer(const char* name, ParameterList params, std::vector<std::string> slot_names, float lr);
 

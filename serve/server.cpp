@@ -174,12 +174,12 @@ struct Server::Impl {
     if (!cpus.empty()) scheduler.cpus = std::move(cpus);
     if (!options.model.empty()) {
       scheduler.watch = false;
-      scheduler.load = [name = options.chat_template](const std::string& path) {
-        return load_pretrained_weights(path, name);
+      scheduler.load = [name = options.chat_template, lora = options.lora](const std::string& path) {
+        return load_pretrained_weights(path, name, lora);
       };
-    } else if (!options.chat_template.empty()) {
-      scheduler.load = [name = options.chat_template](const std::string& path) {
-        return load_weights(path, name);
+    } else if (!options.chat_template.empty() || !options.lora.empty()) {
+      scheduler.load = [name = options.chat_template, lora = options.lora](const std::string& path) {
+        return load_weights(path, name, lora);
       };
     }
     return scheduler;

@@ -24,6 +24,7 @@ struct ServerOptions {
   /// "chatml", "llama3" or a template file, in place of the model's own (or for one without any).
   /// With it, or with a model, scheduler.load is load_weights or load_pretrained_weights.
   std::string chat_template;
+  std::string lora;                    ///< a PEFT LoRA adapter folder applied on top of the model (nn/lora.h)
   std::string host = "127.0.0.1";      ///< the address to bind: loopback unless told otherwise
   int port = 8080;                     ///< 0: any free port (see Server::port())
   SchedulerOptions scheduler;          ///< sequences, queue, max_tokens cap

@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <fstream>
 
+#include "nn/lora.h"
 #include "nn/pretrained.h"
 #include "tokenizers/char_tokenizer.h"
 
@@ -46,11 +47,20 @@ void use_chat_template(Weights& weights, const std::string& name) {
   weights.no_chat_template.clear();
 }
 
+// --lora's adapter on top of the model, its files folded into the fingerprint's hash.
+void apply_lora(nn::LanguageModel& model, const std::string& lora, std::uint64_t& hash) {
+  if (lora.empty()) return;
+  nn::load_peft_adapter(lora, model);
+  hash = content_hash(lora, hash);
+}
+
 }  // namespace
 
-std::shared_ptr<const Weights> load_weights(const std::string& path, const std::string& chat_template) {
-  const std::uint64_t hash = content_hash(path);
+std::shared_ptr<const Weights> load_weights(const std::string& path, const std::string& chat_template,
+                                            const std::string& lora) {
+  std::uint64_t hash = content_hash(path);
   nn::LoadedModelCheckpoint loaded = nn::load_model_checkpoint(path);
+  apply_lora(loaded.model, lora, hash);
   loaded.model.set_training(false);
   std::uint64_t step = 0;
   if (auto it = loaded.metadata.find("step"); it != loaded.metadata.end()) {
@@ -73,9 +83,11 @@ std::shared_ptr<const Weights> load_weights(const std::string& path, const std::
   return std::make_shared<const Weights>(std::move(weights));
 }
 
-std::shared_ptr<const Weights> load_pretrained_weights(const std::string& path, const std::string& chat_template) {
-  const std::uint64_t hash = content_hash(path);
+std::shared_ptr<const Weights> load_pretrained_weights(const std::string& path, const std::string& chat_template,
+                                                       const std::string& lora) {
+  std::uint64_t hash = content_hash(path);
   nn::PretrainedModel loaded = nn::load_pretrained(path);
+  apply_lora(loaded.model, lora, hash);
   loaded.model.set_training(false);
   std::shared_ptr<const tokenizers::Tokenizer> tokenizer = std::move(loaded.tokenizer);
   Weights weights{.model = std::move(loaded.model),

@@ -35,11 +35,15 @@ struct Weights {
 
 /// Reads a tapegrad checkpoint of any architecture; throws (naming the file) like
 /// load_model_checkpoint. chat_template, if not empty, is --chat-template's "chatml", "llama3" or
-/// file (ChatTemplate::named; one not recognised throws).
-std::shared_ptr<const Weights> load_weights(const std::string& path, const std::string& chat_template = "");
+/// file (ChatTemplate::named; one not recognised throws). lora, if not empty, is a PEFT LoRA
+/// folder applied on top (nn::load_peft_adapter), its files part of the fingerprint.
+std::shared_ptr<const Weights> load_weights(const std::string& path, const std::string& chat_template = "",
+                                            const std::string& lora = "");
 
 /// Reads a published model, a .gguf file or a Hugging Face folder (nn::load_pretrained), with its
-/// own chat template when it has one the server recognises, or chat_template as load_weights.
-std::shared_ptr<const Weights> load_pretrained_weights(const std::string& path, const std::string& chat_template = "");
+/// own chat template when it has one the server recognises, or chat_template as load_weights; lora
+/// as load_weights.
+std::shared_ptr<const Weights> load_pretrained_weights(const std::string& path, const std::string& chat_template = "",
+                                                       const std::string& lora = "");
 
 }  // namespace tapegrad::serve

@@ -4,6 +4,7 @@
 #include <fmt/format.h>
 
 #include "common/program.h"
+#include "nn/lora.h"
 #include "nn/pretrained.h"
 #include "tokenizers/char_tokenizer.h"
 
@@ -15,16 +16,26 @@ void ModelSource::add_options(CLI::App& app) {
                  "A published model: a GGUF file or a Hugging Face folder (config.json, safetensors, tokenizer.json)");
 }
 
+void ModelSource::add_lora_option(CLI::App& app) {
+  app.add_option("--lora", lora,
+                 "A PEFT LoRA adapter folder (adapter_config.json, adapter_model.safetensors) applied on top of the "
+                 "model");
+}
+
 LoadedModel ModelSource::load() const {
   if (checkpoint.empty() == model.empty())
     throw UsageError(checkpoint.empty() ? "give --checkpoint FILE or --model PATH"
                                         : "give --checkpoint or --model, not both");
-  if (!model.empty()) {
-    nn::PretrainedModel pretrained = nn::load_pretrained(model);
-    return {std::move(pretrained.model), std::move(pretrained.tokenizer), std::move(pretrained.chat_template), model};
-  }
-  nn::LoadedModelCheckpoint loaded = nn::load_model_checkpoint(checkpoint);  // any registered arch
-  return {std::move(loaded.model), std::move(loaded.tokenizer), std::nullopt, checkpoint};
+  LoadedModel loaded = [&]() -> LoadedModel {
+    if (!model.empty()) {
+      nn::PretrainedModel pretrained = nn::load_pretrained(model);
+      return {std::move(pretrained.model), std::move(pretrained.tokenizer), std::move(pretrained.chat_template), model};
+    }
+    nn::LoadedModelCheckpoint checkpoint_file = nn::load_model_checkpoint(checkpoint);  // any registered arch
+    return {std::move(checkpoint_file.model), std::move(checkpoint_file.tokenizer), std::nullopt, checkpoint};
+  }();
+  if (!lora.empty()) nn::load_peft_adapter(lora, loaded.model);
+  return loaded;
 }
 
 tokenizers::ChatTemplate chat_template_of(const LoadedModel& loaded, const std::string& override_name) {

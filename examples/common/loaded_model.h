@@ -22,12 +22,15 @@ struct LoadedModel {
   std::string path;                          ///< what was loaded, for messages
 };
 
-/// Where a program's model comes from: --checkpoint FILE or --model PATH, exactly one.
+/// Where a program's model comes from: --checkpoint FILE or --model PATH, exactly one, and a
+/// LoRA adapter on top (--lora DIR, when the program offers it).
 struct ModelSource {
-  std::string checkpoint, model;
+  std::string checkpoint, model, lora;
   /// Adds --checkpoint and --model to app.
   void add_options(CLI::App& app);
-  /// Loads the one given; a UsageError when neither or both are.
+  /// Adds --lora DIR: a PEFT adapter folder (nn/lora.h) applied on top of the model.
+  void add_lora_option(CLI::App& app);
+  /// Loads the one given, and the adapter; a UsageError when neither or both are.
   LoadedModel load() const;
 };
 

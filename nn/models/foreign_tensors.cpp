@@ -46,20 +46,34 @@ Tensor transposed(const Tensor& m) {
 
 }  // namespace
 
-Tensor permute_rope_rows(const Tensor& weight, std::size_t heads) {
+namespace {
+
+// Row 2i of each head from row i and row 2i + 1 from row i + Dh/2 (to_interleaved), or back.
+Tensor move_rope_rows(const Tensor& weight, std::size_t heads, bool to_interleaved, const char* caller) {
   const std::size_t rows = weight.rank() == 0 ? 0 : weight.dim(0), cols = weight.rank() == 2 ? weight.dim(1) : 1;
   if (weight.rank() == 0 || weight.rank() > 2 || heads == 0 || rows % (2 * heads) != 0)
-    throw std::invalid_argument(fmt::format("permute_rope_rows: {} rows of {} do not split into {} heads of an even "
-                                            "size",
+    throw std::invalid_argument(fmt::format("{}: {} rows of {} do not split into {} heads of an even size", caller,
                                             rows, to_string(weight.shape()), heads));
   const std::size_t head_dim = rows / heads, half = head_dim / 2;
   Tensor out = Tensor::uninitialized(weight.shape());
   for (std::size_t h = 0; h < heads; ++h)
     for (std::size_t i = 0; i < half; ++i)
-      for (std::size_t pair = 0; pair < 2; ++pair)  // row 2i from row i, row 2i + 1 from row i + half
-        std::copy_n(weight.data() + (h * head_dim + pair * half + i) * cols, cols,
-                    out.data() + (h * head_dim + 2 * i + pair) * cols);
+      for (std::size_t pair = 0; pair < 2; ++pair) {
+        const std::size_t rotate_half = h * head_dim + pair * half + i, interleaved = h * head_dim + 2 * i + pair;
+        const std::size_t from = to_interleaved ? rotate_half : interleaved, to = to_interleaved ? interleaved : rotate_half;
+        std::copy_n(weight.data() + from * cols, cols, out.data() + to * cols);
+      }
   return out;
+}
+
+}  // namespace
+
+Tensor permute_rope_rows(const Tensor& weight, std::size_t heads) {
+  return move_rope_rows(weight, heads, true, "permute_rope_rows");
+}
+
+Tensor unpermute_rope_rows(const Tensor& weight, std::size_t heads) {
+  return move_rope_rows(weight, heads, false, "unpermute_rope_rows");
 }
 
 void load_foreign_tensors(Module& model, std::span<const ForeignTensor> map,

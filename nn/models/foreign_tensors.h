@@ -34,6 +34,9 @@ struct ForeignTensor {
 /// interleaved-pair order (llama.cpp's convert_hf_to_gguf permute): within each head of Dh rows,
 /// row 2i comes from row i and row 2i + 1 from row i + Dh/2. A bias vector is a matrix of one column.
 Tensor permute_rope_rows(const Tensor& weight, std::size_t heads);
+/// The inverse of permute_rope_rows: interleaved-pair rows back in rotate-half order, for writing
+/// Hugging Face files.
+Tensor unpermute_rope_rows(const Tensor& weight, std::size_t heads);
 
 /// Assigns every parameter of model named in map: fetch(entry) gives the file's float32 tensor in
 /// PyTorch's layout (it looks up entry.hf_name or entry.gguf_name, as from_hf says); the split part
