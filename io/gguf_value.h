@@ -50,6 +50,8 @@ class GgufValue {
   std::vector<bool> as_bools() const;
   /// The elements of an array of arrays.
   const std::vector<GgufValue>& as_arrays() const;
+  /// The stored value as it is (what a writer copies).
+  const Storage& storage() const { return value_; }
 
  private:
   [[noreturn]] void mismatch(const char* expected) const;

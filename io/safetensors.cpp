@@ -1,4 +1,4 @@
-// safetensors I/O: the atomic writer (temporary file, fsync, rename) and the distrustful reader
+// safetensors I/O: the atomic writer (io/atomic_file.h) and the distrustful reader
 // (every header value is checked against the real file size before anything is allocated).
 #include "io/safetensors.h"
 
@@ -11,7 +11,6 @@
 #include <bit>
 #include <cerrno>
 #include <cstring>
-#include <filesystem>
 #include <nlohmann/json.hpp>
 #include <set>
 #include <stdexcept>
@@ -19,6 +18,7 @@
 #include <utility>
 
 #include "core/quant/block_format.h"
+#include "io/atomic_file.h"
 
 static_assert(std::endian::native == std::endian::little,
               "safetensors data is little-endian; this build writes and reads host floats as they are");
@@ -33,8 +33,7 @@ namespace {
 
 using json = nlohmann::json;
 
-// A file descriptor closed when it goes out of scope (close errors matter only for the writer,
-// which closes explicitly and checks).
+// A file descriptor closed when it goes out of scope (the reader's: close errors do not matter).
 class FileDescriptor {
  public:
   explicit FileDescriptor(int fd) : fd_(fd) {}
@@ -44,48 +43,12 @@ class FileDescriptor {
   FileDescriptor(const FileDescriptor&) = delete;
   FileDescriptor& operator=(const FileDescriptor&) = delete;
   int get() const { return fd_; }
-  int release() { return std::exchange(fd_, -1); }
 
  private:
   int fd_;
 };
 
 // ---- writer ------------------------------------------------------------------------------------
-
-// Writes to the temporary file, counting bytes, and fails like a full disk when the test seam says.
-class TempWriter {
- public:
-  TempWriter(const std::string& path, const std::string& temp_path, int fd, std::int64_t fail_after)
-      : path_(path), temp_path_(temp_path), fd_(fd), fail_after_(fail_after) {}
-
-  void write(const void* data, std::size_t n) {
-    const char* p = static_cast<const char*>(data);
-    std::size_t allowed = n;
-    const bool inject = fail_after_ >= 0 && written_ + n > std::uint64_t(fail_after_);
-    if (inject) allowed = std::uint64_t(fail_after_) - written_;
-    while (allowed > 0) {
-      ssize_t got = ::write(fd_, p, allowed);
-      if (got < 0 && errno == EINTR) continue;
-      if (got < 0) fail(errno);
-      p += got;
-      allowed -= std::size_t(got);
-      written_ += std::size_t(got);
-    }
-    if (inject) fail(ENOSPC);
-  }
-
-  [[noreturn]] void fail(int err) const {
-    throw std::runtime_error(fmt::format("{}: write failed after {} bytes of the temporary file {}: {}", path_,
-                                         written_, temp_path_, std::strerror(err)));
-  }
-
- private:
-  const std::string& path_;
-  const std::string& temp_path_;
-  int fd_;
-  std::int64_t fail_after_;
-  std::uint64_t written_ = 0;
-};
 
 // The JSON header, padded with spaces to a multiple of 8 bytes.
 std::string make_header(const std::string& path, const std::vector<std::pair<std::string, const Tensor*>>& tensors,
@@ -114,14 +77,6 @@ std::string make_header(const std::string& path, const std::vector<std::pair<std
   }
   text.append((8 - text.size() % 8) % 8, ' ');
   return text;
-}
-
-// Makes a rename durable; best effort, since some file systems cannot fsync a directory.
-void sync_directory_of(const std::string& path) {
-  std::filesystem::path folder = std::filesystem::path(path).parent_path();
-  if (folder.empty()) folder = ".";
-  FileDescriptor dir(::open(folder.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
-  if (dir.get() >= 0) ::fsync(dir.get());
 }
 
 // ---- reader ------------------------------------------------------------------------------------
@@ -256,28 +211,13 @@ void write_safetensors(const std::string& path, const std::vector<std::pair<std:
                        const std::map<std::string, std::string>& metadata) {
   const std::int64_t fail_after = std::exchange(detail::safetensors_fail_after_bytes, -1);
   const std::string header = make_header(path, tensors, metadata);
-  const std::string temp_path = fmt::format("{}.tmp.{}", path, ::getpid());
-  FileDescriptor fd(::open(temp_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
-  if (fd.get() < 0)
-    throw std::runtime_error(fmt::format("{}: cannot create the temporary file {}: {}", path, temp_path,
-                                         std::strerror(errno)));
-  try {
-    TempWriter out(path, temp_path, fd.get(), fail_after);
-    unsigned char length[8];
-    for (int i = 0; i < 8; ++i) length[i] = static_cast<unsigned char>(std::uint64_t(header.size()) >> (8 * i));
-    out.write(length, 8);
-    out.write(header.data(), header.size());
-    for (const auto& entry : tensors) out.write(entry.second->data(), entry.second->bytes());
-    if (::fsync(fd.get()) != 0) out.fail(errno);
-    if (::close(fd.release()) != 0) out.fail(errno);
-    if (::rename(temp_path.c_str(), path.c_str()) != 0)
-      throw std::runtime_error(fmt::format("{}: cannot rename the temporary file {} over it: {}", path, temp_path,
-                                           std::strerror(errno)));
-  } catch (...) {
-    ::unlink(temp_path.c_str());
-    throw;
-  }
-  sync_directory_of(path);
+  io::AtomicFile out(path, fail_after);
+  unsigned char length[8];
+  for (int i = 0; i < 8; ++i) length[i] = static_cast<unsigned char>(std::uint64_t(header.size()) >> (8 * i));
+  out.write(length, 8);
+  out.write(header.data(), header.size());
+  for (const auto& entry : tensors) out.write(entry.second->data(), entry.second->bytes());
+  out.commit();
 }
 
 SafetensorsFile read_safetensors(const std::string& path) {
