@@ -3,9 +3,11 @@
 // their own and live here.
 #include <algorithm>
 #include <cmath>
+#include <type_traits>
 
 #include "core/kernels/kernel_table.h"
 #include "core/parallel.h"
+#include "core/precision.h"
 
 namespace tapegrad::kernels {
 
@@ -35,15 +37,24 @@ template const KernelTable<double>& active_table<double>();
 #include "core/kernel_list.h"
 
 template <class T>
+void precision_gemm(bool trans_a, bool trans_b, std::size_t M, std::size_t N, std::size_t K, const T* A,
+                    std::size_t lda, const T* B, std::size_t ldb, bool accumulate, T* C, std::size_t ldc) {
+  if constexpr (std::is_same_v<T, float>)
+    if (matmul_precision() == Precision::bf16)
+      return bf16_gemm<float>(trans_a, trans_b, M, N, K, A, lda, B, ldb, accumulate, C, ldc);
+  gemm<T>(trans_a, trans_b, M, N, K, T(1), A, lda, B, ldb, accumulate ? T(1) : T(0), C, ldc);
+}
+
+template <class T>
 void matmul_forward(T* y, const T* x, const T* w, std::size_t M, std::size_t K, std::size_t N) {
-  gemm<T>(false, false, M, N, K, T(1), x, K, w, N, T(0), y, N);
+  precision_gemm<T>(false, false, M, N, K, x, K, w, N, false, y, N);
 }
 
 template <class T>
 void matmul_backward(T* dx, T* dw, const T* dy, const T* x, const T* w, std::size_t M, std::size_t K,
                      std::size_t N, bool overwrite_dx) {
-  if (dx) gemm<T>(false, true, M, K, N, T(1), dy, N, w, N, overwrite_dx ? T(0) : T(1), dx, K);
-  if (dw) gemm<T>(true, false, K, N, M, T(1), x, K, dy, N, T(1), dw, N);
+  if (dx) precision_gemm<T>(false, true, M, K, N, dy, N, w, N, !overwrite_dx, dx, K);
+  if (dw) precision_gemm<T>(true, false, K, N, M, x, K, dy, N, true, dw, N);
 }
 
 // dst (M, N) = src (M, N), row by row on the kernel threads, each its share in the order gemm
@@ -57,7 +68,7 @@ static void copy_rows(T* dst, const T* src, std::size_t M, std::size_t N) {
 template <class T>
 void add_matmul_forward(T* y, const T* r, const T* x, const T* w, std::size_t M, std::size_t K, std::size_t N) {
   if (y != r) copy_rows(y, r, M, N);
-  gemm<T>(false, false, M, N, K, T(1), x, K, w, N, T(1), y, N);
+  precision_gemm<T>(false, false, M, N, K, x, K, w, N, true, y, N);
 }
 
 template <class T>
@@ -71,7 +82,7 @@ void add_matmul_backward(T* dr, T* dx, T* dw, const T* dy, const T* x, const T* 
 template <class T>
 void linear_forward(T* y, const T* x, const T* w, const T* b, std::size_t M, std::size_t K, std::size_t N) {
   detail::parallel_for(M, N, [&](std::size_t i) { std::copy_n(b, N, y + i * N); });
-  gemm<T>(false, false, M, N, K, T(1), x, K, w, N, T(1), y, N);
+  precision_gemm<T>(false, false, M, N, K, x, K, w, N, true, y, N);
 }
 
 template <class T>
@@ -98,6 +109,7 @@ template <class T> RopeTable<T> make_rope_table(std::size_t max_len, std::size_t
 
 #define TAPEGRAD_KERNEL(Return, name, parameters, arguments) TAPEGRAD_INSTANTIATE_KERNEL(name)
 #include "core/kernel_list.h"
+TAPEGRAD_INSTANTIATE_KERNEL(precision_gemm)
 TAPEGRAD_INSTANTIATE_KERNEL(matmul_forward)
 TAPEGRAD_INSTANTIATE_KERNEL(matmul_backward)
 TAPEGRAD_INSTANTIATE_KERNEL(add_matmul_forward)

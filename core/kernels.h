@@ -76,6 +76,11 @@ inline constexpr std::size_t key_block = 16;
 // Backward adds into every gradient it gets (a null pointer: not needed); with overwrite_dx
 // (overwrite_dr), dx (dr) is written instead, its old values not read, as in core/kernel_list.h.
 
+/// C (M, N) = op(A) op(B) (+ C when accumulating) at this thread's matmul precision
+/// (core/precision.h): bf16_gemm under bf16 (T = float), gemm otherwise. The products below use it.
+template <class T>
+void precision_gemm(bool trans_a, bool trans_b, std::size_t M, std::size_t N, std::size_t K, const T* A,
+                    std::size_t lda, const T* B, std::size_t ldb, bool accumulate, T* C, std::size_t ldc);
 /// y = x w; x (M, K), w (K, N) -> y (M, N).
 template <class T>
 void matmul_forward(T* y, const T* x, const T* w, std::size_t M, std::size_t K, std::size_t N);

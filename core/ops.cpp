@@ -2,6 +2,7 @@
 #include "core/ops.h"
 
 #include "core/op.h"
+#include "core/precision.h"
 
 #include <fmt/format.h>
 
@@ -84,28 +85,31 @@ Var matmul(const Var& a, const Var& b, bool transpose_a, bool transpose_b) {
   Op op("matmul", {a, b});
   Tensor y = Tensor::uninitialized(out_shape);
   for (std::size_t i = 0; i < batch; ++i)
-    kernels::gemm<float>(transpose_a, transpose_b, M, N, K, 1.0f, a.value().data() + i * stride_a, lda,
-                         b.value().data() + i * stride_b, ldb, 0.0f, y.data() + i * stride_c, N);
+    kernels::precision_gemm<float>(transpose_a, transpose_b, M, N, K, a.value().data() + i * stride_a, lda,
+                                   b.value().data() + i * stride_b, ldb, false, y.data() + i * stride_c, N);
   // C = op(A) op(B): d op(A) = dC op(B)^T, d op(B) = op(A)^T dC; transposing back gives the
-  // four flag combinations below.
+  // four flag combinations below. Under bf16, the same products of the rounded operands (dC
+  // included): the gradient of the float32 product at the rounded inputs, straight through the
+  // rounding, whose own derivative is zero almost everywhere.
   return op.finish(std::move(y), [a, b, transpose_a, transpose_b, batch, M, N, K, lda, ldb, stride_a, stride_b,
-                                  stride_c](const Tensor& dy, const Tensor&) {
-      // A first gradient is written (beta 0) rather than zero-filled and added to.
+                                  stride_c, precision = matmul_precision()](const Tensor& dy, const Tensor&) {
+      PrecisionScope scope(precision);
+      // A first gradient is written rather than zero-filled and added to.
       const GradTarget ga = grad_target(a, {b}), gb = grad_target(b, {a});
       float *da = ga.data, *db = gb.data;
-      const float beta_a = ga.overwrite ? 0.0f : 1.0f, beta_b = gb.overwrite ? 0.0f : 1.0f;
+      const bool add_a = !ga.overwrite, add_b = !gb.overwrite;
       for (std::size_t i = 0; i < batch; ++i) {
         const float* A = a.value().data() + i * stride_a;
         const float* B = b.value().data() + i * stride_b;
         const float* dC = dy.data() + i * stride_c;
         if (da && !transpose_a)
-          kernels::gemm<float>(false, !transpose_b, M, K, N, 1, dC, N, B, ldb, beta_a, da + i * stride_a, K);
+          kernels::precision_gemm<float>(false, !transpose_b, M, K, N, dC, N, B, ldb, add_a, da + i * stride_a, K);
         if (da && transpose_a)
-          kernels::gemm<float>(transpose_b, true, K, M, N, 1, B, ldb, dC, N, beta_a, da + i * stride_a, M);
+          kernels::precision_gemm<float>(transpose_b, true, K, M, N, B, ldb, dC, N, add_a, da + i * stride_a, M);
         if (db && !transpose_b)
-          kernels::gemm<float>(!transpose_a, false, K, N, M, 1, A, lda, dC, N, beta_b, db + i * stride_b, N);
+          kernels::precision_gemm<float>(!transpose_a, false, K, N, M, A, lda, dC, N, add_b, db + i * stride_b, N);
         if (db && transpose_b)
-          kernels::gemm<float>(true, transpose_a, N, K, M, 1, dC, N, A, lda, beta_b, db + i * stride_b, K);
+          kernels::precision_gemm<float>(true, transpose_a, N, K, M, dC, N, A, lda, add_b, db + i * stride_b, K);
       }
   });
 }
@@ -132,9 +136,12 @@ Var add_matmul(const Var& r, const Var& x, const Var& w, const Tensor* known_y) 
     if (bias) kernels::linear_forward(y.data(), x.value().data(), w.value().data(), r.value().data(), M, K, N);
     else kernels::add_matmul_forward(y.data(), r.value().data(), x.value().data(), w.value().data(), M, K, N);
   }
-  // dr += dy (summed over rows for a bias); dx += dy w^T; dw += x^T dy. An activation's first
-  // gradient (dx, and a residual's dr) is written rather than added.
-  return op.finish(std::move(y), [r, x, w, M, K, N, bias](const Tensor& dy, const Tensor&) {
+  // dr += dy (summed over rows for a bias); dx += dy w^T; dw += x^T dy, at the forward's precision
+  // (as matmul's). An activation's first gradient (dx, and a residual's dr) is written rather than
+  // added.
+  return op.finish(std::move(y), [r, x, w, M, K, N, bias, precision = matmul_precision()](const Tensor& dy,
+                                                                                          const Tensor&) {
+    PrecisionScope scope(precision);
     const GradTarget dx = grad_target(x, {r, w});
     float* dw = grad_ptr(w);
     if (bias) {

@@ -1,4 +1,4 @@
-// Private to core/: the one parallel runtime (OpenMP) for row kernels.
+// Private to core/: the one parallel runtime (OpenMP) for row kernels and split matrix products.
 #pragma once
 
 #include <omp.h>
@@ -9,6 +9,30 @@
 #include "core/kernels.h"
 
 namespace tapegrad::detail {
+
+/// Runs product(m0, m, n0, n) on the (m0.., n0..) block of C: whole, or split over the kernel
+/// threads along the longer output side into near-equal chunks of 16 rows (a whole tile at 16
+/// lanes; 6-row tiles lose at most one partial tile per chunk) or 64 columns (whole panels at every
+/// width). 64 rows split 32 + 32, where chunks of 48 rows split them 48 + 16.
+template <class Product>
+void split_product(std::size_t M, std::size_t N, std::size_t K, Product product) {
+  int threads = num_threads();
+  constexpr std::size_t min_parallel_flops = 1 << 21;
+  if (threads <= 1 || M * N * K < min_parallel_flops || omp_in_parallel()) {
+    product(0, M, 0, N);
+    return;
+  }
+  bool split_rows = M >= N;
+  std::size_t extent = split_rows ? M : N, unit = split_rows ? 16 : 64;
+  std::size_t chunk = ((extent + threads - 1) / threads + unit - 1) / unit * unit;
+  std::size_t parts = (extent + chunk - 1) / chunk;
+#pragma omp parallel for num_threads(threads) schedule(static)
+  for (std::ptrdiff_t p = 0; p < static_cast<std::ptrdiff_t>(parts); ++p) {
+    std::size_t begin = p * chunk, count = std::min(chunk, extent - begin);
+    if (split_rows) product(begin, count, 0, N);
+    else product(0, M, begin, count);
+  }
+}
 
 /// Runs body(i) for i in [0, n): on the kernel threads when the work (n * cost_per_item scalar
 /// operations) is worth a parallel region and we are not already inside one.

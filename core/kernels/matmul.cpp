@@ -172,30 +172,6 @@ static void packed_product(bool trans_a, bool trans_b, std::size_t M, std::size_
   }
 }
 
-// Runs product(m0, m, n0, n) on the (m0.., n0..) block of C: whole, or split over the kernel
-// threads along the longer output side into near-equal chunks of 16 rows (a whole tile at 16
-// lanes; 6-row tiles lose at most one partial tile per chunk) or 64 columns (whole panels at every
-// width). 64 rows split 32 + 32, where chunks of 48 rows split them 48 + 16.
-template <class Product>
-static void split_product(std::size_t M, std::size_t N, std::size_t K, Product product) {
-  int threads = num_threads();
-  constexpr std::size_t min_parallel_flops = 1 << 21;
-  if (threads <= 1 || M * N * K < min_parallel_flops || omp_in_parallel()) {
-    product(0, M, 0, N);
-    return;
-  }
-  bool split_rows = M >= N;
-  std::size_t extent = split_rows ? M : N, unit = split_rows ? 16 : 64;
-  std::size_t chunk = ((extent + threads - 1) / threads + unit - 1) / unit * unit;
-  std::size_t parts = (extent + chunk - 1) / chunk;
-#pragma omp parallel for num_threads(threads) schedule(static)
-  for (std::ptrdiff_t p = 0; p < static_cast<std::ptrdiff_t>(parts); ++p) {
-    std::size_t begin = p * chunk, count = std::min(chunk, extent - begin);
-    if (split_rows) product(begin, count, 0, N);
-    else product(0, M, begin, count);
-  }
-}
-
 // Where row `first` of op(A) starts (column `first` of A when transposed), and column `first` of
 // op(B).
 template <class T>
@@ -225,7 +201,7 @@ template <class T>
 void packed_gemm(bool trans_a, bool trans_b, std::size_t M, std::size_t N, std::size_t K, T alpha, const T* A,
                  std::size_t lda, const T* B, std::size_t ldb, T beta, T* C, std::size_t ldc) {
   if (M == 0 || N == 0) return;
-  split_product(M, N, K, [&](std::size_t m0, std::size_t m, std::size_t n0, std::size_t n) {
+  detail::split_product(M, N, K, [&](std::size_t m0, std::size_t m, std::size_t n0, std::size_t n) {
     packed_product(trans_a, trans_b, m, n, K, alpha, row_block(A, trans_a, m0, lda), lda,
                    column_block(B, trans_b, n0, ldb), ldb, beta, C + m0 * ldc + n0, ldc);
   });
@@ -242,7 +218,7 @@ void gemm(bool trans_a, bool trans_b, std::size_t M, std::size_t N, std::size_t 
     return packed_gemm(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
   auto ta = trans_a ? CblasTrans : CblasNoTrans;
   auto tb = trans_b ? CblasTrans : CblasNoTrans;
-  split_product(M, N, K, [&](std::size_t m0, std::size_t m, std::size_t n0, std::size_t n) {
+  detail::split_product(M, N, K, [&](std::size_t m0, std::size_t m, std::size_t n0, std::size_t n) {
     blas_gemm(ta, tb, int(m), int(n), int(K), alpha, row_block(A, trans_a, m0, lda), int(lda),
               column_block(B, trans_b, n0, ldb), int(ldb), beta, C + m0 * ldc + n0, int(ldc));
   });

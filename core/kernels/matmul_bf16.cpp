@@ -1,0 +1,244 @@
+// bf16_gemm: C (M, N) = op(A) op(B) (+ C) with the inputs rounded to bfloat16 and float32
+// accumulation, the arithmetic of AVX512_BF16's VDPBF16PS bit for bit at every level: the
+// instruction where the CPU has it, a chain of fused multiply-adds elsewhere (Note [bf16 products]).
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+
+#include "core/aligned.h"
+#include "core/bf16.h"
+#include "core/kernels/level.h"
+
+namespace tapegrad::kernels::TAPEGRAD_SIMD_LEVEL {
+
+// Note [bf16 products]
+// VDPBF16PS adds two bf16 products into each float32 lane. Its arithmetic, as the Intel SDM's
+// pseudocode has it and as a probe measured on a family 6 model 167 Xeon (6 million random lanes,
+// every exponent range, and hand-made edge cases, all equal to the chain below):
+//   acc = acc + a[2i+1] b[2i+1];  then  acc = acc + a[2i] b[2i]
+// the pair's odd element first, each step rounded once to nearest even (a fused multiply-add: the
+// product of two bf16 values is exact, its exponent unbounded), a subnormal bf16 input or incoming
+// acc read as zero, every step's subnormal result flushed to zero; MXCSR is neither read nor
+// written. bf16_gemm's result is that chain, per output element: acc starts at +0 (at C's value
+// when accumulating), then runs over k in pairs, 2p+1 then 2p, K padded with a zero to even, one
+// chain per element whatever the tile, the thread or the level. The other paths compute the same
+// chain with fma under MXCSR's flush-to-zero and denormals-are-zero bits; SSE2, which has no fma,
+// adds the exact product in double and rounds to float once more, which is the single rounding
+// (the double rounding of a sum of two 24-bit numbers in 53 bits is innocuous: Figueroa 1995), as
+// the probe also measured. A NaN gives a NaN everywhere; its payload may differ between paths.
+
+// The register tile: MR rows by `vectors` vectors of C, KC-deep slices of K (even, so that pairs
+// never straddle two slices), blocks of MC rows of op(A).
+constexpr std::size_t MR = 6, KC = 256, MC = 96;
+
+static std::size_t round_up_even(std::size_t n) { return (n + 1) / 2 * 2; }
+
+// The bf16 bits of x, subnormals flushed to a zero of x's sign: what the instruction reads.
+static std::uint16_t bf16_operand(float x) {
+  std::uint16_t bits = to_bf16_bits(x);
+  return (bits & 0x7F80) == 0 ? std::uint16_t(bits & 0x8000) : bits;
+}
+
+// Sets MXCSR's flush-to-zero and denormals-are-zero bits on this thread while it lives.
+class FlushSubnormals {
+ public:
+  FlushSubnormals() : saved_(_mm_getcsr()) { _mm_setcsr(saved_ | flush_to_zero | denormals_are_zero); }
+  ~FlushSubnormals() { _mm_setcsr(saved_); }
+  FlushSubnormals(const FlushSubnormals&) = delete;
+  FlushSubnormals& operator=(const FlushSubnormals&) = delete;
+
+ private:
+  static constexpr unsigned flush_to_zero = 0x8000, denormals_are_zero = 0x0040;
+  unsigned saved_;
+};
+
+// One step of the chain, acc + x y rounded once (x y is exact).
+template <class V>
+static V chain_step(const V& acc, const V& x, const V& y) {
+#ifdef __FMA__
+  return fma(x, y, acc);
+#else  // SSE2: no fma; four lanes as two pairs of doubles
+  __m128 a = acc, p = x, q = y;
+  __m128d low = _mm_add_pd(_mm_cvtps_pd(a), _mm_mul_pd(_mm_cvtps_pd(p), _mm_cvtps_pd(q)));
+  __m128d high = _mm_add_pd(_mm_cvtps_pd(_mm_movehl_ps(a, a)),
+                            _mm_mul_pd(_mm_cvtps_pd(_mm_movehl_ps(p, p)), _mm_cvtps_pd(_mm_movehl_ps(q, q))));
+  return V(_mm_movelh_ps(_mm_cvtpd_ps(low), _mm_cvtpd_ps(high)));
+#endif
+}
+
+// The portable path: panels of floats (the rounded values) with each pair of k swapped, so that
+// the tile's plain k loop runs the chain's order.
+struct ChainPath {
+  using Element = float;
+  using V = Batch<float>;
+  static constexpr std::size_t vectors = V::size == 16 ? 4 : 2, NR = vectors * V::size;
+  static std::size_t index(std::size_t k, std::size_t j, std::size_t width) { return (k ^ 1) * width + j; }
+  static Element element(std::uint16_t bits) { return from_bf16_bits(bits); }
+
+  // c (MR, NR) = (accumulate ? c : 0) + the chain over `rows` (even) k of the panels a (rows, MR)
+  // and b (rows, NR).
+  [[gnu::noinline]] static void tile(float* c, std::size_t ldc, const float* a, const float* b, std::size_t rows,
+                                     bool accumulate) {
+    constexpr std::size_t W = V::size;
+    V acc[MR][vectors];
+    for (std::size_t r = 0; r < MR; ++r)
+      for (std::size_t v = 0; v < vectors; ++v) acc[r][v] = accumulate ? V::load_unaligned(c + r * ldc + v * W) : V(0.0f);
+    for (std::size_t k = 0; k < rows; ++k) {
+      V col[vectors];
+      for (std::size_t v = 0; v < vectors; ++v) col[v] = V::load_aligned(b + k * NR + v * W);
+      for (std::size_t r = 0; r < MR; ++r) {
+        V x(a[k * MR + r]);
+        for (std::size_t v = 0; v < vectors; ++v) acc[r][v] = chain_step(acc[r][v], x, col[v]);
+      }
+    }
+    for (std::size_t r = 0; r < MR; ++r)
+      for (std::size_t v = 0; v < vectors; ++v) acc[r][v].store_unaligned(c + r * ldc + v * W);
+  }
+};
+
+#if defined(__AVX512F__) && !defined(TAPEGRAD_EMULATED_BATCH)
+// The instruction's path (AVX-512 level, CPUs with AVX512_BF16 only): panels of bf16 bits, each
+// pair of k in one 32-bit word, the layout VDPBF16PS reads.
+struct InstructionPath {
+  using Element = std::uint16_t;
+  static constexpr std::size_t vectors = 4, NR = vectors * 16;
+  static std::size_t index(std::size_t k, std::size_t j, std::size_t width) {
+    return ((k >> 1) * width + j) * 2 + (k & 1);
+  }
+  static Element element(std::uint16_t bits) { return bits; }
+
+  [[gnu::target("avx512bf16"), gnu::noinline]] static void tile(float* c, std::size_t ldc, const std::uint16_t* a,
+                                                                 const std::uint16_t* b, std::size_t rows,
+                                                                 bool accumulate) {
+    __m512 acc[MR][vectors];
+    for (std::size_t r = 0; r < MR; ++r)
+      for (std::size_t v = 0; v < vectors; ++v)
+        acc[r][v] = accumulate ? _mm512_loadu_ps(c + r * ldc + v * 16) : _mm512_setzero_ps();
+    for (std::size_t p = 0; p < rows / 2; ++p) {
+      __m512i col[vectors];
+      for (std::size_t v = 0; v < vectors; ++v) col[v] = _mm512_load_si512(b + (p * NR + v * 16) * 2);
+      for (std::size_t r = 0; r < MR; ++r) {
+        std::int32_t pair;
+        std::memcpy(&pair, a + (p * MR + r) * 2, sizeof pair);
+        __m512i x = _mm512_set1_epi32(pair);
+        for (std::size_t v = 0; v < vectors; ++v) acc[r][v] = _mm512_dpbf16_ps(acc[r][v], (__m512bh)x, (__m512bh)col[v]);
+      }
+    }
+    for (std::size_t r = 0; r < MR; ++r)
+      for (std::size_t v = 0; v < vectors; ++v) _mm512_storeu_ps(c + r * ldc + v * 16, acc[r][v]);
+  }
+};
+
+static bool cpu_has_bf16_dot_products() {
+  __builtin_cpu_init();
+  return __builtin_cpu_supports("avx512bf16");
+}
+#endif
+
+// Writes the operand bits of X(k0 + k, j0 + j), X(k, j) = trans ? X[j * ld + k] : X[k * ld + j],
+// for k < kc and j < cols into a panel of `width` columns and round_up_even(kc) rows in Path's
+// layout, zeros everywhere else.
+template <class Path>
+static void pack_panel(typename Path::Element* panel, std::size_t width, const float* X, bool trans, std::size_t ld,
+                       std::size_t k0, std::size_t kc, std::size_t j0, std::size_t cols) {
+  using Element = typename Path::Element;
+  std::fill(panel, panel + round_up_even(kc) * width, Element(0));
+  if (trans) {  // the source's rows run along k
+    for (std::size_t j = 0; j < cols; ++j) {
+      const float* row = X + (j0 + j) * ld + k0;
+      for (std::size_t k = 0; k < kc; ++k) panel[Path::index(k, j, width)] = Path::element(bf16_operand(row[k]));
+    }
+    return;
+  }
+  for (std::size_t k = 0; k < kc; ++k) {
+    const float* row = X + (k0 + k) * ld + j0;
+    for (std::size_t j = 0; j < cols; ++j) panel[Path::index(k, j, width)] = Path::element(bf16_operand(row[j]));
+  }
+}
+
+// The BLIS loop order of packed_gemm (core/kernels/matmul.cpp): per KC slice, op(B) packed into
+// panels of NR columns; per block of MC rows, op(A) packed into panels of MR rows; the tile runs
+// one panel of each. Partial tiles run on a copy of C's corner, so that every element gets the
+// same chain.
+template <class Path>
+static void bf16_product(bool trans_a, bool trans_b, std::size_t M, std::size_t N, std::size_t K, const float* A,
+                         std::size_t lda, const float* B, std::size_t ldb, bool accumulate, float* C,
+                         std::size_t ldc) {
+  using Element = typename Path::Element;
+  constexpr std::size_t NR = Path::NR;
+  if (K == 0) {
+    if (!accumulate)
+      for (std::size_t i = 0; i < M; ++i) std::fill_n(C + i * ldc, N, 0.0f);
+    return;
+  }
+  const std::size_t panels = (N + NR - 1) / NR;
+  thread_local AlignedVector<Element> b_pack, a_pack;
+  b_pack.resize(panels * KC * NR);
+  a_pack.resize((MC + MR) * KC);
+  alignas(64) float edge[MR * NR];
+  for (std::size_t p0 = 0; p0 < K; p0 += KC) {
+    const std::size_t kc = std::min(KC, K - p0), rows = round_up_even(kc);
+    const bool continues = p0 > 0 || accumulate;
+    for (std::size_t jp = 0; jp < panels; ++jp)
+      pack_panel<Path>(b_pack.data() + jp * rows * NR, NR, B, trans_b, ldb, p0, kc, jp * NR,
+                       std::min(NR, N - jp * NR));
+    for (std::size_t i0 = 0; i0 < M; i0 += MC) {
+      const std::size_t i1 = std::min(M, i0 + MC);
+      for (std::size_t r0 = i0; r0 < i1; r0 += MR)  // op(A)^T(k, r) = op(A)(r, k)
+        pack_panel<Path>(a_pack.data() + (r0 - i0) * rows, MR, A, !trans_a, lda, p0, kc, r0, std::min(MR, i1 - r0));
+      for (std::size_t jp = 0; jp < panels; ++jp) {
+        const Element* b_panel = b_pack.data() + jp * rows * NR;
+        const std::size_t j0 = jp * NR, cols = std::min(NR, N - j0);
+        for (std::size_t r0 = i0; r0 < i1; r0 += MR) {
+          const Element* a_panel = a_pack.data() + (r0 - i0) * rows;
+          float* c = C + r0 * ldc + j0;
+          const std::size_t tile_rows = std::min(MR, i1 - r0);
+          if (tile_rows == MR && cols == NR) {
+            Path::tile(c, ldc, a_panel, b_panel, rows, continues);
+            continue;
+          }
+          if (continues)
+            for (std::size_t r = 0; r < tile_rows; ++r) std::copy_n(c + r * ldc, cols, edge + r * NR);
+          Path::tile(edge, NR, a_panel, b_panel, rows, continues);
+          for (std::size_t r = 0; r < tile_rows; ++r) std::copy_n(edge + r * NR, cols, c + r * ldc);
+        }
+      }
+    }
+  }
+}
+
+// bf16_product over the kernel threads, each on its block of C.
+template <class Path>
+static void split_bf16_product(bool trans_a, bool trans_b, std::size_t M, std::size_t N, std::size_t K,
+                               const float* A, std::size_t lda, const float* B, std::size_t ldb, bool accumulate,
+                               float* C, std::size_t ldc) {
+  if (M == 0 || N == 0) return;
+  detail::split_product(M, N, K, [&](std::size_t m0, std::size_t m, std::size_t n0, std::size_t n) {
+    FlushSubnormals flush;  // MXCSR is per thread; the instruction ignores it
+    bf16_product<Path>(trans_a, trans_b, m, n, K, A + (trans_a ? m0 : m0 * lda), lda,
+                       B + (trans_b ? n0 * ldb : n0), ldb, accumulate, C + m0 * ldc + n0, ldc);
+  });
+}
+
+template <class T>
+void portable_bf16_gemm(bool trans_a, bool trans_b, std::size_t M, std::size_t N, std::size_t K, const float* A,
+                        std::size_t lda, const float* B, std::size_t ldb, bool accumulate, float* C, std::size_t ldc) {
+  split_bf16_product<ChainPath>(trans_a, trans_b, M, N, K, A, lda, B, ldb, accumulate, C, ldc);
+}
+TAPEGRAD_INSTANTIATE_KERNEL(portable_bf16_gemm)
+
+template <class T>
+void bf16_gemm(bool trans_a, bool trans_b, std::size_t M, std::size_t N, std::size_t K, const float* A,
+               std::size_t lda, const float* B, std::size_t ldb, bool accumulate, float* C, std::size_t ldc) {
+#if defined(__AVX512F__) && !defined(TAPEGRAD_EMULATED_BATCH)
+  static const bool has_instruction = cpu_has_bf16_dot_products();
+  if (has_instruction)
+    return split_bf16_product<InstructionPath>(trans_a, trans_b, M, N, K, A, lda, B, ldb, accumulate, C, ldc);
+#endif
+  split_bf16_product<ChainPath>(trans_a, trans_b, M, N, K, A, lda, B, ldb, accumulate, C, ldc);
+}
+TAPEGRAD_INSTANTIATE_KERNEL(bf16_gemm)
+
+}  // namespace tapegrad::kernels::TAPEGRAD_SIMD_LEVEL

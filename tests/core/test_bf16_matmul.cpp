@@ -1,0 +1,204 @@
+// bf16 matrix products (core/kernels/matmul_bf16.cpp, core/precision.h): the rounding, the
+// kernel against a float64 reference of the rounded inputs and against a scalar model of
+// VDPBF16PS's chain, its bits at every level, at emulated16 and by the instruction, and the
+// matmul ops under a bf16 precision scope.
+#include <doctest/doctest.h>
+
+#include <fmt/format.h>
+
+#include <bit>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <vector>
+
+#include "core/bf16.h"
+#include "core/kernels.h"
+#include "core/kernels/kernel_table.h"
+#include "core/ops.h"
+#include "core/precision.h"
+#include "core/random.h"
+#include "core/simd.h"
+#include "core/tape.h"
+#include "support/helpers.h"
+
+using namespace tapegrad;
+
+namespace {
+
+struct LevelGuard {  // restores the level in use when a test that switches levels ends
+  SimdLevel saved = simd_level();
+  ~LevelGuard() { set_simd_level(saved); }
+};
+
+std::uint32_t bits_of(float x) { return std::bit_cast<std::uint32_t>(x); }
+
+// op(X)(i, j) of a row-major X with leading dimension ld.
+float element(const std::vector<float>& X, bool trans, std::size_t ld, std::size_t i, std::size_t j) {
+  return trans ? X[j * ld + i] : X[i * ld + j];
+}
+
+// One product's operands: op(A) (M, K) and op(B) (K, N) stored transposed or not, and C's start.
+struct Product {
+  bool trans_a = false, trans_b = false;
+  std::size_t M = 0, N = 0, K = 0;
+  std::vector<float> A, B, C;
+  std::size_t lda() const { return trans_a ? M : K; }
+  std::size_t ldb() const { return trans_b ? K : N; }
+  float a(std::size_t i, std::size_t k) const { return element(A, trans_a, lda(), i, k); }
+  float b(std::size_t k, std::size_t j) const { return element(B, trans_b, ldb(), k, j); }
+  // Runs a kernel of bf16_gemm's signature; returns C.
+  template <class Kernel>
+  std::vector<float> run(Kernel kernel, bool accumulate) const {
+    std::vector<float> c = C;
+    kernel(trans_a, trans_b, M, N, K, A.data(), lda(), B.data(), ldb(), accumulate, c.data(), N);
+    return c;
+  }
+};
+
+Product random_product(bool trans_a, bool trans_b, std::size_t M, std::size_t N, std::size_t K, std::uint64_t seed) {
+  Product p{trans_a, trans_b, M, N, K, test::random_vector(M * K, seed), test::random_vector(K * N, seed + 1),
+            test::random_vector(M * N, seed + 2)};
+  return p;
+}
+
+// VDPBF16PS's chain (Note [bf16 products]) for one element, for operands whose products and sums
+// stay in float's normal range (no flushing to model): odd element of each pair first, one
+// rounding per step.
+float chain_model(const Product& p, std::size_t i, std::size_t j, bool accumulate) {
+  float acc = accumulate ? p.C[i * p.N + j] : 0.0f;
+  auto term = [&](std::size_t k) {
+    return k < p.K ? std::pair{round_to_bf16(p.a(i, k)), round_to_bf16(p.b(k, j))} : std::pair{0.0f, 0.0f};
+  };
+  for (std::size_t k = 0; k < p.K; k += 2) {
+    auto [a1, b1] = term(k + 1);
+    acc = std::fma(a1, b1, acc);
+    auto [a0, b0] = term(k);
+    acc = std::fma(a0, b0, acc);
+  }
+  return acc;
+}
+
+const std::size_t sizes[][3] = {{13, 70, 301}, {6, 64, 256}, {1, 1, 1}, {7, 131, 2}, {20, 17, 513}};
+
+}  // namespace
+
+TEST_CASE("float32 rounds to bfloat16 to nearest, ties to even, NaN kept quiet") {
+  CHECK(to_bf16_bits(1.0f) == 0x3F80);
+  CHECK(to_bf16_bits(std::bit_cast<float>(0x3F808000u)) == 0x3F80);  // a tie, down to even
+  CHECK(to_bf16_bits(std::bit_cast<float>(0x3F818000u)) == 0x3F82);  // a tie, up to even
+  CHECK(to_bf16_bits(std::bit_cast<float>(0x3F808001u)) == 0x3F81);  // above the tie
+  CHECK(to_bf16_bits(-std::numeric_limits<float>::max()) == 0xFF80);  // rounds to -infinity
+  CHECK(to_bf16_bits(std::numeric_limits<float>::infinity()) == 0x7F80);
+  CHECK(to_bf16_bits(std::bit_cast<float>(0x7F800001u)) == 0x7FC0);  // a signalling NaN made quiet
+  CHECK(to_bf16_bits(std::bit_cast<float>(0xFFC12345u)) == 0xFFC1);
+  CHECK(from_bf16_bits(0xC0A0) == -5.0f);
+  CHECK(round_to_bf16(1.00390625f) == 1.0f);  // 1 + 2^-8: a tie, to even
+}
+
+TEST_CASE("a bf16 product equals a float64 reference of the rounded inputs within float32 accumulation error") {
+  // |c - ref| <= (K + 1) u sum_k |a_k b_k| (+ |C| when accumulating), u = 2^-24: a chain of K + 1
+  // roundings; the reference sums the rounded inputs exactly enough in double.
+  const double u = std::ldexp(1.0, -24);
+  for (const auto& [M, N, K] : sizes)
+    for (int form = 0; form < 8; ++form) {
+      const bool trans_a = form & 1, trans_b = form & 2, accumulate = form & 4;
+      Product p = random_product(trans_a, trans_b, M, N, K, 10 + form);
+      std::vector<float> c = p.run(kernels::bf16_gemm<float>, accumulate);
+      double worst = 0;
+      for (std::size_t i = 0; i < M; ++i)
+        for (std::size_t j = 0; j < N; ++j) {
+          double ref = accumulate ? p.C[i * N + j] : 0.0, magnitude = std::fabs(ref);
+          for (std::size_t k = 0; k < K; ++k) {
+            double term = double(round_to_bf16(p.a(i, k))) * double(round_to_bf16(p.b(k, j)));
+            ref += term;
+            magnitude += std::fabs(term);
+          }
+          worst = std::max(worst, std::fabs(c[i * N + j] - ref) / ((K + 1) * u * magnitude));
+        }
+      CAPTURE(M);
+      CAPTURE(N);
+      CAPTURE(K);
+      CAPTURE(form);
+      CHECK(worst <= 1.0);
+    }
+}
+
+TEST_CASE("a bf16 product is VDPBF16PS's chain: per element, pairs of k, the odd one first, one rounding each") {
+  // Products of bf16 values with sums near each other's size make the order and the roundings show.
+  for (const auto& [M, N, K] : sizes)
+    for (int form = 0; form < 8; ++form) {
+      const bool accumulate = form & 4;
+      Product p = random_product(form & 1, form & 2, M, N, K, 30 + form);
+      std::vector<float> c = p.run(kernels::bf16_gemm<float>, accumulate);
+      std::size_t differ = 0;
+      for (std::size_t i = 0; i < M; ++i)
+        for (std::size_t j = 0; j < N; ++j) differ += bits_of(c[i * N + j]) != bits_of(chain_model(p, i, j, accumulate));
+      CAPTURE(M);
+      CAPTURE(N);
+      CAPTURE(K);
+      CAPTURE(form);
+      CHECK(differ == 0);
+    }
+}
+
+TEST_CASE("bf16 products have the same bits at every level, at emulated16 and by the instruction") {
+  // Values over many exponents (products below float's normal range, none past its largest
+  // value: a NaN's payload may differ), a subnormal input and C to accumulate into, and both kernels: bf16_gemm (the instruction where the CPU has it) and
+  // the portable path.
+  Product p = random_product(false, true, 19, 75, 515, 50);
+  Rng rng(51);
+  for (auto* v : {&p.A, &p.B, &p.C})
+    for (float& x : *v) x = std::ldexp(x, int(rng.uniform() * 110) - 55);
+  p.C[3] = std::bit_cast<float>(0x00012345u);
+  p.A[7] = std::bit_cast<float>(0x00400000u);
+  std::vector<std::vector<float>> results;
+  std::vector<std::string> names;
+  for (SimdLevel level : testable_simd_levels()) {
+    LevelGuard guard;
+    set_simd_level(level);
+    for (bool accumulate : {false, true}) {
+      const auto& table = kernels::active_table<float>();
+      results.push_back(p.run(table.bf16_gemm, accumulate));
+      names.push_back(fmt::format("{} bf16_gemm, accumulate {}", simd_level_name(level), accumulate));
+      results.push_back(p.run(table.portable_bf16_gemm, accumulate));
+      names.push_back(fmt::format("{} portable_bf16_gemm, accumulate {}", simd_level_name(level), accumulate));
+    }
+  }
+  for (std::size_t r = 2; r < results.size(); ++r) {
+    const auto& reference = results[r % 4 < 2 ? 0 : 2];  // the same accumulate flag
+    std::size_t differ = 0;
+    for (std::size_t i = 0; i < reference.size(); ++i) differ += bits_of(results[r][i]) != bits_of(reference[i]);
+    CAPTURE(names[r]);
+    CHECK(differ == 0);
+  }
+}
+
+TEST_CASE("a bf16 product's row and column do not depend on the rest of the call nor the thread count") {
+  Product p = random_product(true, false, 40, 90, 300, 60);
+  std::vector<float> whole = p.run(kernels::bf16_gemm<float>, true);
+  // Rows 11..29, columns 5..71: the same operands seen through offsets.
+  const std::size_t i0 = 11, rows = 19, j0 = 5, cols = 67;
+  std::vector<float> part(rows * p.N);
+  for (std::size_t i = 0; i < rows; ++i)
+    for (std::size_t j = 0; j < cols; ++j) part[i * p.N + j] = p.C[(i0 + i) * p.N + j0 + j];
+  kernels::bf16_gemm<float>(true, false, rows, cols, p.K, p.A.data() + i0, p.lda(), p.B.data() + j0, p.ldb(), true,
+                            part.data(), p.N);
+  std::size_t differ = 0;
+  for (std::size_t i = 0; i < rows; ++i)
+    for (std::size_t j = 0; j < cols; ++j) differ += bits_of(part[i * p.N + j]) != bits_of(whole[(i0 + i) * p.N + j0 + j]);
+  CHECK(differ == 0);
+  const int threads = num_threads();
+  set_num_threads(1);
+  std::vector<float> one_thread = p.run(kernels::bf16_gemm<float>, true);
+  set_num_threads(threads);
+  CHECK(one_thread == whole);
+}
+
+TEST_CASE("a NaN input gives a NaN in its row and column of a bf16 product") {
+  Product p = random_product(false, false, 8, 40, 37, 70);
+  p.A[2 * p.K + 5] = std::numeric_limits<float>::quiet_NaN();
+  std::vector<float> c = p.run(kernels::bf16_gemm<float>, false);
+  for (std::size_t j = 0; j < p.N; ++j) CHECK(std::isnan(c[2 * p.N + j]));
+  CHECK(!std::isnan(c[3 * p.N]));
+}
