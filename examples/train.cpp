@@ -17,7 +17,8 @@ using namespace tapegrad::examples;
 
 int main(int argc, char** argv) {
   CLI::App app{
-      "Trains a character-level transformer language model on a UTF-8 text file.\n"
+      "Trains a transformer language model on a UTF-8 text file: a new one on the text's characters, or a "
+      "published model or checkpoint (--init) on its own tokenizer's ids.\n"
       "Progress goes to stdout (a live line on stderr when it is a terminal); Ctrl-C saves a checkpoint "
       "and exits with status 130; --resume continues bit-identically.",
       std::filesystem::path(argc > 0 ? argv[0] : "train").filename().string()};  // train or train_char
@@ -75,6 +76,9 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--save-every", o.save_every, "Checkpoint every N steps (0: only at the end)")->capture_default_str();
   app.add_option("--resume", o.resume, "Continue from a training checkpoint (its model shape, these training flags)");
+  app.add_option("--init", o.init,
+                 "Start from a model: a GGUF file (dequantized to float32), a Hugging Face folder or a checkpoint; "
+                 "--data is encoded by its tokenizer, the shape flags do not apply");
   app.add_option("--metrics", o.metrics,
                  "Metrics CSV (default: beside --out, <out>.metrics.csv; the loss curve "
                  "goes to <out>.loss.svg)");

@@ -35,14 +35,32 @@ std::uint64_t fnv1a64(std::string_view bytes) {
   return h;
 }
 
-Corpus load_corpus(const std::string& path) { return corpus_from_bytes(path, read_file(path)); }
+std::string Corpus::unit() const { return tokenizer->kind() == "char" ? "characters" : "tokens"; }
 
-Corpus corpus_from_bytes(const std::string& path, const std::string& bytes) {
-  decode_file(path, bytes);  // checks before the tokenizer sees it, so errors name the file
-  Corpus corpus{path, nn::CharTokenizer::from_text(bytes), {}, 0, fnv1a64(bytes)};
-  corpus.ids = corpus.tokenizer.encode(bytes);
+Corpus corpus_of_ids(const std::string& path, std::shared_ptr<const tokenizers::Tokenizer> tokenizer,
+                     std::vector<std::int32_t> ids, std::uint64_t fingerprint) {
+  Corpus corpus{path, std::move(tokenizer), std::move(ids), 0, fingerprint};
   corpus.train_size = corpus.ids.size() * 9 / 10;
   return corpus;
+}
+
+Corpus corpus_of_characters(const std::string& path, const std::string& bytes) {
+  decode_file(path, bytes);  // checks before the tokenizer sees it, so errors name the file
+  auto chars = std::make_shared<const nn::CharTokenizer>(nn::CharTokenizer::from_text(bytes));
+  std::vector<std::int32_t> ids = chars->encode(bytes);
+  return corpus_of_ids(path, std::move(chars), std::move(ids), fnv1a64(bytes));
+}
+
+Corpus corpus_of_tokens(const std::string& path, const std::string& bytes,
+                        std::shared_ptr<const tokenizers::Tokenizer> tokenizer) {
+  decode_file(path, bytes);
+  std::vector<std::int32_t> ids;
+  try {
+    ids = tokenizer->encode(bytes);
+  } catch (const std::exception& e) {
+    throw std::runtime_error(fmt::format("{}: {} of the model", path, e.what()));
+  }
+  return corpus_of_ids(path, std::move(tokenizer), std::move(ids), fnv1a64(bytes));
 }
 
 std::vector<std::int32_t> encode_file(const std::string& path, const tokenizers::Tokenizer& tokenizer,

@@ -60,12 +60,20 @@ void TrainOptions::validate() const {
   } catch (const std::invalid_argument& e) {
     throw UsageError(e.what());
   }
+  require(init.empty() || resume.empty(),
+          "give --init or --resume, not both: --init starts a run from a model, --resume continues a run from its "
+          "checkpoint (which holds the model)");
+  require(init.empty() || !model.arch,
+          fmt::format("--arch cannot be given with --init: the architecture comes from {}", init));
   for (const auto& [flag, value] : {std::pair{"d-model", model.d_model},
                                     {"heads", model.heads},
                                     {"blocks", model.blocks},
                                     {"max-len", model.max_len},
-                                    {"d-ff", model.d_ff}})
+                                    {"d-ff", model.d_ff}}) {
     require(!value || *value >= 1, fmt::format("--{} must be at least 1, got {}", flag, value.value_or(0)));
+    require(!value || init.empty(),
+            fmt::format("--{} cannot be given with --init: the model's shape comes from {}", flag, init));
+  }
 }
 
 std::string output_stem(const std::string& out) {

@@ -100,8 +100,9 @@ class TrainingLoop {
   /// The data, the model, the schedule and any note, before the first step.
   void log_setup(const Setup& setup) {
     const Corpus& data = run_.corpus;
-    log(fmt::format("data: {}: {} characters, vocabulary of {}; train {} (first 90%), validation {}", o_.data,
-                    data.ids.size(), data.tokenizer.size(), data.train().size(), data.validation().size()));
+    log(fmt::format("data: {}: {} {}, vocabulary of {}; train {} (first 90%), validation {}", o_.data,
+                    data.ids.size(), data.unit(), data.tokenizer->vocab_size(), data.train().size(),
+                    data.validation().size()));
     log(fmt::format("model: {}", run_.model.describe()));
     log(fmt::format("parameters: {}", run_.model.num_params()));
     log(fmt::format("training: {} steps of {} x {} tokens; AdamW lr {} (warmup {}, cosine to {} at step {}), "
@@ -123,7 +124,7 @@ class TrainingLoop {
     else if (o_.shard_optimizer)
       log("note: --shard-optimizer does nothing in a single process (one rank holds all the state)");
     const std::size_t max_len = run_.model.config().max_len;
-    if (o_.resume.empty() && o_.seq < max_len)
+    if (o_.resume.empty() && o_.init.empty() && o_.seq < max_len)
       log(fmt::format("note: windows of --seq {} never train positions {} to {} of max_len {}: text generated "
                       "past {} characters will degrade (use --max-len {} to match)",
                       o_.seq, o_.seq, max_len - 1, max_len, o_.seq, o_.seq));
@@ -164,6 +165,8 @@ class TrainingLoop {
   void write_metrics() {
     if (leader_) metrics_.write();
   }
+  /// The loss in bits, per what an id stands for.
+  std::string bits_per_id() const { return run_.corpus.unit() == "characters" ? "bits/char" : "bits/token"; }
   /// Seconds since the run began, across resumes (the metrics' wall_s).
   double wall() const { return wall_before_ + progress_.elapsed_s(); }
 
@@ -179,8 +182,8 @@ class TrainingLoop {
     const std::string train_part = train_count_ > 0 ? fmt::format("train loss {:.4f} (mean of {} steps), ",
                                                                   train_sum_ / double(train_count_), train_count_)
                                                     : std::string();
-    log(fmt::format("step {}/{}: {}val loss {:.4f} ({:.3f} bits/char)", run_.step, o_.steps, train_part, val,
-                    val / std::log(2.0)));
+    log(fmt::format("step {}/{}: {}val loss {:.4f} ({:.3f} {})", run_.step, o_.steps, train_part, val,
+                    val / std::log(2.0), bits_per_id()));
     write_metrics();
     return val;
   }
@@ -323,8 +326,9 @@ class TrainingLoop {
     const double elapsed = progress_.elapsed_s();
     const double tokens = double(steps_run_) * double(o_.batch * o_.seq);
     log(fmt::format("done: step {} in {} ({:.0f} tokens in {:.2f} s, {:.0f} tokens/s on average); final val loss "
-                    "{:.4f} ({:.3f} bits/char)",
-                    run_.step, format_duration(elapsed), tokens, elapsed, tokens / elapsed, val, val / std::log(2.0)));
+                    "{:.4f} ({:.3f} {})",
+                    run_.step, format_duration(elapsed), tokens, elapsed, tokens / elapsed, val, val / std::log(2.0),
+                    bits_per_id()));
     log(fmt::format("saved {}; metrics {} and {}", o_.out, metrics_.csv_path(), metrics_.svg_path()));
     if (ranks_ > 1 && steps_run_ > 0)
       log(fmt::format("gradient exchange: {:.3f} ms per step, {:.1f}% of the step time (what backward did not hide, "
@@ -362,11 +366,10 @@ TrainOutcome train(const TrainOptions& o, const std::atomic<int>& stop_signal, d
   const std::int64_t decay_steps = o.decay();
   const std::string stem = output_stem(o.out);
   MetricsLog metrics(o.metrics.empty() ? stem + ".metrics.csv" : o.metrics, stem + ".loss.svg",
-                     fmt::format("train_char: {}", o.out));
+                     fmt::format("train: {}", o.out));
   Setup setup;
   on_leader(comm, [&] { prepare_leader_run(o, decay_steps, metrics, setup); });
   if (comm.size() > 1) share_leader_run(o, decay_steps, comm, setup);
-  setup.text = std::string();
   TrainingLoop loop(o, decay_steps, comm, *setup.run, metrics);
   loop.log_setup(setup);
   return loop.run(stop_signal);

@@ -1,4 +1,4 @@
-// The char-level training run behind train_char: random-window batches, AdamW
+// The training run behind train (and train_char): random-window batches, AdamW
 // with warmup and cosine decay, clipping, periodic validation, metrics, atomic checkpoints that
 // resume bit-identically, a clean stop on a signal, and a refusal to save a diverged model.
 #pragma once
@@ -26,6 +26,9 @@ struct TrainOptions {
   std::string out = "out/char.safetensors";
   std::string metrics;  // default: <out without .safetensors>.metrics.csv
   std::string resume;   // a training checkpoint to continue from
+  // A model to start from (a GGUF file, a Hugging Face folder or a tapegrad checkpoint): its weights,
+  // its tokenizer for --data, a fresh optimizer; its shape comes from the file, so no shape flag.
+  std::string init;
   ModelFlags model;
   std::size_t seq = 128, batch = 16;  // batch: global, the sum over all ranks of a data-parallel run
   std::size_t micro_batches = 1;      // each rank's rows in this many parts, gradients summed in order
@@ -41,7 +44,7 @@ struct TrainOptions {
   std::int64_t eval_every = 100;  // 0: validate only at the end
   std::size_t eval_batches = 20;
   std::int64_t save_every = 500;              // 0: save only at the end (and on a signal)
-  // Test seams, set only by the tests through train_char's TAPEGRAD_TEST_* environment variables
+  // Test seams, set only by the tests through train's TAPEGRAD_TEST_* environment variables
   // (docs/testing.md), each for one step:
   std::optional<std::int64_t> inject_nan_at;        // a NaN in the head bias before this step
   std::optional<std::int64_t> inject_nan_batch_at;  // a NaN in this step's batch (its first logit)
@@ -65,9 +68,10 @@ enum class TrainOutcome { finished, interrupted };
 TrainOutcome train(const TrainOptions& options, const std::atomic<int>& stop_signal);
 /// The same, data-parallel over comm: every rank draws the same global batch
 /// and computes its batch / size rows; gradients are summed in rank order (distributed/data_parallel.h),
-/// so the result equals one process with --micro-batches size. Rank 0 alone reads --data and
-/// --resume (and sends them), validates, writes the files and holds the lock; the loss check and
-/// signal stops are agreed, so every rank stops at the same step.
+/// so the result equals one process with --micro-batches size. Rank 0 alone reads --data,
+/// --resume and --init (and sends the encoded text, the model's config and its state), validates,
+/// writes the files and holds the lock; the loss check and signal stops are agreed, so every rank
+/// stops at the same step.
 TrainOutcome train(const TrainOptions& options, const std::atomic<int>& stop_signal, distributed::Communicator& comm);
 
 /// Whether the error train() threw was raised on every rank alike (a bad flag, a failure rank 0

@@ -1,12 +1,12 @@
-// A run's set-up (a new model or a resumed one; rank 0 reads, the other ranks receive), its
-// checkpoints and its restore.
+// A run's set-up (a new model, one to start from with --init, or a resumed one; rank 0 reads, the
+// other ranks receive), its checkpoints and its restore.
 #include "common/training_run.h"
 
 #include <fmt/format.h>
 
 #include <algorithm>
-#include <array>
-#include <bit>
+#include <filesystem>
+#include <memory>
 
 #include "common/program.h"
 #include "common/rank_agreement.h"
@@ -14,6 +14,8 @@
 #include "nn/architecture.h"
 #include "nn/checkpoint.h"
 #include "nn/checkpoint_metadata.h"
+#include "nn/pretrained.h"
+#include "tokenizers/tokenizer.h"
 
 namespace tapegrad::examples {
 
@@ -62,13 +64,94 @@ void broadcast_state(distributed::Communicator& comm, Run& run) {
   run.batch_rng.set_state(rng);
 }
 
-/// What the other ranks need to build rank 0's model besides its arch: d_model, heads, blocks,
-/// max_len, d_ff, the dropout's bits and the seed (the root of the dropout streams).
-constexpr int kShapeFields = 7;
-std::array<std::uint64_t, kShapeFields> shape_fields(const nn::LanguageModel& model) {
-  const nn::ModelShape s = nn::find_architecture(model.arch()).shape(model);
-  return {s.d_model, s.n_heads, s.n_blocks, s.max_len, s.d_ff.value_or(0), std::bit_cast<std::uint32_t>(s.dropout),
-          s.seed};
+/// A map of text to every rank, as rank 0 has it.
+void broadcast_metadata(distributed::Communicator& comm, nn::Metadata& metadata) {
+  std::uint64_t count = metadata.size();
+  distributed::broadcast_values(comm, std::span(&count, 1));
+  std::vector<std::pair<std::string, std::string>> entries(metadata.begin(), metadata.end());
+  entries.resize(count);
+  for (auto& [key, value] : entries) {
+    distributed::broadcast_string(comm, key);
+    distributed::broadcast_string(comm, value);
+  }
+  metadata = nn::Metadata(entries.begin(), entries.end());
+}
+
+/// --resume's model against the shape flags given (each must agree with the checkpoint).
+void check_resume_flags(const TrainOptions& o, const nn::LoadedModelCheckpoint& ckpt) {
+  const std::string arch = ckpt.model.arch();
+  if (o.model.arch && *o.model.arch != arch)
+    throw UsageError(fmt::format("--arch {} disagrees with --resume {}, whose model is {} (drop the flag)",
+                                 *o.model.arch, o.resume, arch));
+  auto meta_size = [&](const char* key) { return std::size_t(nn::metadata_count(ckpt.metadata, key)); };
+  check_flag("d-model", o.model.d_model, meta_size("d_model"), o.resume);
+  check_flag("heads", o.model.heads, meta_size("n_heads"), o.resume);
+  check_flag("blocks", o.model.blocks, meta_size("n_blocks"), o.resume);
+  check_flag("max-len", o.model.max_len, meta_size("max_len"), o.resume);
+  check_flag("d-ff", o.model.d_ff, meta_size("d_ff"), o.resume);
+  const float saved_dropout = nn::find_architecture(arch).shape(ckpt.model).dropout;
+  if (o.model.dropout && *o.model.dropout != saved_dropout)
+    throw UsageError(fmt::format("--dropout {} disagrees with --resume {}, whose model has dropout {} (drop the flag)",
+                                 *o.model.dropout, o.resume, saved_dropout));
+}
+
+/// model rebuilt from its architecture's metadata with the run's --remat and --dropout, its
+/// weights copied (a published model is read without either).
+nn::LanguageModel with_run_options(nn::LanguageModel model, bool remat, std::optional<float> dropout) {
+  if (!remat && !dropout) return model;
+  const nn::Architecture& arch = nn::find_architecture(model.arch());
+  nn::Metadata metadata = arch.to_metadata(model);
+  metadata.erase("dropout");
+  if (dropout && *dropout > 0) metadata["dropout"] = fmt::format("{}", *dropout);
+  nn::LanguageModel rebuilt = arch.from_metadata(metadata, remat);
+  ParameterList from = model.params(), to = rebuilt.params();
+  for (std::size_t i = 0; i < to.size(); ++i) to[i].var.mutable_value() = from[i].var.value();
+  return rebuilt;
+}
+
+/// A model to start from and its tokenizer.
+struct InitModel {
+  nn::LanguageModel model;
+  std::shared_ptr<const tokenizers::Tokenizer> tokenizer;
+  std::string description;  // for the log
+};
+
+/// --init: a GGUF file or a Hugging Face folder (nn/pretrained.h), else a tapegrad checkpoint (its
+/// model and tokenizer; a training checkpoint's optimizer state and step are not used). Errors
+/// name --init and the path.
+InitModel load_init(const TrainOptions& o) {
+  std::error_code ec;
+  if (!std::filesystem::exists(o.init, ec))
+    throw std::runtime_error(fmt::format(
+        "--init {}: no such file or folder (give a GGUF file, a Hugging Face folder or a checkpoint)", o.init));
+  if (nn::is_pretrained_path(o.init)) {
+    std::optional<nn::PretrainedModel> pretrained;
+    try {
+      pretrained.emplace(nn::load_pretrained(o.init));
+    } catch (const std::exception& e) {
+      throw std::runtime_error(fmt::format("--init: {}", e.what()));  // e names the file
+    }
+    std::shared_ptr<const tokenizers::Tokenizer> tokenizer = std::move(pretrained->tokenizer);
+    nn::LanguageModel model = with_run_options(std::move(pretrained->model), o.remat, o.model.dropout);
+    std::string description = fmt::format("init: {} ({}, float32 weights; its {} tokenizer of {} tokens)", o.init,
+                                          pretrained->format == "gguf" ? "a GGUF file" : "a Hugging Face folder",
+                                          tokenizer->kind(), tokenizer->vocab_size());
+    return {std::move(model), std::move(tokenizer), std::move(description)};
+  }
+  std::optional<nn::LoadedModelCheckpoint> ckpt;
+  try {
+    ckpt.emplace(nn::load_model_checkpoint(o.init));
+  } catch (const std::exception& e) {
+    throw std::runtime_error(
+        fmt::format("--init: {} is not a GGUF file (no GGUF magic) and does not read as a checkpoint: {}", o.init,
+                    e.what()));
+  }
+  nn::LanguageModel model = with_run_options(std::move(ckpt->model), o.remat, o.model.dropout);
+  std::string description =
+      fmt::format("init: {} (a checkpoint{}; its {} tokenizer of {} tokens; a new optimizer from step 0)", o.init,
+                  ckpt->metadata.count("step") ? fmt::format(" of step {}", ckpt->metadata.at("step")) : "",
+                  ckpt->tokenizer->kind(), ckpt->tokenizer->vocab_size());
+  return {std::move(model), std::move(ckpt->tokenizer), std::move(description)};
 }
 
 }  // namespace
@@ -90,11 +173,11 @@ void Run::save(const optim::OptimizerState& state) {
   // Windows start at random offsets drawn from rng_state; data_position counts the windows drawn.
   extras.metadata["data_position"] = str(std::int64_t(step) * std::int64_t(o.batch));
   extras.metadata["data_fingerprint"] = fmt::format("fnv1a64:{:016x}", corpus.fingerprint);
-  extras.metadata["data_chars"] = str(corpus.ids.size());
+  extras.metadata[corpus.unit() == "characters" ? "data_chars" : "data_tokens"] = str(corpus.ids.size());
   // Test seam: past the header (a few kilobytes), into the tensors.
   if (o.fail_save_at && *o.fail_save_at == step) detail::safetensors_fail_after_bytes = 4096;
   try {
-    nn::save_model_checkpoint(o.out, model, corpus.tokenizer, extras);
+    nn::save_model_checkpoint(o.out, model, *corpus.tokenizer, extras);
   } catch (const std::exception& e) {
     throw std::runtime_error(fmt::format("cannot save the checkpoint of step {}: {}; {}", step, e.what(), kept()));
   }
@@ -137,54 +220,51 @@ std::vector<std::string> Run::restore(const nn::LoadedModelCheckpoint& ckpt) {
   return notes;
 }
 
-/// Rank 0: reads --data and --resume and checks them against the flags, builds the run (new or
-/// resumed), then creates the output folder, takes the lock and removes stale temporary files.
-/// Inputs are checked first, so that a bad one leaves no trace (not even a folder).
 void prepare_leader_run(const TrainOptions& o, std::int64_t decay_steps, const MetricsLog& metrics, Setup& setup) {
-  setup.text = read_file(o.data);
-  Corpus corpus = corpus_from_bytes(o.data, setup.text);
+  const std::string text = read_file(o.data);
   std::optional<nn::LoadedModelCheckpoint> ckpt;
-  std::optional<nn::LanguageModel> fresh;
+  std::optional<nn::LanguageModel> model;
+  std::optional<Corpus> corpus;
   if (!o.resume.empty()) {
     ckpt.emplace(nn::load_model_checkpoint(o.resume, o.remat));
-    const std::string arch = ckpt->model.arch();
-    if (o.model.arch && *o.model.arch != arch)
-      throw UsageError(fmt::format("--arch {} disagrees with --resume {}, whose model is {} (drop the flag)",
-                                   *o.model.arch, o.resume, arch));
-    auto meta_size = [&](const char* key) { return std::size_t(nn::metadata_count(ckpt->metadata, key)); };
-    check_flag("d-model", o.model.d_model, meta_size("d_model"), o.resume);
-    check_flag("heads", o.model.heads, meta_size("n_heads"), o.resume);
-    check_flag("blocks", o.model.blocks, meta_size("n_blocks"), o.resume);
-    check_flag("max-len", o.model.max_len, meta_size("max_len"), o.resume);
-    check_flag("d-ff", o.model.d_ff, meta_size("d_ff"), o.resume);
-    const float saved_dropout = nn::find_architecture(arch).shape(ckpt->model).dropout;
-    if (o.model.dropout && *o.model.dropout != saved_dropout)
-      throw UsageError(fmt::format("--dropout {} disagrees with --resume {}, whose model has dropout {} (drop the flag)",
-                                   *o.model.dropout, o.resume, saved_dropout));
-    if (ckpt->char_tokenizer().vocab() != corpus.tokenizer.vocab())
+    check_resume_flags(o, *ckpt);
+    corpus.emplace(ckpt->tokenizer->kind() == "char" ? corpus_of_characters(o.data, text)
+                                                      : corpus_of_tokens(o.data, text, ckpt->tokenizer));
+    if (auto* chars = dynamic_cast<const nn::CharTokenizer*>(corpus->tokenizer.get());
+        chars && chars->vocab() != ckpt->char_tokenizer().vocab())
       throw std::runtime_error(
           fmt::format("--resume {}: its vocabulary ({} characters) differs from that of {} ({} "
                       "characters); resume with the same --data",
-                      o.resume, ckpt->char_tokenizer().size(), o.data, corpus.tokenizer.size()));
+                      o.resume, ckpt->char_tokenizer().size(), o.data, chars->size()));
+    model.emplace(std::move(ckpt->model));
+  } else if (!o.init.empty()) {
+    InitModel init = load_init(o);
+    corpus.emplace(corpus_of_tokens(o.data, text, std::move(init.tokenizer)));
+    model.emplace(std::move(init.model));
+    setup.notes.push_back(std::move(init.description));
   } else {
-    fresh.emplace(new_model(o, corpus.tokenizer.size()));
+    corpus.emplace(corpus_of_characters(o.data, text));
+    model.emplace(new_model(o, corpus->tokenizer->vocab_size()));
   }
-  const std::size_t max_len = (ckpt ? ckpt->model : *fresh).config().max_len;
+  const std::size_t max_len = model->config().max_len;
   if (o.seq > max_len)
     throw UsageError(fmt::format("--seq {} is longer than the model's max_len {}", o.seq, max_len));
-  if (corpus.train().size() < o.seq + 1)
+  if (corpus->train().size() < o.seq + 1)
     throw std::runtime_error(
-        fmt::format("{}: the training split (the first 90%) has {} characters; --seq {} needs at "
+        fmt::format("{}: the training split (the first 90%) has {} {}; --seq {} needs at "
                     "least {} (use a longer text or a smaller --seq)",
-                    o.data, corpus.train().size(), o.seq, o.seq + 1));
-  if (corpus.validation().size() < 2)
+                    o.data, corpus->train().size(), corpus->unit(), o.seq, o.seq + 1));
+  if (corpus->validation().size() < 2)
     throw std::runtime_error(
-        fmt::format("{}: the validation split (the last 10%) has {} characters; at least 2 are "
+        fmt::format("{}: the validation split (the last 10%) has {} {}; at least 2 are "
                     "needed (use a longer text)",
-                    o.data, corpus.validation().size()));
+                    o.data, corpus->validation().size(), corpus->unit()));
 
-  Run& run = setup.run.emplace(o, decay_steps, std::move(corpus), ckpt ? std::move(ckpt->model) : std::move(*fresh));
-  if (ckpt) setup.notes = run.restore(*ckpt);
+  Run& run = setup.run.emplace(o, decay_steps, std::move(*corpus), std::move(*model));
+  if (ckpt) {
+    std::vector<std::string> notes = run.restore(*ckpt);
+    setup.notes.insert(setup.notes.end(), notes.begin(), notes.end());
+  }
   ckpt.reset();
   if (run.step > o.steps)
     throw UsageError(
@@ -196,22 +276,38 @@ void prepare_leader_run(const TrainOptions& o, std::int64_t decay_steps, const M
     for (std::string& file : remove_stale_temporaries(path)) setup.removed.push_back(std::move(file));
 }
 
-/// With several ranks: rank 0 sends its text, its model's shape and its state; the other ranks
-/// build the same run from them (they need no copy of --data or --resume).
 void share_leader_run(const TrainOptions& o, std::int64_t decay_steps, distributed::Communicator& comm, Setup& setup) {
-  distributed::broadcast_string(comm, setup.text);
+  const bool leader = comm.rank() == 0;
+  // The corpus: its tokenizer (as a checkpoint records it), its ids and its fingerprint.
+  nn::Metadata tokenizer;
+  std::vector<std::int32_t> ids;
+  std::uint64_t fingerprint = 0;
+  if (leader) {
+    const Corpus& corpus = setup.run->corpus;
+    tokenizer = corpus.tokenizer->to_metadata(), ids = corpus.ids, fingerprint = corpus.fingerprint;
+  }
+  broadcast_metadata(comm, tokenizer);
+  std::uint64_t count = ids.size();
+  distributed::broadcast_values(comm, std::span(&count, 1));
+  ids.resize(count);
+  distributed::broadcast_values(comm, std::span(ids));
+  distributed::broadcast_values(comm, std::span(&fingerprint, 1));
+  // The model. A new one is built from the same flags on every rank (its seed, the root of the
+  // dropout streams, is --seed alike). One read from a file (--resume, --init) is rebuilt from its
+  // architecture's metadata, the one config interchange, so that the other ranks need no copy of
+  // the file: rank 0 reads and sends; its seed is 0 on every rank, as load_model_checkpoint and
+  // load_pretrained leave it. The weights follow in broadcast_state.
+  const bool from_file = !o.resume.empty() || !o.init.empty();
   std::string arch;
-  std::array<std::uint64_t, kShapeFields> fields{};
-  if (comm.rank() == 0) arch = setup.run->model.arch(), fields = shape_fields(setup.run->model);
+  nn::Metadata config;
+  if (leader && from_file)
+    arch = setup.run->model.arch(), config = nn::find_architecture(arch).to_metadata(setup.run->model);
   distributed::broadcast_string(comm, arch);
-  distributed::broadcast_values(comm, std::span(fields));
-  if (comm.rank() != 0) {
-    TrainOptions shape = o;  // the model of rank 0, whether new or resumed
-    shape.model = {fields[0], fields[1], fields[2], fields[3], fields[4] ? std::optional(fields[4]) : std::nullopt, arch,
-                   std::bit_cast<float>(std::uint32_t(fields[5]))};
-    shape.seed = fields[6];
-    Corpus corpus = corpus_from_bytes(o.data, setup.text);
-    nn::LanguageModel model = new_model(shape, corpus.tokenizer.size());
+  broadcast_metadata(comm, config);
+  if (!leader) {
+    Corpus corpus = corpus_of_ids(o.data, tokenizers::tokenizer_from_metadata(tokenizer), std::move(ids), fingerprint);
+    nn::LanguageModel model = from_file ? nn::find_architecture(arch).from_metadata(config, o.remat)
+                                        : new_model(o, corpus.tokenizer->vocab_size());
     setup.run.emplace(o, decay_steps, std::move(corpus), std::move(model));
   }
   broadcast_state(comm, *setup.run);

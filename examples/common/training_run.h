@@ -26,7 +26,9 @@ namespace tapegrad::examples {
 // Independent random streams from one --seed (Rng's splitmix64 seeding decorrelates them):
 // the model's initialisation uses the seed itself.
 constexpr std::uint64_t kBatchStream = 1, kValidationStream = 2;
-inline std::uint64_t stream_seed(std::uint64_t seed, std::uint64_t stream) { return seed ^ (stream * 0x9e3779b97f4a7c15ULL); }
+inline std::uint64_t stream_seed(std::uint64_t seed, std::uint64_t stream) {
+  return seed ^ (stream * 0x9e3779b97f4a7c15ULL);
+}
 
 /// A value as a flag or a metadata entry shows it.
 inline std::string str(float v) { return fmt::format("{}", v); }
@@ -76,20 +78,21 @@ void check_options(const TrainOptions& o, std::size_t ranks);
 
 /// What the set-up leaves for the training loop: the run, and the notes it logs.
 struct Setup {
-  std::string text;  // the training text's bytes, for the other ranks
   std::optional<Run> run;
-  std::vector<std::string> notes;    // hyperparameters that differ from the resumed checkpoint's
+  std::vector<std::string> notes;    // the --init model; hyperparameters that differ from --resume's
   std::vector<std::string> removed;  // temporary files of killed writers, removed
   std::optional<OutputLock> lock;    // on o.out, for the whole run (rank 0)
 };
 
-/// Rank 0: reads --data and --resume and checks them against the flags, builds the run (new or
-/// resumed), then creates the output folder, takes the lock and removes stale temporary files.
+/// Rank 0: reads --data and --resume or --init and checks them against the flags, builds the run
+/// (a new model, one from --init, or resumed), then creates the output folder, takes the lock and
+/// removes stale temporary files.
 /// Inputs are checked first, so that a bad one leaves no trace (not even a folder).
 void prepare_leader_run(const TrainOptions& o, std::int64_t decay_steps, const MetricsLog& metrics, Setup& setup);
 
-/// With several ranks: rank 0 sends its text, its model's shape and its state; the other ranks
-/// build the same run from them (they need no copy of --data or --resume).
+/// With several ranks: rank 0 sends its corpus (tokenizer and ids), its model's config and its
+/// state; the other ranks build the same run from them (they need no copy of --data, --resume or
+/// --init).
 void share_leader_run(const TrainOptions& o, std::int64_t decay_steps, distributed::Communicator& comm, Setup& setup);
 
 }  // namespace tapegrad::examples
