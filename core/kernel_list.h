@@ -28,10 +28,15 @@ TAPEGRAD_KERNEL(void, packed_gemm,
                 (trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc))
 /// y (M, N) = x w (+ y when accumulating), x (M, K), w (K, N), without BLAS and row-stable: each
 /// element is one FMA chain over k in order, so a row of y has the same bits whatever M is and
-/// whichever rows share the call (batched decoding gives each sequence what it gets alone).
+/// whichever rows share the call (batched decoding gives each sequence what it gets alone), and
+/// whatever the thread count (the outputs are split across the threads).
 TAPEGRAD_KERNEL(void, row_stable_matmul,
                 (T* y, const T* x, const T* w, std::size_t M, std::size_t K, std::size_t N, bool accumulate),
                 (y, x, w, M, K, N, accumulate))
+/// y (M, N) = x w^T, x (M, K), w (N, K) (a head tied to the embedding), row-stable as
+/// row_stable_matmul: each element is gemm's for that row alone, whatever M and the thread count.
+TAPEGRAD_KERNEL(void, row_stable_matmul_transposed,
+                (T* y, const T* x, const T* w, std::size_t M, std::size_t K, std::size_t N), (y, x, w, M, K, N))
 
 /// C (M, N) = op(A) op(B) (+ C when accumulating) with bfloat16 inputs (rounded to nearest even)
 /// and float32 accumulation: per element one chain over k in pairs, the arithmetic of AVX512_BF16's

@@ -97,9 +97,7 @@ Rows CachePass::matmul_transposed(const Rows& x, const Var& weight) {
   const std::size_t out = weight.shape()[0], in = weight.shape()[1];
   check_cols("matmul_transposed", x, in);
   Rows y = take(out);
-  // Row by row: a row's dot products then never depend on the rows beside it.
-  for (std::size_t r = 0; r < rows_; ++r)
-    kernels::gemm<float>(false, true, 1, out, in, 1.0f, x.row(r), in, weight.value().data(), in, 0.0f, y.row(r), out);
+  kernels::row_stable_matmul_transposed(y.data, x.data, weight.value().data(), rows_, in, out);
   return y;
 }
 

@@ -225,10 +225,46 @@ void gemm(bool trans_a, bool trans_b, std::size_t M, std::size_t N, std::size_t 
 }
 TAPEGRAD_INSTANTIATE_KERNEL(gemm)
 
+// Runs part(n0, n) on the outputs n0..n0+n-1 of a row-stable product, whose time is reading its
+// weights once when M is a few rows (decoding): whole, or over the kernel threads in near-equal
+// chunks of 64 outputs (whole vectors at every width). Every output is computed as in one call,
+// so the bits do not depend on the thread count. From 2^16 weights (256 KB of float32): the seed
+// model's products of at most 16K weights take less time than a parallel region's start.
+template <class Part>
+static void split_outputs(std::size_t M, std::size_t N, std::size_t K, Part part) {
+  const int threads = num_threads();
+  constexpr std::size_t unit = 64, min_parallel_weights = 1 << 16, min_parallel_flops = 1 << 21;
+  if (threads <= 1 || omp_in_parallel() || N < 2 * unit || (N * K < min_parallel_weights && M * N * K < min_parallel_flops))
+    return part(0, N);
+  const std::size_t chunk = ((N + threads - 1) / threads + unit - 1) / unit * unit, parts = (N + chunk - 1) / chunk;
+#pragma omp parallel for num_threads(threads) schedule(static)
+  for (std::ptrdiff_t p = 0; p < static_cast<std::ptrdiff_t>(parts); ++p) {
+    const std::size_t first = std::size_t(p) * chunk;
+    part(first, std::min(chunk, N - first));
+  }
+}
+
 template <class T>
 void row_stable_matmul(T* y, const T* x, const T* w, std::size_t M, std::size_t K, std::size_t N, bool accumulate) {
-  detail::row_stable_product<Batch<T>>(y, N, x, K, w, N, M, N, K, accumulate);
+  split_outputs(M, N, K, [&](std::size_t n0, std::size_t n) {
+    detail::row_stable_product<Batch<T>>(y + n0, N, x, K, w + n0, N, M, n, K, accumulate);
+  });
 }
 TAPEGRAD_INSTANTIATE_KERNEL(row_stable_matmul)
+
+template <class T>
+void row_stable_matmul_transposed(T* y, const T* x, const T* w, std::size_t M, std::size_t K, std::size_t N) {
+  // Blocks of 64 rows of w (144 KB at K = 576) stay in L2 while the M rows of x pass: w is read
+  // from memory once per call, not once per row. Each output is what gemm computes for one row
+  // (small_gemm: groups of W rows of w from the call's first, and 64 is a multiple of every W).
+  constexpr std::size_t block = 64;
+  split_outputs(M, N, K, [&](std::size_t n0, std::size_t n) {
+    for (std::size_t b = n0; b < n0 + n; b += block)
+      for (std::size_t i = 0; i < M; ++i)
+        small_gemm(false, true, 1, std::min(block, n0 + n - b), K, T(1), x + i * K, K, w + b * K, K, T(0),
+                   y + i * N + b, N);
+  });
+}
+TAPEGRAD_INSTANTIATE_KERNEL(row_stable_matmul_transposed)
 
 }  // namespace tapegrad::kernels::TAPEGRAD_SIMD_LEVEL

@@ -1,6 +1,7 @@
 #include <doctest/doctest.h>
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cmath>
 
 #include "core/blas_core.h"
@@ -112,6 +113,42 @@ TEST_CASE("packed_gemm gives the same bits on 1 and 2 threads; gemm, whichever k
   double worst = 0;
   for (std::size_t i = 0; i < ref.size(); ++i) worst = std::max(worst, double(std::fabs(by_gemm[i] - ref[i])));
   CHECK(worst < 1e-4);
+}
+
+TEST_CASE("row_stable_matmul and its transposed form give the same bits on 1, 2 and 3 threads; the transposed one is "
+          "gemm's row by row") {
+  // (M, K, N): decoding's one row and a few, prefill's many; N past whole vectors and chunks of 64.
+  const std::size_t shapes[][3] = {{1, 576, 192}, {1, 300, 1000}, {3, 260, 333}, {7, 576, 1536}, {40, 64, 2050}};
+  for (const auto& [M, K, N] : shapes) {
+    const auto x = test::random_vector<float>(M * K, 1), w = test::random_vector<float>(K * N, 2);
+    const auto bias = test::random_vector<float>(M * N, 3);
+    std::vector<std::vector<float>> product, accumulated, transposed;
+    for (int threads : {1, 2, 3}) {
+      set_num_threads(threads);
+      product.emplace_back(M * N);
+      kernels::row_stable_matmul(product.back().data(), x.data(), w.data(), M, K, N, false);
+      accumulated.push_back(bias);
+      kernels::row_stable_matmul(accumulated.back().data(), x.data(), w.data(), M, K, N, true);
+      transposed.emplace_back(M * N);  // w read as (N, K)
+      kernels::row_stable_matmul_transposed(transposed.back().data(), x.data(), w.data(), M, K, N);
+    }
+    set_num_threads(0);
+    INFO("M = ", M, ", K = ", K, ", N = ", N);
+    for (std::size_t t = 1; t < 3; ++t) {
+      CHECK(product[t] == product[0]);
+      CHECK(accumulated[t] == accumulated[0]);
+      CHECK(transposed[t] == transposed[0]);
+    }
+    std::vector<float> row(N);
+    for (std::size_t i = 0; i < M; ++i) {
+      kernels::gemm<float>(false, true, 1, N, K, 1.0f, x.data() + i * K, K, w.data(), K, 0.0f, row.data(), N);
+      CHECK(std::equal(row.begin(), row.end(), transposed[0].begin() + std::ptrdiff_t(i * N)));
+    }
+    const auto ref = naive_matmul(x.data(), w.data(), M, K, N, false, false);
+    double worst = 0;
+    for (std::size_t i = 0; i < ref.size(); ++i) worst = std::max(worst, double(std::fabs(product[0][i] - ref[i])));
+    CHECK(worst < 1e-3);
+  }
 }
 
 TEST_CASE("matmul kernels match central differences in double") {
