@@ -2,7 +2,8 @@
 // cache keeps keys in blocks of key_block positions stored transposed, so a head's scores over a
 // block are broadcast-FMAs over consecutive keys with no horizontal sums; a softmax per head; then
 // each value row is read once and added into every head's output at once. With grouped-query
-// attention (fewer KV heads than heads) each head goes alone over its KV head's keys and values.
+// attention (fewer KV heads than heads) the heads of a group go side by side over their KV head's
+// keys and values, which are read once for the group.
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -39,30 +40,38 @@ void cached_attention_forward(T* out, const T* q, const T* keys, const T* values
     T* p = scratch;           // (H, ld): scores, then probabilities
     T* inv = scratch + H * ld;  // (H): 1 / each head's sum of exponentials
     const T* qi = q + i * D;
-    // G heads at a time, then G/2, ..., 1, each over as many key blocks at once as make `chains`
-    // chains (4 heads at 16 lanes: 4 blocks), then one block at a time.
-    // Side by side, heads read consecutive KV heads: only without grouping (group == 1).
-    std::size_t h = 0;
-    auto heads = [&](auto side_by_side) {
+    // g heads side by side, each over as many key blocks at once as make `chains` chains (4 heads
+    // at 16 lanes: 4 blocks), then one block at a time. Without grouping, heads h.. read
+    // consecutive KV heads; grouped, heads h.. are of one group and share their KV head's keys.
+    auto scores = [&](auto side_by_side, std::size_t h) {
       constexpr std::size_t g = decltype(side_by_side)::value;
       constexpr std::size_t nb = std::max<std::size_t>(1, chains * W / (g * key_block));
-      for (; h + g <= H; h += g) {
-        const T* head_keys = keys + h / group * Dh * key_block;
-        std::size_t b = 0;
-        for (; b + nb <= blocks; b += nb)
-          detail::head_block_scores<B, g, key_block, nb>(p + h * ld + b * key_block, ld, qi + h * Dh,
-                                                         head_keys + b * Dkv * key_block, Dkv * key_block, Dh, scale);
-        for (; b < blocks; ++b)
-          detail::head_block_scores<B, g, key_block>(p + h * ld + b * key_block, ld, qi + h * Dh,
-                                                     head_keys + b * Dkv * key_block, Dkv * key_block, Dh, scale);
-      }
+      const T* head_keys = keys + h / group * Dh * key_block;
+      std::size_t b = 0;
+      for (; b + nb <= blocks; b += nb)
+        detail::head_block_scores<B, g, key_block, nb>(p + h * ld + b * key_block, ld, qi + h * Dh,
+                                                       head_keys + b * Dkv * key_block, Dkv * key_block, Dh, scale,
+                                                       group > 1);
+      for (; b < blocks; ++b)
+        detail::head_block_scores<B, g, key_block>(p + h * ld + b * key_block, ld, qi + h * Dh,
+                                                   head_keys + b * Dkv * key_block, Dkv * key_block, Dh, scale,
+                                                   group > 1);
     };
-    if (group == 1) {
-      heads(std::integral_constant<std::size_t, G>{});
-      if constexpr (G > 4) heads(std::integral_constant<std::size_t, 4>{});
-      if constexpr (G > 2) heads(std::integral_constant<std::size_t, 2>{});
-    }
-    heads(std::integral_constant<std::size_t, 1>{});  // the heads left: all of them when grouped
+    // Runs each(g, h) over heads first..last-1 in as few runs of g in {G, 4, 3, 2, 1} as fit.
+    auto in_runs = [&](std::size_t first, std::size_t last, auto each) {
+      std::size_t h = first;
+      auto run = [&](auto side_by_side) {
+        for (; h + decltype(side_by_side)::value <= last; h += decltype(side_by_side)::value) each(side_by_side, h);
+      };
+      run(std::integral_constant<std::size_t, G>{});
+      if constexpr (G > 4) run(std::integral_constant<std::size_t, 4>{});
+      if constexpr (G > 3) run(std::integral_constant<std::size_t, 3>{});
+      if constexpr (G > 2) run(std::integral_constant<std::size_t, 2>{});
+      run(std::integral_constant<std::size_t, 1>{});
+    };
+    if (group == 1) in_runs(0, H, scores);
+    else
+      for (std::size_t first = 0; first < H; first += group) in_runs(first, first + group, scores);
     // The softmax over whole vectors: keys n..n_pad-1 of the last block are not this query's (stale
     // or not yet written), and exp(-inf) = 0 leaves them out of the sum. The heads' maxima, then
     // their exponentials side by side; inv holds the maxima until it holds 1 / the sums.
@@ -77,7 +86,13 @@ void cached_attention_forward(T* out, const T* q, const T* keys, const T* values
     T* oi = out + i * D;
     if (Dh % W == 0 && group == 1) {
       detail::head_weighted_rows<B>(oi, p, ld, inv, values, D, n, D, Dh);
-    } else {  // a vector would span heads, or heads share values: one head at a time
+    } else if (Dh % W == 0) {  // each group's heads side by side over their KV head's values
+      for (std::size_t first = 0; first < H; first += group)
+        in_runs(first, first + group, [&](auto side_by_side, std::size_t h) {
+          detail::group_weighted_rows<B, decltype(side_by_side)::value>(oi + h * Dh, p + h * ld, ld, inv + h,
+                                                                         values + h / group * Dh, Dkv, n, Dh);
+        });
+    } else {  // a vector would span heads: one head at a time
       for (std::size_t h = 0; h < H; ++h)
         detail::row_times_matrix<B>(oi + h * Dh, p + h * ld, 1, values + h / group * Dh, Dkv, n, Dh, inv[h], false);
     }

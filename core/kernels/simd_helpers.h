@@ -341,10 +341,12 @@ std::size_t dots_with_rows(typename B::value_type* c, const typename B::value_ty
 /// one FMA chain over d in order, whatever G and NB are: broadcast-FMAs over consecutive keys, with
 /// no horizontal sums; G heads and NB blocks side by side keep G * NB * P / W chains in flight.
 /// P must be a multiple of B::size.
+/// With shared_keys, the G heads share one KV head's keys (grouped-query attention): every head
+/// reads rows d of the block (not g * Dh + d), so a block's loads feed G heads.
 template <class B, std::size_t G, std::size_t P, std::size_t NB = 1>
 inline void head_block_scores(typename B::value_type* s, std::size_t lds, const typename B::value_type* q,
                               const typename B::value_type* block, std::size_t block_stride, std::size_t Dh,
-                              typename B::value_type alpha) {
+                              typename B::value_type alpha, bool shared_keys = false) {
   using T = typename B::value_type;
   constexpr std::size_t W = B::size, V = P / W;
   static_assert(P % W == 0, "a key block holds whole vectors");
@@ -355,7 +357,7 @@ inline void head_block_scores(typename B::value_type* s, std::size_t lds, const 
     for (std::size_t g = 0; g < G; ++g) {
       B x(q[g * Dh + d]);
       for (std::size_t b = 0; b < NB; ++b) {
-        const T* row = block + b * block_stride + (g * Dh + d) * P;
+        const T* row = block + b * block_stride + ((shared_keys ? 0 : g * Dh) + d) * P;
         for (std::size_t v = 0; v < V; ++v) acc[g][b * V + v] = fma(x, B::load_unaligned(row + v * W), acc[g][b * V + v]);
       }
     }
@@ -365,10 +367,12 @@ inline void head_block_scores(typename B::value_type* s, std::size_t lds, const 
 
 // c[0:V*W] for V vectors that start on a head boundary, VH vectors per head (V / VH heads, weights
 // p + h * ldp and scale[h] for the h-th of them): each head's weight is broadcast once per row j.
+// Head h reads v + h * v_step and writes c + h * c_step (both VH * W: consecutive heads; v_step 0:
+// heads sharing one KV head's values).
 template <class B, std::size_t V, std::size_t VH>
 inline void head_weighted_block(typename B::value_type* c, const typename B::value_type* p, std::size_t ldp,
                                 const typename B::value_type* scale, const typename B::value_type* v, std::size_t ldv,
-                                std::size_t n) {
+                                std::size_t n, std::size_t v_step = VH * B::size, std::size_t c_step = VH * B::size) {
   using T = typename B::value_type;
   constexpr std::size_t W = B::size, heads = V / VH;
   static_assert(V % VH == 0, "whole heads in a block");
@@ -378,11 +382,26 @@ inline void head_weighted_block(typename B::value_type* c, const typename B::val
     const T* row = v + j * ldv;
     for (std::size_t h = 0; h < heads; ++h) {
       B x(p[h * ldp + j]);
-      for (std::size_t u = 0; u < VH; ++u) acc[h * VH + u] = fma(x, B::load_unaligned(row + (h * VH + u) * W), acc[h * VH + u]);
+      for (std::size_t u = 0; u < VH; ++u)
+        acc[h * VH + u] = fma(x, B::load_unaligned(row + h * v_step + u * W), acc[h * VH + u]);
     }
   }
   for (std::size_t h = 0; h < heads; ++h)
-    for (std::size_t u = 0; u < VH; ++u) (acc[h * VH + u] * B(scale[h])).store_unaligned(c + (h * VH + u) * W);
+    for (std::size_t u = 0; u < VH; ++u) (acc[h * VH + u] * B(scale[h])).store_unaligned(c + h * c_step + u * W);
+}
+
+/// head_weighted_rows for G heads that share one KV head's values (grouped-query attention):
+/// c[g * Dh + x] = scale[g] * sum_{j < n} p[g * ldp + j] * v[j * ldv + x] for g < G, x < Dh, each
+/// one FMA chain over j in order (head_weighted_rows' arithmetic); a row of v is read once for the
+/// G heads. Dh must be a multiple of B::size.
+template <class B, std::size_t G>
+void group_weighted_rows(typename B::value_type* c, const typename B::value_type* p, std::size_t ldp,
+                         const typename B::value_type* scale, const typename B::value_type* v, std::size_t ldv,
+                         std::size_t n, std::size_t Dh) {
+  constexpr std::size_t W = B::size, VH = G >= 8 ? 1 : 8 / G;  // at most 8 accumulators, as above
+  std::size_t x = 0;
+  for (; x + VH * W <= Dh; x += VH * W) head_weighted_block<B, G * VH, VH>(c + x, p, ldp, scale, v + x, ldv, n, 0, Dh);
+  for (; x < Dh; x += W) head_weighted_block<B, G, 1>(c + x, p, ldp, scale, v + x, ldv, n, 0, Dh);
 }
 
 /// Value rows weighted per head (attention's probabilities times values, every head at once):

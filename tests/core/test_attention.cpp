@@ -382,6 +382,36 @@ TEST_CASE("cached grouped-query attention matches the triple loop, each query ro
     }
 }
 
+TEST_CASE("cached grouped-query attention gives every head the bits it gets attending alone over its KV head") {
+  // Groups of 2, 3, 4 and 9 heads (run side by side in twos, threes, fours and eights), head sizes
+  // of whole vectors and not.
+  for (auto [H, KVH] : {std::pair<std::size_t, std::size_t>{4, 2}, {9, 3}, {8, 2}, {9, 1}, {12, 3}})
+    for (std::size_t Dh : {std::size_t(64), std::size_t(16), std::size_t(6)}) {
+      const std::size_t T = 45, D = H * Dh, Dkv = KVH * Dh, group = H / KVH;
+      CAPTURE(H);
+      CAPTURE(KVH);
+      CAPTURE(Dh);
+      auto q = test::random_vector<float>(D, 1), k = test::random_vector<float>(T * Dkv, 2);
+      auto v = test::random_vector<float>(T * Dkv, 3);
+      std::vector<float> out(D), scratch(H * ((T + kernels::key_block - 1) / kernels::key_block * kernels::key_block + 1));
+      const std::vector<float> blocks = key_blocks(k, T, Dkv);
+      kernels::cached_attention_forward(out.data(), q.data(), blocks.data(), v.data(), {1, 1, T, H, Dh, T - 1, KVH},
+                                        scratch.data());
+      for (std::size_t h = 0; h < H; ++h) {
+        std::vector<float> head_k(T * Dh), head_v(T * Dh), alone(Dh);
+        for (std::size_t t = 0; t < T; ++t)
+          for (std::size_t d = 0; d < Dh; ++d) {
+            head_k[t * Dh + d] = k[t * Dkv + h / group * Dh + d];
+            head_v[t * Dh + d] = v[t * Dkv + h / group * Dh + d];
+          }
+        const std::vector<float> head_blocks = key_blocks(head_k, T, Dh);
+        kernels::cached_attention_forward(alone.data(), q.data() + h * Dh, head_blocks.data(), head_v.data(),
+                                          {1, 1, T, 1, Dh, T - 1, 1}, scratch.data());
+        CHECK_MESSAGE(std::equal(alone.begin(), alone.end(), out.begin() + h * Dh), "head ", h);
+      }
+    }
+}
+
 TEST_CASE("the grouped-query attention op's gradients match central differences in float, and it names bad heads") {
   test::check_float_op("attention", [](const std::vector<Var>& v) { return attention(v[0], v[1], v[2], {4, 2}); },
                        {test::random_tensor({2, 3, 8}, 5), test::random_tensor({2, 3, 4}, 6),
