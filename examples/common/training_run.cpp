@@ -96,7 +96,7 @@ void check_resume_flags(const TrainOptions& o, const nn::LoadedModelCheckpoint& 
 }
 
 /// model rebuilt from its architecture's metadata with the run's --remat and --dropout, its
-/// weights copied (a published model is read without either).
+/// weights moved over (a published model is read without either).
 nn::LanguageModel with_run_options(nn::LanguageModel model, bool remat, std::optional<float> dropout) {
   if (!remat && !dropout) return model;
   const nn::Architecture& arch = nn::find_architecture(model.arch());
@@ -105,7 +105,8 @@ nn::LanguageModel with_run_options(nn::LanguageModel model, bool remat, std::opt
   if (dropout && *dropout > 0) metadata["dropout"] = fmt::format("{}", *dropout);
   nn::LanguageModel rebuilt = arch.from_metadata(metadata, remat);
   ParameterList from = model.params(), to = rebuilt.params();
-  for (std::size_t i = 0; i < to.size(); ++i) to[i].var.mutable_value() = from[i].var.value();
+  for (std::size_t i = 0; i < to.size(); ++i)
+    to[i].var.mutable_value() = std::move(from[i].var.mutable_value());  // one copy of the weights at a time
   return rebuilt;
 }
 
