@@ -16,6 +16,7 @@
 
 #include "bench/bench_common.h"
 #include "bench/fma_peak.h"
+#include "core/bf16.h"
 #include "core/kernels.h"
 #include "core/random.h"
 
@@ -205,10 +206,13 @@ Case copy_case(std::size_t n, const std::string& label) {
 // accumulate (or the reverse) fails the check.
 void fill_ones(Buffer& x) { std::fill(x.begin(), x.end(), 1.0f); }
 
-/// C (M, N) = op(A) op(B) + beta C, computed by product(A, B, C).
+/// C (M, N) = op(A) op(B) + beta C, computed by product(A, B, C); with bf16_operands, A and B hold
+/// bfloat16 values (so that a bf16 product checks against the same reference).
 Case product_case(std::string name, bool trans_a, bool trans_b, std::size_t M, std::size_t N, std::size_t K, float beta,
-                  std::function<void(const float*, const float*, float*)> product) {
+                  std::function<void(const float*, const float*, float*)> product, bool bf16_operands = false) {
   auto a = std::make_shared<Buffer>(random_buffer(M * K, 1)), b = std::make_shared<Buffer>(random_buffer(K * N, 2));
+  if (bf16_operands)
+    for (auto* operand : {a.get(), b.get()}) std::transform(operand->begin(), operand->end(), operand->begin(), tapegrad::round_to_bf16);
   auto c = std::make_shared<Buffer>(M * N);
   auto run = [=] { product(a->data(), b->data(), c->data()); };
   auto verify = [=] {
@@ -343,6 +347,36 @@ std::vector<Case> matmul_cases() {
                                    }));
       cases.push_back(forward(M, K, N));
     }
+  return cases;
+}
+
+// ---- bf16 products ----
+
+/// bf16_gemm (the AVX512_BF16 instruction where the CPU has it) and float32 gemm side by side at
+/// SmolLM2-135M's training products (B 4 x T 256 = 1024 rows, d 576, KV 192, d_ff 1536, vocab
+/// 49152): forward, dX = dY W^T and dW = X^T dY. The operands are rounded to bf16 first, so that
+/// both results check against the same double reference.
+std::vector<Case> bf16_cases() {
+  std::vector<Case> cases;
+  auto add = [&](std::string what, bool ta, bool tb, std::size_t M, std::size_t N, std::size_t K) {
+    const float beta = ta ? 1.0f : 0.0f;  // dW adds into the gradient
+    for (bool bf16 : {true, false})
+      cases.push_back(product_case(
+          fmt::format("{} {}", bf16 ? "bf16_gemm" : "gemm", what), ta, tb, M, N, K, beta,
+          [=](const float* a, const float* b, float* c) {
+            if (bf16) kernels::bf16_gemm<float>(ta, tb, M, N, K, a, ta ? M : K, b, tb ? K : N, beta != 0, c, N);
+            else kernels::gemm(ta, tb, M, N, K, 1.0f, a, ta ? M : K, b, tb ? K : N, beta, c, N);
+          },
+          true));
+    cases.end()[-2].group = cases.end()[-1].group = "bf16";
+  };
+  add("NN q,o", false, false, 1024, 576, 576);
+  add("NN k,v", false, false, 1024, 192, 576);
+  add("NN gate,up", false, false, 1024, 1536, 576);
+  add("NN down", false, false, 1024, 576, 1536);
+  add("NT dX down", false, true, 1024, 1536, 576);
+  add("TN dW gate", true, false, 576, 1536, 1024);
+  add("NT head", false, true, 1024, 49152, 576);
   return cases;
 }
 
@@ -571,7 +605,7 @@ int main(int argc, char** argv) try {
   for (tapegrad::SimdLevel level : tapegrad::supported_simd_levels()) cases.push_back(fma_peak_case(level));
   // Attention at head sizes Dh 32 and 64 and lengths T 256 and 1024 (B*H chosen for calls of a few
   // ms) and at the shapes of configs (b) and (a) / a-gpt2.
-  for (auto more : {matmul_cases(), attention_cases(4, 256, 8, 32), attention_cases(4, 256, 4, 64),
+  for (auto more : {matmul_cases(), bf16_cases(), attention_cases(4, 256, 8, 32), attention_cases(4, 256, 4, 64),
                     attention_cases(1, 1024, 8, 32), attention_cases(1, 1024, 4, 64), attention_cases(12, 64, 4, 32),
                     attention_cases(16, 128, 4, 16), row_cases(2048, 512)})
     for (Case& c : more)

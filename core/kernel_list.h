@@ -40,17 +40,20 @@ TAPEGRAD_KERNEL(void, row_stable_matmul_transposed,
 
 /// C (M, N) = op(A) op(B) (+ C when accumulating) with bfloat16 inputs (rounded to nearest even)
 /// and float32 accumulation: per element one chain over k in pairs, the arithmetic of AVX512_BF16's
-/// VDPBF16PS (Note [bf16 products], core/kernels/matmul_bf16.cpp), run by that instruction where
-/// the CPU has it and bit for bit the same elsewhere. Float whatever T (T = double: the same kernel).
+/// VDPBF16PS (Note [bf16 products], core/kernels/matmul_bf16.cpp), bit for bit at every level: by
+/// that instruction where the CPU has it and it outruns an FMA chain (timed once), by the chain
+/// otherwise. Float whatever T (T = double: the same kernel).
 TAPEGRAD_KERNEL(void, bf16_gemm,
                 (bool trans_a, bool trans_b, std::size_t M, std::size_t N, std::size_t K, const float* A,
                  std::size_t lda, const float* B, std::size_t ldb, bool accumulate, float* C, std::size_t ldc),
                 (trans_a, trans_b, M, N, K, A, lda, B, ldb, accumulate, C, ldc))
-/// bf16_gemm without the instruction, at every level (tests compare it with the instruction).
-TAPEGRAD_KERNEL(void, portable_bf16_gemm,
-                (bool trans_a, bool trans_b, std::size_t M, std::size_t N, std::size_t K, const float* A,
-                 std::size_t lda, const float* B, std::size_t ldb, bool accumulate, float* C, std::size_t ldc),
-                (trans_a, trans_b, M, N, K, A, lda, B, ldb, accumulate, C, ldc))
+/// bf16_gemm by the instruction (AVX-512 level on a CPU with AVX512_BF16; the chain elsewhere) or
+/// by the FMA chain, as the flag asks: tests compare the two.
+TAPEGRAD_KERNEL(void, bf16_gemm_path,
+                (bool instruction, bool trans_a, bool trans_b, std::size_t M, std::size_t N, std::size_t K,
+                 const float* A, std::size_t lda, const float* B, std::size_t ldb, bool accumulate, float* C,
+                 std::size_t ldc),
+                (instruction, trans_a, trans_b, M, N, K, A, lda, B, ldb, accumulate, C, ldc))
 
 // ---- elementwise ----------------------------------------------------------------------------
 

@@ -66,6 +66,12 @@ int main(int argc, char** argv) {
       ->check(non_negative())
       ->capture_default_str();
   app.add_flag("--remat", o.remat, "Recompute each block in backward (less memory, same result)");
+  std::string precision = "f32";
+  app.add_option("--precision", precision,
+                 "Matrix products: f32, or bf16 (inputs rounded to bfloat16, float32 accumulation; weights and "
+                 "AdamW state stay float32)")
+      ->check(CLI::IsMember({"f32", "bf16"}))
+      ->capture_default_str();
   app.add_flag("--shard-optimizer", o.shard_optimizer,
                "Under mpirun: each rank keeps and updates 1/N of the AdamW state (ZeRO-1; same result)");
   app.add_option("--threads", o.threads, "Threads (0: OMP_NUM_THREADS, else all cores)")->capture_default_str();
@@ -86,6 +92,7 @@ int main(int argc, char** argv) {
   std::unique_ptr<tapegrad::distributed::Communicator> comm;  // MPI is finalized when it goes
   bool failed_alone = false;
   const int status = run_program(app, argc, argv, [&] {
+    o.precision = tapegrad::parse_precision(precision);
     auto given = [&](const char* flag, std::size_t value) {
       return app.count(flag) ? std::optional(value) : std::nullopt;
     };

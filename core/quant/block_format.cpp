@@ -13,6 +13,8 @@
 #include <cstring>
 #include <stdexcept>
 
+#include "core/bf16.h"
+
 namespace tapegrad::quant {
 
 namespace {
@@ -222,11 +224,6 @@ std::uint16_t f32_to_f16(float value) {
   return sign | std::uint16_t(round_off((exponent - 112) << 23 | mantissa, 13));
 }
 
-std::uint16_t f32_to_bf16(float value) {
-  std::uint32_t bits = std::bit_cast<std::uint32_t>(value);
-  if ((bits & 0x7FFFFFFF) > 0x7F800000) return std::uint16_t((bits >> 16) | 0x40);  // NaN, made quiet
-  bits += 0x7FFF + ((bits >> 16) & 1);
-  return std::uint16_t(bits >> 16);
-}
+std::uint16_t f32_to_bf16(float value) { return to_bf16_bits(value); }  // the one rounding (core/bf16.h)
 
 }  // namespace tapegrad::quant

@@ -23,7 +23,8 @@ std::map<std::string, std::string> hyperparameters(const TrainOptions& o, std::i
           {"weight_decay", str(o.weight_decay)},
           {"clip", str(o.clip)},
           {"beta1", str(o.beta1)},
-          {"beta2", str(o.beta2)}};
+          {"beta2", str(o.beta2)},
+          {"precision", std::string(precision_name(o.precision))}};
 }
 
 void TrainOptions::validate() const {

@@ -109,6 +109,9 @@ class TrainingLoop {
                     "betas {}/{}, weight decay {}, clip {}; {} threads",
                     o_.steps, o_.batch, o_.seq, o_.lr, o_.warmup_steps(), o_.min_lr, decay_steps_, o_.beta1,
                     o_.beta2, o_.weight_decay, o_.clip > 0 ? str(o_.clip) : std::string("off"), num_threads()));
+    if (o_.precision == Precision::bf16)
+      log("precision: bf16 matrix products (inputs rounded to bfloat16, float32 accumulation); weights, gradients "
+          "and AdamW state float32");
     if (parts_ > 1)
       log(fmt::format("data-parallel: {}; each step sums {} gradients of {} windows ({} rank{} x {} micro-batch{}) "
                       "in a fixed order, in {} buckets",
@@ -146,6 +149,9 @@ class TrainingLoop {
       return TrainOutcome::finished;
     }
     wall_before_ = metrics_.last_wall_s();
+    // Every product of the run, validation's included; opened here, it also covers remat's re-run
+    // forwards in backward (core/precision.h).
+    PrecisionScope precision(o_.precision);
     if (o_.resume.empty() && o_.eval_every > 0) validate_now();
     stop_ = ranks_ > 1 ? 0 : stop_signal.load();  // with several ranks: agreed after every step
     while (run_.step < o_.steps) {

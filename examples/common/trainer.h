@@ -9,6 +9,7 @@
 #include <optional>
 #include <string>
 
+#include "core/precision.h"
 #include "distributed/communicator.h"
 
 namespace tapegrad::examples {
@@ -39,6 +40,7 @@ struct TrainOptions {
   std::optional<std::int64_t> warmup;  // default: 100, capped at a tenth of the decay steps
   std::uint64_t seed = 0;
   bool remat = false;
+  Precision precision = Precision::f32;  // bf16: the matrix products' inputs rounded (core/precision.h)
   bool shard_optimizer = false;  // ZeRO-1: each rank keeps and updates 1/N of the AdamW state
   int threads = 0;                // 0: OMP_NUM_THREADS, else all cores
   std::int64_t eval_every = 100;  // 0: validate only at the end

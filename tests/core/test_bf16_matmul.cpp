@@ -144,8 +144,8 @@ TEST_CASE("a bf16 product is VDPBF16PS's chain: per element, pairs of k, the odd
 
 TEST_CASE("bf16 products have the same bits at every level, at emulated16 and by the instruction") {
   // Values over many exponents (products below float's normal range, none past its largest
-  // value: a NaN's payload may differ), a subnormal input and C to accumulate into, and both kernels: bf16_gemm (the instruction where the CPU has it) and
-  // the portable path.
+  // value: a NaN's payload may differ), a subnormal input and C to accumulate into, and every path:
+  // bf16_gemm (whichever is faster here), and the instruction (where the CPU has it) and the chain.
   Product p = random_product(false, true, 19, 75, 515, 50);
   Rng rng(51);
   for (auto* v : {&p.A, &p.B, &p.C})
@@ -161,12 +161,16 @@ TEST_CASE("bf16 products have the same bits at every level, at emulated16 and by
       const auto& table = kernels::active_table<float>();
       results.push_back(p.run(table.bf16_gemm, accumulate));
       names.push_back(fmt::format("{} bf16_gemm, accumulate {}", simd_level_name(level), accumulate));
-      results.push_back(p.run(table.portable_bf16_gemm, accumulate));
-      names.push_back(fmt::format("{} portable_bf16_gemm, accumulate {}", simd_level_name(level), accumulate));
+      for (bool instruction : {true, false}) {
+        results.push_back(p.run(
+            [&](auto... arguments) { table.bf16_gemm_path(instruction, arguments...); }, accumulate));
+        names.push_back(fmt::format("{} bf16_gemm_path instruction {}, accumulate {}", simd_level_name(level),
+                                    instruction, accumulate));
+      }
     }
   }
-  for (std::size_t r = 2; r < results.size(); ++r) {
-    const auto& reference = results[r % 4 < 2 ? 0 : 2];  // the same accumulate flag
+  for (std::size_t r = 1; r < results.size(); ++r) {
+    const auto& reference = results[r % 6 < 3 ? 0 : 3];  // the same accumulate flag
     std::size_t differ = 0;
     for (std::size_t i = 0; i < reference.size(); ++i) differ += bits_of(results[r][i]) != bits_of(reference[i]);
     CAPTURE(names[r]);
@@ -201,4 +205,70 @@ TEST_CASE("a NaN input gives a NaN in its row and column of a bf16 product") {
   std::vector<float> c = p.run(kernels::bf16_gemm<float>, false);
   for (std::size_t j = 0; j < p.N; ++j) CHECK(std::isnan(c[2 * p.N + j]));
   CHECK(!std::isnan(c[3 * p.N]));
+}
+
+TEST_CASE("under a bf16 scope matmul and add_matmul are bf16 products forward and backward, kept for a later backward") {
+  // The op's gradient, by definition (core/precision.h): the float32 product's gradient at the
+  // rounded operands, straight through the rounding (whose own derivative is zero almost
+  // everywhere, so finite differences of the bf16 op measure nothing). Checked here: each gradient
+  // is exactly the bf16 product of the rounded dy and operand that the float32 backward would
+  // multiply, and it stays within bf16's error of the float32 op's gradient (which
+  // test_matmul.cpp checks by finite differences).
+  const std::size_t M = 9, K = 37, N = 21;
+  Tensor x = test::random_tensor({M, K}, 80), w = test::random_tensor({K, N}, 81), r = test::random_tensor({M, N}, 82);
+  Tensor c = test::random_tensor({M, N}, 83);  // dy = c: the loss sum(y * c) is linear in y
+  auto run = [&](Precision precision, bool with_residual) {
+    Var rv(r, true), xv(x, true), wv(w, true);
+    Tape tape;
+    Var y;
+    {
+      PrecisionScope scope(precision);
+      y = with_residual ? add_matmul(rv, xv, wv) : matmul(xv, wv);
+    }
+    tape.backward(sum(mul(y, Var(c))));  // outside the scope: the ops kept their precision
+    return std::tuple{Tensor(y.value()), Tensor(xv.grad()), Tensor(wv.grad())};
+  };
+  for (bool with_residual : {false, true}) {
+    CAPTURE(with_residual);
+    auto [y, dx, dw] = run(Precision::bf16, with_residual);
+    std::vector<float> y_ref(M * N), dx_ref(M * K, 0.0f), dw_ref(K * N, 0.0f);
+    if (with_residual) std::copy_n(r.data(), M * N, y_ref.data());
+    kernels::bf16_gemm<float>(false, false, M, N, K, x.data(), K, w.data(), N, with_residual, y_ref.data(), N);
+    kernels::bf16_gemm<float>(false, true, M, K, N, c.data(), N, w.data(), N, false, dx_ref.data(), K);
+    kernels::bf16_gemm<float>(true, false, K, N, M, x.data(), K, c.data(), N, true, dw_ref.data(), N);
+    CHECK(std::equal(y_ref.begin(), y_ref.end(), y.data()));
+    CHECK(std::equal(dx_ref.begin(), dx_ref.end(), dx.data()));
+    CHECK(std::equal(dw_ref.begin(), dw_ref.end(), dw.data()));
+    // Against float32: each operand off by at most 2^-9 relative, so a product's terms by 2^-8.
+    auto [y32, dx32, dw32] = run(Precision::f32, with_residual);
+    auto close = [](const Tensor& got, const Tensor& want, double scale) {
+      double worst = 0;
+      for (std::size_t i = 0; i < got.size(); ++i) worst = std::max(worst, std::fabs(double(got.data()[i]) - want.data()[i]));
+      return worst <= scale;
+    };
+    CHECK(close(y, y32, 4.0 * K * std::ldexp(1.0, -8)));
+    CHECK(close(dx, dx32, 4.0 * N * std::ldexp(1.0, -8)));
+    CHECK(close(dw, dw32, 4.0 * M * std::ldexp(1.0, -8)));
+    CHECK(!close(dw, dw32, 0.0));  // the rounding shows
+  }
+  CHECK(matmul_precision() == Precision::f32);
+}
+
+TEST_CASE("precision scopes nest and restore; a precision is named f32 or bf16") {
+  CHECK(matmul_precision() == Precision::f32);
+  {
+    PrecisionScope outer(Precision::bf16);
+    CHECK(matmul_precision() == Precision::bf16);
+    {
+      PrecisionScope inner(Precision::f32);
+      CHECK(matmul_precision() == Precision::f32);
+    }
+    CHECK(matmul_precision() == Precision::bf16);
+  }
+  CHECK(matmul_precision() == Precision::f32);
+  CHECK(parse_precision("bf16") == Precision::bf16);
+  CHECK(precision_name(Precision::bf16) == "bf16");
+  std::string message = test::error_of<std::invalid_argument>([] { parse_precision("fp16"); });
+  CHECK(test::contains(message, "'fp16'"));
+  CHECK(test::contains(message, "f32 or bf16"));
 }
