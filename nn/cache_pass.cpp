@@ -93,9 +93,10 @@ void CachePass::add_adapter(Rows& y, const Rows& x, const LoraAdapter& adapter) 
   kernels::row_stable_matmul(y.data, down.data, adapter.b.value().data(), rows_, rank, y.cols, true);
 }
 
-Rows CachePass::matmul_transposed(const Rows& x, const Var& weight) {
+Rows CachePass::tied_head(const Rows& x, const Embedding& table) {
+  const Var& weight = table.weight;
   const std::size_t out = weight.shape()[0], in = weight.shape()[1];
-  check_cols("matmul_transposed", x, in);
+  check_cols("tied_head", x, in);
   Rows y = take(out);
   kernels::row_stable_matmul_transposed(y.data, x.data, weight.value().data(), rows_, in, out);
   return y;

@@ -46,7 +46,8 @@ class CachePass {
   Rows rms_norm(const Rows& x, const RMSNorm& norm);         ///< RMSNorm of each row.
   Rows layer_norm(const Rows& x, const LayerNorm& norm);     ///< LayerNorm of each row.
   Rows linear(const Rows& x, const Linear& layer);           ///< x W (+ b).
-  Rows matmul_transposed(const Rows& x, const Var& weight);  ///< x W^T, W (out, in): a tied head.
+  Rows head(const Rows& x, const Linear& layer) { return linear(x, layer); }  ///< The logits x W (+ b).
+  Rows tied_head(const Rows& x, const Embedding& table);  ///< The logits x E^T, E (V, D).
   /// RoPE on each row at its token's position, heads as contiguous column chunks.
   Rows rope(const Rows& x, const std::shared_ptr<const kernels::RopeTable<float>>& table, std::size_t n_heads);
   /// Causal attention over each token's sequence: its k and v rows are appended to the cache (the

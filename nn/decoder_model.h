@@ -40,16 +40,17 @@ class DecoderModel {
 
   /// ids (B*T, row-major) -> logits (B, T, vocab). T <= max_len.
   Var forward(std::span<const std::int32_t> ids, std::size_t batch, std::size_t seq_len) const {
-    if (seq_len > model().config().max_len)
-      throw std::invalid_argument(
-          fmt::format("forward: seq_len {} exceeds max_len {}", seq_len, model().config().max_len));
-    TapePass p(ids, batch, seq_len, dropout_seed(model().config().seed, model().dropout_step, 0));
-    return model().run(p);
+    return run_on_tape(ids, {}, batch, seq_len);
   }
-  /// Mean next-token cross-entropy of forward(inputs) against targets, both (B*T).
+  /// Mean next-token cross-entropy of forward(inputs) against targets, both (B*T). A description
+  /// whose head is a head op (p.head, p.tied_head) gets it fused with the loss, the logits never
+  /// held whole (Note [Loss pass], nn/tape_pass.cpp); another returns logits, and gets their loss.
   Var loss(std::span<const std::int32_t> inputs, std::span<const std::int32_t> targets, std::size_t batch,
            std::size_t seq_len) const {
-    return cross_entropy(forward(inputs, batch, seq_len), targets);
+    if (targets.size() != inputs.size())
+      throw std::invalid_argument(fmt::format("loss: {} targets for {} inputs", targets.size(), inputs.size()));
+    Var result = run_on_tape(inputs, targets, batch, seq_len);
+    return result.shape().empty() ? result : cross_entropy(result, targets);
   }
 
   /// A cache for `sequences` sequences of up to max_len tokens (0: the model's max_len; at most
@@ -118,6 +119,16 @@ class DecoderModel {
 
  private:
   const Model& model() const { return static_cast<const Model&>(*this); }
+
+  // The description on a TapePass; a loss pass when targets are given.
+  Var run_on_tape(std::span<const std::int32_t> ids, std::span<const std::int32_t> targets, std::size_t batch,
+                  std::size_t seq_len) const {
+    if (seq_len > model().config().max_len)
+      throw std::invalid_argument(
+          fmt::format("forward: seq_len {} exceeds max_len {}", seq_len, model().config().max_len));
+    TapePass p(ids, batch, seq_len, dropout_seed(model().config().seed, model().dropout_step, 0), targets);
+    return model().run(p);
+  }
 
   Tensor prefill_runs(std::span<CachePass::Run> runs, KVCache& cache) const {
     std::size_t total = 0;

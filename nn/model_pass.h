@@ -34,7 +34,7 @@ concept ValueOf = std::same_as<T, typename P::Value>;
 template <class P>
 concept ModelPass = requires(P& p, const typename P::Value& x, const typename P::Value& y,
                              const typename P::Value& z, const Embedding& table, const RMSNorm& rms,
-                             const LayerNorm& norm, const Linear& layer, const Var& weight, const Dropout& drop,
+                             const LayerNorm& norm, const Linear& layer, const Dropout& drop,
                              const std::shared_ptr<const kernels::RopeTable<float>>& rope_table,
                              std::size_t n_heads, AttentionHeads heads, bool remat, std::uint64_t dropout_seed,
                              BlockDescription<P> describe) {
@@ -46,7 +46,8 @@ concept ModelPass = requires(P& p, const typename P::Value& x, const typename P:
   { p.rms_norm(x, rms) } -> ValueOf<P>;                         // rms(x)
   { p.layer_norm(x, norm) } -> ValueOf<P>;                      // norm(x)
   { p.linear(x, layer) } -> ValueOf<P>;                         // x W (+ b)
-  { p.matmul_transposed(x, weight) } -> ValueOf<P>;             // x W^T: a tied head
+  { p.head(x, layer) } -> ValueOf<P>;                           // the logits x W (+ b) (a loss pass: their loss)
+  { p.tied_head(x, table) } -> ValueOf<P>;                      // the logits x E^T (a loss pass: their loss)
   { p.rope(x, rope_table, n_heads) } -> ValueOf<P>;             // RoPE at each row's position
   { p.attention(x, y, z, heads, drop) } -> ValueOf<P>;          // causal attention of q, k, v
   { p.residual(x, y, layer, drop) } -> ValueOf<P>;              // x + drop(y W (+ b))
@@ -71,7 +72,8 @@ struct ModelPassArchetype {
   Value rms_norm(const Value&, const RMSNorm&) { return {}; }
   Value layer_norm(const Value&, const LayerNorm&) { return {}; }
   Value linear(const Value&, const Linear&) { return {}; }
-  Value matmul_transposed(const Value&, const Var&) { return {}; }
+  Value head(const Value&, const Linear&) { return {}; }
+  Value tied_head(const Value&, const Embedding&) { return {}; }
   Value rope(const Value&, const std::shared_ptr<const kernels::RopeTable<float>>&, std::size_t) { return {}; }
   Value attention(const Value&, const Value&, const Value&, AttentionHeads, const Dropout&) { return {}; }
   Value residual(const Value&, const Value&, const Linear&, const Dropout&) { return {}; }

@@ -34,8 +34,11 @@ class TapePass {
  public:
   using Value = Var;  ///< What the description's ops take and return.
   /// ids (batch * seq_len, row-major); dropout masks, when a Dropout is active, come from
-  /// Rng(dropout_seed). Throws std::invalid_argument when the sizes disagree.
-  TapePass(std::span<const std::int32_t> ids, std::size_t batch, std::size_t seq_len, std::uint64_t dropout_seed);
+  /// Rng(dropout_seed). With targets (one per id) it is a loss pass: the head returns the mean
+  /// cross-entropy of its logits against them, fused (linear_cross_entropy), so that the logits
+  /// are never held whole (Note [Loss pass]). Throws std::invalid_argument when the sizes disagree.
+  TapePass(std::span<const std::int32_t> ids, std::size_t batch, std::size_t seq_len, std::uint64_t dropout_seed,
+           std::span<const std::int32_t> targets = {});
 
   Var embed(const Embedding& table) const;                     ///< The ids' rows: (B, T, D).
   Var positions(const Embedding& table) const;                 ///< Rows 0..T-1: (T, D), broadcast.
@@ -44,7 +47,8 @@ class TapePass {
   Var rms_norm(const Var& x, const RMSNorm& norm) const { return norm.forward(x); }      ///< norm(x).
   Var layer_norm(const Var& x, const LayerNorm& norm) const { return norm.forward(x); }  ///< norm(x).
   Var linear(const Var& x, const Linear& layer) const { return layer.forward(x); }       ///< x W (+ b).
-  Var matmul_transposed(const Var& x, const Var& weight) const;  ///< x W^T, W (out, in).
+  Var head(const Var& x, const Linear& layer) const;  ///< The logits x W (+ b), or in a loss pass their loss.
+  Var tied_head(const Var& x, const Embedding& table) const;  ///< The logits x E^T, or in a loss pass their loss.
   /// RoPE on (B, T, D), row t at position t.
   Var rope(const Var& x, const std::shared_ptr<const kernels::RopeTable<float>>& table, std::size_t n_heads) const;
   /// Causal attention; drop (when active) on the probabilities.
@@ -75,7 +79,7 @@ class TapePass {
   TapePass(std::uint64_t dropout_seed, const Tensor* known_output) : rng_(dropout_seed), known_output_(known_output) {}
   Var residual(const Var& x, const Var& h, const Linear& out, const Dropout& drop, const Tensor* known_output);
 
-  std::span<const std::int32_t> ids_;
+  std::span<const std::int32_t> ids_, targets_;
   std::size_t batch_ = 0, seq_len_ = 0;
   Rng rng_;
   const Tensor* known_output_ = nullptr;

@@ -92,7 +92,7 @@ typename P::Value Gpt2::run(P& p) const {
   for (std::size_t i = 0; i < blocks.size(); ++i)
     x = p.block(x, config_.remat, dropout_seed(config_.seed, dropout_step, i + 1),
                 [&block = blocks[i]](auto& bp, const auto& h) { return block.run(bp, h); });
-  return p.matmul_transposed(p.layer_norm(x, norm), embed.weight);  // the tied head: x E^T
+  return p.tied_head(p.layer_norm(x, norm), embed);  // x E^T
 }
 template Var Gpt2::run<TapePass>(TapePass&) const;
 template Rows Gpt2::run<CachePass>(CachePass&) const;

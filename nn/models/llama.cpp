@@ -114,7 +114,7 @@ typename P::Value Llama::run(P& p) const {
     x = p.block(x, config_.remat, dropout_seed(config_.seed, dropout_step, i + 1),
                 [&block = blocks[i]](auto& bp, const auto& h) { return block.run(bp, h); });
   auto out = p.rms_norm(x, norm);
-  return head ? p.linear(out, *head) : p.matmul_transposed(out, embed.weight);  // tied: x E^T
+  return head ? p.head(out, *head) : p.tied_head(out, embed);  // tied: x E^T
 }
 template Var LlamaBlock::run<TapePass>(TapePass&, const Var&) const;
 template Rows LlamaBlock::run<CachePass>(CachePass&, const Rows&) const;

@@ -70,7 +70,7 @@ typename P::Value RotaryDecoder::run(P& p) const {
   for (std::size_t i = 0; i < blocks.size(); ++i)
     x = p.block(x, config_.remat, dropout_seed(config_.seed, dropout_step, i + 1),
                 [&block = blocks[i]](auto& bp, const auto& h) { return block.run(bp, h); });
-  return p.linear(p.rms_norm(x, norm), head);
+  return p.head(p.rms_norm(x, norm), head);
 }
 template Var RotaryDecoder::run<TapePass>(TapePass&) const;
 template Rows RotaryDecoder::run<CachePass>(CachePass&) const;
