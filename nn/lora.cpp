@@ -165,6 +165,8 @@ void write_text_atomically(const std::filesystem::path& path, const std::string&
 
 }  // namespace
 
+bool has_peft_layout(const LanguageModel& model) { return model.as<Llama>() != nullptr; }
+
 std::vector<std::string_view> lora_target_names() {
   std::vector<std::string_view> out;
   for (const Target& t : kTargets) out.push_back(t.name);

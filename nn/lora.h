@@ -50,6 +50,9 @@ Metadata lora_metadata(const LanguageModel& model);
 /// std::runtime_error naming the key when a value is bad.
 void add_lora_from_metadata(LanguageModel& model, const Metadata& metadata);
 
+/// Whether the model's architecture has a Hugging Face layout that PEFT's files name (Llama's).
+bool has_peft_layout(const LanguageModel& model);
+
 /// Writes the adapters as PEFT's save_pretrained does into folder (created if needed):
 /// adapter_model.safetensors with base_model.model.<Hugging Face module>.lora_A.weight (r, in)
 /// and .lora_B.weight (out, r) in float32 (q and k rows back in Hugging Face's rotate-half order,
