@@ -52,13 +52,14 @@ struct Run {
   Rng batch_rng;
   std::int64_t step = 0;         // steps completed
   std::int64_t saved_step = -1;  // the step of the checkpoint at o.out written by this run
+  std::optional<std::string> chat_template;  // the --init file's (rank 0), for --export-hf and --export-gguf
 
   Run(const TrainOptions& options, std::int64_t decay, Corpus&& text, nn::LanguageModel&& m)
       : o(options),
         decay_steps(decay),
         corpus(std::move(text)),
         model(std::move(m)),
-        params(trainable(model.params())),  // a LoRA run's frozen base is no optimizer's
+        params(model.params()),
         optimizer(params, {.lr = o.lr, .beta1 = o.beta1, .beta2 = o.beta2, .weight_decay = o.weight_decay}),
         batch_rng(stream_seed(o.seed, kBatchStream)) {}
 
