@@ -25,6 +25,7 @@ int main(int argc, char** argv) {
   TrainOptions o;
   std::size_t d_model = 64, heads = 4, blocks = 2, max_len = 256, d_ff = 0;
   std::int64_t decay_steps = 0, warmup = 100;
+  std::size_t lora_rank = 8;
   std::string arch = "rotary";
   float dropout = 0;
   app.add_option("--data", o.data, "Training text, UTF-8 (default: the DATA environment variable)")->envname("DATA");
@@ -85,11 +86,19 @@ int main(int argc, char** argv) {
   app.add_option("--init", o.init,
                  "Start from a model: a GGUF file (dequantized to float32), a Hugging Face folder or a checkpoint; "
                  "--data is encoded by its tokenizer, the shape flags do not apply");
+  app.add_option("--lora", lora_rank,
+                 "Train LoRA adapters of this rank on --init's projections, the model frozen; the checkpoint holds "
+                 "both, <out>.lora/ the adapters in PEFT's files (docs/fine-tuning.md)");
+  app.add_option("--lora-alpha", o.lora_alpha, "LoRA's alpha: the adapters' output is scaled by alpha / rank")
+      ->capture_default_str();
+  app.add_option("--lora-targets", o.lora_targets, "The projections LoRA adapts, of q,k,v,o,gate,up,down")
+      ->capture_default_str();
+  app.add_flag("--merge", o.merge, "When the run finishes, fold the LoRA adapters into the weights that are exported");
   app.add_option("--export-hf", o.export_hf,
                  "When the run finishes: the model as a Hugging Face folder (model.safetensors, config.json, "
-                 "tokenizer files with the chat template), written atomically; a Llama only");
+                 "tokenizer files); a Llama only");
   app.add_option("--export-gguf", o.export_gguf,
-                 "When the run finishes: the model as a GGUF file of --export-type with its tokenizer and chat "
+                 "When the run finishes: the model as a GGUF file with its tokenizer and chat "
                  "template; a Llama only. With --init and --steps 0, train converts a model");
   app.add_option("--export-type", o.export_type, "--export-gguf's matrices: f32, bf16 or q8_0 (vectors stay f32)")
       ->capture_default_str();
@@ -110,6 +119,7 @@ int main(int argc, char** argv) {
                app.count("--dropout") ? std::optional(dropout) : std::nullopt};
     if (app.count("--decay-steps")) o.decay_steps = decay_steps;
     if (app.count("--warmup")) o.warmup = warmup;
+    if (app.count("--lora")) o.lora = lora_rank;
     // Test seams (docs/testing.md), set only by tests/examples: a NaN in the model or in a batch before
     // step N, and a save after step N that fails like a full disk.
     auto seam = [](const char* name) {

@@ -69,6 +69,11 @@ void TrainOptions::validate() const {
   } catch (const std::invalid_argument& e) {
     throw UsageError(e.what());
   }
+  require(!lora || *lora >= 1, "--lora must be at least 1 (the adapters' rank)");
+  require(!lora || !init.empty() || !resume.empty(), "--lora adapts a model: give --init (or --resume a LoRA run)");
+  require(std::isfinite(lora_alpha) && lora_alpha > 0,
+          fmt::format("--lora-alpha must be a positive number, got {}", lora_alpha));
+  require(!merge || lora || !resume.empty(), "--merge folds LoRA adapters into the weights: give --lora");
   require(init.empty() || resume.empty(),
           "give --init or --resume, not both: --init starts a run from a model, --resume continues a run from its "
           "checkpoint (which holds the model)");

@@ -20,6 +20,7 @@
 #include "core/kernels.h"
 #include "core/ops.h"
 #include "distributed/data_parallel.h"
+#include "nn/lora.h"
 #include "optim/clip.h"
 #include "optim/schedule.h"
 
@@ -333,6 +334,7 @@ class TrainingLoop {
   void finish() {
     const double val = validate_now();
     save();
+    if (o_.merge) nn::merge_lora(run_.model);  // the checkpoint keeps the adapters apart; an export gets them folded in
     write_metrics();
     const double elapsed = progress_.elapsed_s();
     const double tokens = double(steps_run_) * double(o_.batch * o_.seq);

@@ -30,6 +30,13 @@ struct TrainOptions {
   // A model to start from (a GGUF file, a Hugging Face folder or a tapegrad checkpoint): its weights,
   // its tokenizer for --data, a fresh optimizer; its shape comes from the file, so no shape flag.
   std::string init;
+  // LoRA (nn/lora.h, docs/fine-tuning.md): adapters of rank lora on the lora_targets projections of
+  // every block, scaled by lora_alpha / lora, the model frozen; merge folds them into the weights
+  // when the run finishes (the checkpoint keeps them apart), for what is exported.
+  std::optional<std::size_t> lora;
+  float lora_alpha = 8;              // PEFT's default
+  std::string lora_targets = "q,v";  // PEFT's default for Llama
+  bool merge = false;
   // Written from the final model when the run finishes (a Llama with a BPE tokenizer, nn/export.h):
   // a Hugging Face folder and a GGUF file whose matrices are export_type ("f32", "bf16", "q8_0").
   std::string export_hf, export_gguf, export_type = "f32";

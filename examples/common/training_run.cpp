@@ -14,6 +14,7 @@
 #include "nn/architecture.h"
 #include "nn/checkpoint.h"
 #include "nn/checkpoint_metadata.h"
+#include "nn/lora.h"
 #include "nn/pretrained.h"
 #include "tokenizers/tokenizer.h"
 
@@ -50,7 +51,7 @@ nn::LanguageModel new_model(const TrainOptions& o, std::size_t vocab) {
 /// Rank 0's run (after its setup) to every other rank: the parameters, the optimizer state, the
 /// step and the batch stream.
 void broadcast_state(distributed::Communicator& comm, Run& run) {
-  for (NamedParameter& p : run.params) {
+  for (NamedParameter& p : run.model.params()) {  // frozen ones too: run.params holds the trainable
     Tensor& value = p.var.mutable_value();
     distributed::broadcast_values(comm, std::span(value.data(), value.size()));
   }
@@ -108,6 +109,28 @@ nn::LanguageModel with_run_options(nn::LanguageModel model, bool remat, std::opt
   for (std::size_t i = 0; i < to.size(); ++i)
     to[i].var.mutable_value() = std::move(from[i].var.mutable_value());  // one copy of the weights at a time
   return rebuilt;
+}
+
+/// --lora's adapters on the model (nn/lora.h), A drawn from a stream of --seed; returns the log's note.
+std::string add_lora_adapters(const TrainOptions& o, nn::LanguageModel& model) {
+  constexpr std::uint64_t kLoraStream = 3;
+  nn::LoraOptions lora{.rank = *o.lora, .alpha = o.lora_alpha, .targets = {}, .seed = stream_seed(o.seed, kLoraStream)};
+  for (std::size_t begin = 0; begin <= o.lora_targets.size();) {
+    const std::size_t end = std::min(o.lora_targets.find(',', begin), o.lora_targets.size());
+    lora.targets.push_back(o.lora_targets.substr(begin, end - begin));
+    begin = end + 1;
+  }
+  try {
+    nn::add_lora(model, lora);
+  } catch (const std::invalid_argument& e) {
+    throw UsageError(fmt::format("--lora {} --lora-targets {}: {}", *o.lora, o.lora_targets, e.what()));
+  }
+  std::size_t trained = 0;
+  for (const NamedParameter& p : trainable(model.params())) trained += p.var.value().size();
+  return fmt::format("LoRA: rank {}, alpha {} on {} of every block: {} trainable parameters of {} ({:.2f}%), the "
+                     "rest frozen",
+                     lora.rank, lora.alpha, o.lora_targets, trained, model.num_params(),
+                     100.0 * double(trained) / double(model.num_params()));
 }
 
 /// A model to start from and its tokenizer.
@@ -180,6 +203,9 @@ void Run::save(const optim::OptimizerState& state) {
   if (o.fail_save_at && *o.fail_save_at == step) detail::safetensors_fail_after_bytes = 4096;
   try {
     nn::save_model_checkpoint(o.out, model, *corpus.tokenizer, extras);
+    // The adapters alone as PEFT writes them, beside the checkpoint (which holds the base too).
+    if (nn::lora_of(model) && nn::has_peft_layout(model))
+      nn::save_peft_adapter(output_stem(o.out) + ".lora", model, o.init.empty() ? o.resume : o.init);
   } catch (const std::exception& e) {
     throw std::runtime_error(fmt::format("cannot save the checkpoint of step {}: {}; {}", step, e.what(), kept()));
   }
@@ -240,11 +266,16 @@ void prepare_leader_run(const TrainOptions& o, std::int64_t decay_steps, const M
                       "characters); resume with the same --data",
                       o.resume, ckpt->char_tokenizer().size(), o.data, chars->size()));
     model.emplace(std::move(ckpt->model));
+    if (const auto saved = nn::lora_of(*model); o.lora && (!saved || saved->rank != *o.lora))
+      throw UsageError(fmt::format("--lora {} disagrees with --resume {}, {} (drop the flag)", *o.lora, o.resume,
+                                   saved ? fmt::format("whose adapters have rank {}", saved->rank)
+                                         : std::string("which has no adapters")));
   } else if (!o.init.empty()) {
     InitModel init = load_init(o);
     corpus.emplace(corpus_of_tokens(o.data, text, std::move(init.tokenizer)));
     model.emplace(std::move(init.model));
     setup.notes.push_back(std::move(init.description));
+    if (o.lora) setup.notes.push_back(add_lora_adapters(o, *model));
     chat_template = std::move(init.chat_template);
   } else {
     corpus.emplace(corpus_of_characters(o.data, text));
@@ -309,10 +340,14 @@ void share_leader_run(const TrainOptions& o, std::int64_t decay_steps, distribut
     arch = setup.run->model.arch(), config = nn::find_architecture(arch).to_metadata(setup.run->model);
   distributed::broadcast_string(comm, arch);
   broadcast_metadata(comm, config);
+  nn::Metadata adapters;  // --lora's, added alike on every rank before the weights arrive
+  if (leader) adapters = nn::lora_metadata(setup.run->model);
+  broadcast_metadata(comm, adapters);
   if (!leader) {
     Corpus corpus = corpus_of_ids(o.data, tokenizers::tokenizer_from_metadata(tokenizer), std::move(ids), fingerprint);
     nn::LanguageModel model = from_file ? nn::find_architecture(arch).from_metadata(config, o.remat)
                                         : new_model(o, corpus.tokenizer->vocab_size());
+    nn::add_lora_from_metadata(model, adapters);
     setup.run.emplace(o, decay_steps, std::move(corpus), std::move(model));
   }
   broadcast_state(comm, *setup.run);

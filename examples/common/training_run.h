@@ -59,7 +59,7 @@ struct Run {
         decay_steps(decay),
         corpus(std::move(text)),
         model(std::move(m)),
-        params(model.params()),
+        params(trainable(model.params())),  // a LoRA run's frozen base is no optimizer's
         optimizer(params, {.lr = o.lr, .beta1 = o.beta1, .beta2 = o.beta2, .weight_decay = o.weight_decay}),
         batch_rng(stream_seed(o.seed, kBatchStream)) {}
 
