@@ -9,6 +9,7 @@
 #include "common/rank_agreement.h"
 #include "common/training_run.h"
 #include "nn/architecture.h"
+#include "nn/export.h"
 
 namespace tapegrad::examples {
 
@@ -41,7 +42,14 @@ void TrainOptions::validate() const {
   require(batch % micro_batches == 0,
           fmt::format("--batch {} does not split into --micro-batches {} equal parts; give a --batch divisible by {}",
                       batch, micro_batches, micro_batches));
-  require(steps >= 1, fmt::format("--steps must be at least 1, got {}", steps));
+  // --steps 0 with --init converts a model (to the --export-* formats) without training it.
+  require(steps >= 1 || (steps == 0 && !init.empty()),
+          fmt::format("--steps must be at least 1 (0 only with --init, to convert a model), got {}", steps));
+  try {
+    nn::parse_gguf_export_type(export_type);
+  } catch (const std::invalid_argument& e) {
+    throw UsageError(fmt::format("--export-type: {}", e.what()));
+  }
   require(!decay_steps || *decay_steps >= 1,
           fmt::format("--decay-steps must be at least 1, got {}", decay_steps.value_or(0)));
   require(warmup_steps() >= 0 && warmup_steps() <= decay(),

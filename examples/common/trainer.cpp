@@ -13,6 +13,7 @@
 
 #include "common/batches.h"
 #include "common/metrics.h"
+#include "common/model_export.h"
 #include "common/progress.h"
 #include "common/rank_agreement.h"
 #include "common/training_run.h"
@@ -145,6 +146,10 @@ class TrainingLoop {
 
   /// Runs the steps left; returns interrupted when a stop signal arrived between two steps.
   TrainOutcome run(const std::atomic<int>& stop_signal) {
+    if (o_.steps == 0) {
+      log("--steps 0: no training (the --init model goes to the --export-* files as it is)");
+      return TrainOutcome::finished;
+    }
     if (run_.step == o_.steps) {
       log(fmt::format("nothing to do: the checkpoint is already at step {} of --steps {}", run_.step, o_.steps));
       return TrainOutcome::finished;
@@ -380,7 +385,9 @@ TrainOutcome train(const TrainOptions& o, const std::atomic<int>& stop_signal, d
   if (comm.size() > 1) share_leader_run(o, decay_steps, comm, setup);
   TrainingLoop loop(o, decay_steps, comm, *setup.run, metrics);
   loop.log_setup(setup);
-  return loop.run(stop_signal);
+  const TrainOutcome outcome = loop.run(stop_signal);
+  if (outcome == TrainOutcome::finished) on_leader(comm, [&] { export_final_model(o, *setup.run); });
+  return outcome;
 }
 
 }  // namespace tapegrad::examples

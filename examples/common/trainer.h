@@ -37,6 +37,9 @@ struct TrainOptions {
   float lora_alpha = 8;              // PEFT's default
   std::string lora_targets = "q,v";  // PEFT's default for Llama
   bool merge = false;
+  // Written from the final model when the run finishes (a Llama with a BPE tokenizer, nn/export.h):
+  // a Hugging Face folder and a GGUF file whose matrices are export_type ("f32", "bf16", "q8_0").
+  std::string export_hf, export_gguf, export_type = "f32";
   ModelFlags model;
   std::size_t seq = 128, batch = 16;  // batch: global, the sum over all ranks of a data-parallel run
   std::size_t micro_batches = 1;      // each rank's rows in this many parts, gradients summed in order

@@ -1,0 +1,14 @@
+// The trainer's --export-hf and --export-gguf: the final model of a run written as a Hugging Face
+// folder and a GGUF file (nn/export.h), with the run's tokenizer and the --init file's chat template.
+#pragma once
+
+#include "common/trainer.h"
+#include "common/training_run.h"
+
+namespace tapegrad::examples {
+
+/// Writes what o.export_hf and o.export_gguf ask for (nothing when both are empty) and logs each
+/// path; an export that cannot be written throws naming it (the checkpoint is already saved).
+void export_final_model(const TrainOptions& o, const Run& run);
+
+}  // namespace tapegrad::examples
