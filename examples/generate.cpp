@@ -75,6 +75,7 @@ int main(int argc, char** argv) {
   // Required options are checked after parsing, so that an unknown flag is the error reported first.
   source.add_options(app);
   source.add_lora_option(app);
+  source.add_weights_option(app);
   app.add_option("--prompt", prompt,
                  "Text to continue (default for checkpoints: a newline if the vocabulary has one, else its first "
                  "character); with --chat, the user's message");

@@ -25,30 +25,35 @@ void CachePass::check_cols(const char* op, const Rows& x, std::size_t cols) cons
 }
 
 Rows CachePass::embed(const Embedding& table) {
-  const Tensor& w = table.weight.value();
-  Rows y = take(w.shape()[1]);
+  const std::size_t vocab = table.packed ? table.packed->rows : table.weight.shape()[0];
+  Rows y = take(table.packed ? table.packed->cols : table.weight.shape()[1]);
   std::size_t r = 0;
   for (const Run& run : runs_) {
     for (std::size_t i = 0; i < run.count; ++i)
-      if (run.tokens[i] < 0 || std::size_t(run.tokens[i]) >= w.shape()[0])
+      if (run.tokens[i] < 0 || std::size_t(run.tokens[i]) >= vocab)
         throw std::out_of_range(fmt::format("CachePass::embed: token id {} is outside the table of {} rows",
-                                            run.tokens[i], w.shape()[0]));
-    kernels::embedding_forward(y.row(r), w.data(), run.tokens, run.count, y.cols);
+                                            run.tokens[i], vocab));
+    if (table.packed) {
+      for (std::size_t i = 0; i < run.count; ++i) quant::dequantize_rows(*table.packed, run.tokens[i], 1, y.row(r + i));
+    } else {
+      kernels::embedding_forward(y.row(r), table.weight.value().data(), run.tokens, run.count, y.cols);
+    }
     r += run.count;
   }
   return y;
 }
 
 Rows CachePass::positions(const Embedding& table) {
-  const Tensor& w = table.weight.value();
-  const std::size_t dim = w.shape()[1];
+  const std::size_t length = table.packed ? table.packed->rows : table.weight.shape()[0];
+  const std::size_t dim = table.packed ? table.packed->cols : table.weight.shape()[1];
   Rows y = take(dim);
   std::size_t r = 0;
   for (const Run& run : runs_) {
-    if (run.position + run.count > w.shape()[0])
+    if (run.position + run.count > length)
       throw std::out_of_range(fmt::format("CachePass::positions: position {} is outside the table of {} rows",
-                                          run.position + run.count - 1, w.shape()[0]));
-    std::copy_n(w.data() + run.position * dim, run.count * dim, y.row(r));
+                                          run.position + run.count - 1, length));
+    if (table.packed) quant::dequantize_rows(*table.packed, run.position, run.count, y.row(r));
+    else std::copy_n(table.weight.value().data() + run.position * dim, run.count * dim, y.row(r));
     r += run.count;
   }
   return y;
@@ -79,7 +84,8 @@ Rows CachePass::layer_norm(const Rows& x, const LayerNorm& norm) {
 Rows CachePass::linear(const Rows& x, const Linear& layer) {
   check_cols("linear", x, layer.in());
   Rows y = take(layer.out());
-  kernels::row_stable_matmul(y.data, x.data, layer.weight.value().data(), rows_, layer.in(), layer.out(), false);
+  if (layer.packed) quant::packed_matmul(y.data, x.data, rows_, *layer.packed, false);
+  else kernels::row_stable_matmul(y.data, x.data, layer.weight.value().data(), rows_, layer.in(), layer.out(), false);
   if (layer.bias.defined()) kernels::add_bias_forward(y.data, y.data, layer.bias.value().data(), rows_, y.cols);
   if (layer.adapter) add_adapter(y, x, *layer.adapter);
   return y;
@@ -94,6 +100,12 @@ void CachePass::add_adapter(Rows& y, const Rows& x, const LoraAdapter& adapter) 
 }
 
 Rows CachePass::tied_head(const Rows& x, const Embedding& table) {
+  if (table.packed) {  // the table is already (out, in)
+    check_cols("tied_head", x, table.packed->cols);
+    Rows y = take(table.packed->rows);
+    quant::packed_matmul(y.data, x.data, rows_, *table.packed, false);
+    return y;
+  }
   const Var& weight = table.weight;
   const std::size_t out = weight.shape()[0], in = weight.shape()[1];
   check_cols("tied_head", x, in);
@@ -148,11 +160,13 @@ Rows CachePass::residual(const Rows& x, const Rows& h, const Linear& out, const 
   Rows y = take(x.cols);
   if (!out.bias.defined()) {  // y = x + h W: the chains start from zero, then add x
     std::copy_n(x.data, rows_ * x.cols, y.data);
-    kernels::row_stable_matmul(y.data, h.data, out.weight.value().data(), rows_, out.in(), out.out(), true);
+    if (out.packed) quant::packed_matmul(y.data, h.data, rows_, *out.packed, true);
+    else kernels::row_stable_matmul(y.data, h.data, out.weight.value().data(), rows_, out.in(), out.out(), true);
     if (out.adapter) add_adapter(y, h, *out.adapter);
     return y;
   }
-  kernels::row_stable_matmul(y.data, h.data, out.weight.value().data(), rows_, out.in(), out.out(), false);
+  if (out.packed) quant::packed_matmul(y.data, h.data, rows_, *out.packed, false);
+  else kernels::row_stable_matmul(y.data, h.data, out.weight.value().data(), rows_, out.in(), out.out(), false);
   kernels::add_bias_forward(y.data, y.data, out.bias.value().data(), rows_, y.cols);
   kernels::add_forward(y.data, y.data, x.data, rows_ * y.cols);
   if (out.adapter) add_adapter(y, h, *out.adapter);

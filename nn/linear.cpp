@@ -1,6 +1,8 @@
 // Linear layer.
 #include "nn/linear.h"
 
+#include <stdexcept>
+
 #include "core/ops.h"
 #include "core/random.h"
 
@@ -18,6 +20,9 @@ Var LoraAdapter::add_to(const Var& y, const Var& x, const Tensor* known_output) 
 }
 
 Var Linear::forward(const Var& x) const {
+  if (packed)
+    throw std::logic_error("Linear::forward: the weights are packed for inference (nn/packed_weights.h); decode through "
+                           "a KVCache, or load them as f32 to run the full forward or train");
   Var y = bias.defined() ? add_matmul(bias, x, weight) : matmul(x, weight);
   return adapter ? adapter->add_to(y, x) : y;
 }

@@ -2,8 +2,10 @@
 // adapter (Hu et al. 2021, nn/lora.h) y = x W (+ b) + (alpha / r) (x A) B.
 #pragma once
 
+#include <memory>
 #include <optional>
 
+#include "core/quant/packed_matrix.h"
 #include "nn/module.h"
 
 namespace tapegrad {
@@ -31,9 +33,12 @@ class Linear : public Module {
   Var forward(const Var& x) const;
   void members(Members& m) override;
 
-  std::size_t in() const { return weight.shape()[0]; }   ///< The input size.
-  std::size_t out() const { return weight.shape()[1]; }  ///< The output size.
-  Var weight;  ///< (in, out)
+  std::size_t in() const { return packed ? packed->cols : weight.shape()[0]; }   ///< The input size.
+  std::size_t out() const { return packed ? packed->rows : weight.shape()[1]; }  ///< The output size.
+  Var weight;  ///< (in, out); undefined when the layer is packed
+  /// Inference only: W^T (out, in) in a block format (nn/packed_weights.h), which decoding
+  /// (CachePass) uses instead of weight; never a parameter, never trained.
+  std::shared_ptr<const quant::PackedMatrix> packed;
   Var bias;    ///< (out) or undefined
   /// Named lora_a and lora_b when present (nn/lora.h adds, loads and merges it).
   std::optional<LoraAdapter> adapter;

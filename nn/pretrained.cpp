@@ -17,6 +17,7 @@
 #include "nn/models/foreign_tensors.h"
 #include "nn/models/gpt2.h"
 #include "nn/models/llama.h"
+#include "nn/packed_weights.h"
 #include "tokenizers/byte_level_bpe.h"
 
 namespace tapegrad::nn {
@@ -160,15 +161,42 @@ Gpt2Config gpt2_config_from_hf(const json& config, const std::string& path) {
 
 using Fetch = std::function<Tensor(const ForeignTensor&)>;
 
-// Builds a Model from config and loads every parameter through its tensor map.
+// Builds a Model from config, loads every parameter through its tensor map, and packs its
+// matrices as options.weights asks (file_matrix: the file's own blocks).
 template <class Model, class Config>
-LanguageModel load_weights(const Config& config, std::span<const ForeignTensor> map, const Fetch& fetch, bool from_hf) {
+LanguageModel load_weights(const Config& config, std::span<const ForeignTensor> map, const Fetch& fetch, bool from_hf,
+                           const LoadOptions& options, const FileMatrix& file_matrix) {
   Model model = [&] {
     SkipInitScope skip;  // every parameter is assigned below
     return Model(config);
   }();
   load_foreign_tensors(model, map, fetch, from_hf);
+  if (options.weights == "file") {
+    pack_matrices(model, map, file_matrix, std::nullopt);
+  } else if (options.weights != "f32") {
+    const quant::BlockFormat* format = quant::find_conversion(options.weights);
+    if (!format)
+      throw std::invalid_argument(fmt::format("load_pretrained: weights '{}' is not one of f32, file, bf16, f16, q8_0, "
+                                              "q4_0, q4_1",
+                                              options.weights));
+    pack_matrices(model, map, file_matrix, format->type);
+  }
   return LanguageModel(std::move(model));
+}
+
+// A GGUF tensor's own blocks, memory-mapped, when packed_matmul has kernels for its type.
+FileMatrix gguf_matrix(const io::GgufFile& file) {
+  auto mapping = std::make_shared<const io::GgufFile>(file);  // copies share the mapping
+  return [mapping](const ForeignTensor& entry, std::size_t rows, std::size_t cols) -> std::optional<quant::PackedMatrix> {
+    const io::GgufTensor* tensor = mapping->find_tensor(entry.gguf_name);
+    if (!tensor || !quant::has_packed_kernels(tensor->type) || tensor->shape != std::vector<std::size_t>{rows, cols})
+      return std::nullopt;
+    return quant::view_matrix(tensor->type, rows, cols, tensor->data, mapping);
+  };
+}
+
+FileMatrix no_file_matrix() {  // Hugging Face folders: float32 or converted
+  return [](const ForeignTensor&, std::size_t, std::size_t) { return std::optional<quant::PackedMatrix>(); };
 }
 
 // The fetch of a GGUF file's tensors, dequantized, in PyTorch's layout.
@@ -196,20 +224,22 @@ Fetch hf_fetch(io::HfFolder& folder) {
 struct PublishedArchitecture {
   const char* gguf_name;
   const char* hf_name;
-  LanguageModel (*from_gguf)(const io::GgufFile& file, std::size_t vocab);
-  LanguageModel (*from_hf)(const json& config, const std::string& path, io::HfFolder& folder);
+  LanguageModel (*from_gguf)(const io::GgufFile& file, std::size_t vocab, const LoadOptions& options);
+  LanguageModel (*from_hf)(const json& config, const std::string& path, io::HfFolder& folder, const LoadOptions& options);
 };
 
 template <class Model, auto config_from_gguf, auto config_from_hf, auto foreign_tensors>
 constexpr PublishedArchitecture published(const char* gguf_name, const char* hf_name) {
   return {gguf_name, hf_name,
-          [](const io::GgufFile& file, std::size_t vocab) {
+          [](const io::GgufFile& file, std::size_t vocab, const LoadOptions& options) {
             const auto config = config_from_gguf(file, vocab);
-            return load_weights<Model>(config, foreign_tensors(config), gguf_fetch(file), false);
+            return load_weights<Model>(config, foreign_tensors(config), gguf_fetch(file), false, options,
+                                       gguf_matrix(file));
           },
-          [](const json& config, const std::string& path, io::HfFolder& folder) {
+          [](const json& config, const std::string& path, io::HfFolder& folder, const LoadOptions& options) {
             const auto model_config = config_from_hf(config, path);
-            return load_weights<Model>(model_config, foreign_tensors(model_config), hf_fetch(folder), true);
+            return load_weights<Model>(model_config, foreign_tensors(model_config), hf_fetch(folder), true, options,
+                                       no_file_matrix());
           }};
 }
 
@@ -312,7 +342,7 @@ std::optional<std::string> hf_chat_template(const io::HfFolder& folder) {
                                        *folder.tokenizer_config_path));
 }
 
-PretrainedModel load_gguf(const std::string& path) {
+PretrainedModel load_gguf(const std::string& path, const LoadOptions& options) {
   const io::GgufFile file = io::GgufFile::open(path);
   const std::string arch = file.at("general.architecture").as_string();
   std::unique_ptr<tokenizers::Tokenizer> tokenizer = gguf_tokenizer(file);
@@ -322,7 +352,7 @@ PretrainedModel load_gguf(const std::string& path) {
   const std::size_t file_bytes = std::filesystem::file_size(path);
   TensorAllocationLimit limit(16 * file_bytes + (64 << 20),
                               fmt::format("{}: the sizes in the metadata describe a model larger than the file", path));
-  LanguageModel model = find_published(arch, false, path + ": general.architecture").from_gguf(file, vocab);
+  LanguageModel model = find_published(arch, false, path + ": general.architecture").from_gguf(file, vocab, options);
   std::optional<std::string> chat_template;
   if (const io::GgufValue* value = file.find("tokenizer.chat_template")) chat_template = value->as_string();
   return {std::move(model), std::move(tokenizer), std::move(chat_template), "gguf"};
@@ -334,7 +364,7 @@ std::unique_ptr<tokenizers::Tokenizer> hf_tokenizer(const std::string& tokenizer
       tokenizers::ByteLevelBpe::from_tokenizer_json(tokenizer_json, tokenizer_config));
 }
 
-PretrainedModel load_hf(const std::string& path) {
+PretrainedModel load_hf(const std::string& path, const LoadOptions& options) {
   io::HfFolder folder = io::read_hf_folder(path);
   const json config = json::parse(folder.config_json, nullptr, false);
   if (config.is_discarded() || !config.is_object())
@@ -344,7 +374,7 @@ PretrainedModel load_hf(const std::string& path) {
     throw std::runtime_error(fmt::format("{}/config.json: 'architectures' is {}; expected one name", path,
                                          architectures.dump()));
   const std::string arch = architectures[0].get<std::string>();
-  LanguageModel model = find_published(arch, true, path + "/config.json").from_hf(config, path, folder);
+  LanguageModel model = find_published(arch, true, path + "/config.json").from_hf(config, path, folder, options);
   std::unique_ptr<tokenizers::Tokenizer> tokenizer = hf_tokenizer(folder.tokenizer_json_path, folder.tokenizer_config_path);
   if (tokenizer->vocab_size() > model.config().vocab)
     throw std::runtime_error(fmt::format("{}: tokenizer.json has {} tokens but config.json's vocab_size is {}", path,
@@ -369,10 +399,10 @@ bool is_pretrained_path(const std::string& path) {
   return in.read(magic, 4) && std::string_view(magic, 4) == "GGUF";
 }
 
-PretrainedModel load_pretrained(const std::string& path) {
+PretrainedModel load_pretrained(const std::string& path, const LoadOptions& options) {
   check_exists(path);
   try {
-    return std::filesystem::is_directory(path) ? load_hf(path) : load_gguf(path);
+    return std::filesystem::is_directory(path) ? load_hf(path, options) : load_gguf(path, options);
   } catch (const std::exception& e) {
     // The readers name the file; a model's own checks (impossible sizes) do not.
     if (std::string_view(e.what()).starts_with(path)) throw;

@@ -23,13 +23,23 @@ struct PretrainedModel {
   std::string format;  ///< "gguf" or "hf"
 };
 
+/// How load_pretrained keeps a model's matrices (Linear weights, token embeddings).
+struct LoadOptions {
+  /// "f32": dequantized to float32, trainable (the default). "file": inference only (decoding
+  /// through a KVCache), each matrix kept in the file's format where packed_matmul has kernels for
+  /// it (Q4_0, Q4_1, Q8_0, BF16, F16; memory-mapped), float32 otherwise. "bf16", "f16", "q8_0",
+  /// "q4_0", "q4_1": inference only, every matrix converted (nn/packed_weights.h). The float32
+  /// copies of packed matrices are freed once loaded.
+  std::string weights = "f32";
+};
+
 /// Whether path names something load_pretrained reads: a folder, or a file that starts with GGUF's magic.
 bool is_pretrained_path(const std::string& path);
 
 /// Reads a GGUF file (any listed tensor type, dequantized to float32) or a Hugging Face folder
 /// (config.json, safetensors, tokenizer.json) of a LlamaForCausalLM or GPT2LMHeadModel. Errors
 /// name the file and the key or tensor at fault.
-PretrainedModel load_pretrained(const std::string& path);
+PretrainedModel load_pretrained(const std::string& path, const LoadOptions& options = {});
 
 /// The tokenizer of a GGUF file or a Hugging Face folder alone, without reading the weights.
 std::unique_ptr<tokenizers::Tokenizer> load_pretrained_tokenizer(const std::string& path);

@@ -218,19 +218,33 @@ void packed_matmul(float* y, const float* x, std::size_t M, const PackedMatrix& 
     activations.rows.x = x, activations.rows.rows = M, activations.rows.cols = w.cols;
   }
   const ActivationRows& rows = activations.rows;
+  // x's rows a few at a time, so that they stay in the L1 cache while the weights stream past.
+  auto outputs = [&](std::size_t first, std::size_t last) {
+    constexpr std::size_t chunk = 8;
+    for (std::size_t m = 0; m < M; m += chunk) {
+      ActivationRows part = rows;
+      part.rows = std::min(chunk, M - m);
+      part.x = rows.x + m * rows.cols;
+      if (rows.q) {
+        part.q += m * rows.blocks * 32;
+        part.neg_sums += m * rows.blocks * 8, part.d += m * rows.blocks * 8, part.scaled_sums += m * rows.blocks * 8;
+      }
+      kernel(y + m * w.rows, w.rows, part, w, first, last, accumulate);
+    }
+  };
   // Outputs split into one contiguous share per thread: each output is computed whole by one
   // thread, so the thread count never changes a bit.
   const int threads = num_threads();
   constexpr std::size_t min_parallel_bytes = 1 << 16;
   if (threads <= 1 || omp_in_parallel() || w.rows < 64 || M * w.rows * w.row_bytes() < min_parallel_bytes) {
-    kernel(y, w.rows, rows, w, 0, w.rows, accumulate);
+    outputs(0, w.rows);
     return;
   }
 #pragma omp parallel num_threads(threads)
   {
     const std::size_t t = std::size_t(omp_get_thread_num()), n = std::size_t(omp_get_num_threads());
     const std::size_t first = w.rows * t / n / 16 * 16, last = t + 1 == n ? w.rows : w.rows * (t + 1) / n / 16 * 16;
-    kernel(y, w.rows, rows, w, first, last, accumulate);
+    outputs(first, last);
   }
 }
 

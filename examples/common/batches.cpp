@@ -4,6 +4,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cmath>
 #include <stdexcept>
 
 #include "core/tape.h"
@@ -61,6 +62,29 @@ WindowedLoss windowed_loss(const nn::LanguageModel& model, std::span<const std::
     sum += mean * double(count * length);
     out.tokens += count * length;
     s += count * length;
+  }
+  out.loss = sum / double(out.tokens);
+  return out;
+}
+
+WindowedLoss decoded_windowed_loss(const nn::LanguageModel& model, std::span<const std::int32_t> ids,
+                                   std::size_t window) {
+  const std::size_t n = ids.size(), vocab = model.config().vocab;
+  if (n < 2) throw std::invalid_argument(fmt::format("windowed_loss: the text has {} tokens; at least 2 are needed", n));
+  WindowedLoss out;
+  double sum = 0;
+  for (std::size_t s = 0; s + 1 < n; s += window) {
+    const std::size_t length = std::min(window, n - 1 - s);
+    nn::KVCache cache = model.make_cache(1, length);
+    const Tensor logits = model.prefill(ids.subspan(s, length), cache);  // (length, vocab)
+    for (std::size_t t = 0; t < length; ++t) {
+      const float* row = logits.data() + t * vocab;
+      const double max = *std::max_element(row, row + vocab);
+      double exp_sum = 0;
+      for (std::size_t v = 0; v < vocab; ++v) exp_sum += std::exp(double(row[v]) - max);
+      sum += max + std::log(exp_sum) - row[ids[s + t + 1]];
+    }
+    out.tokens += length;
   }
   out.loss = sum / double(out.tokens);
   return out;

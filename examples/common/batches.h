@@ -40,4 +40,9 @@ struct WindowedLoss {
 WindowedLoss windowed_loss(const nn::LanguageModel& model, std::span<const std::int32_t> ids, std::size_t window = 0,
                            std::size_t group = 16);
 
+/// windowed_loss's windows, each prefilled through a fresh KV cache: the loss of a model whose
+/// matrices are packed (nn/packed_weights.h), which only decoding runs.
+WindowedLoss decoded_windowed_loss(const nn::LanguageModel& model, std::span<const std::int32_t> ids,
+                                   std::size_t window);
+
 }  // namespace tapegrad::examples

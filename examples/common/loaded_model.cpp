@@ -16,6 +16,13 @@ void ModelSource::add_options(CLI::App& app) {
                  "A published model: a GGUF file or a Hugging Face folder (config.json, safetensors, tokenizer.json)");
 }
 
+void ModelSource::add_weights_option(CLI::App& app) {
+  app.add_option("--weights", weights,
+                 "How --model's matrices are held: f32 (dequantized), file (the file's blocks, memory-mapped), or "
+                 "converted to bf16, f16, q8_0, q4_0 or q4_1 (docs/quantization.md)")
+      ->check(CLI::IsMember({"f32", "file", "bf16", "f16", "q8_0", "q4_0", "q4_1"}));
+}
+
 void ModelSource::add_lora_option(CLI::App& app) {
   app.add_option("--lora", lora,
                  "A PEFT LoRA adapter folder (adapter_config.json, adapter_model.safetensors) applied on top of the "
@@ -28,9 +35,10 @@ LoadedModel ModelSource::load() const {
                                         : "give --checkpoint or --model, not both");
   LoadedModel loaded = [&]() -> LoadedModel {
     if (!model.empty()) {
-      nn::PretrainedModel pretrained = nn::load_pretrained(model);
+      nn::PretrainedModel pretrained = nn::load_pretrained(model, {.weights = weights});
       return {std::move(pretrained.model), std::move(pretrained.tokenizer), std::move(pretrained.chat_template), model};
     }
+    if (weights != "f32") throw UsageError("--weights applies to a published model (--model), not to --checkpoint");
     nn::LoadedModelCheckpoint checkpoint_file = nn::load_model_checkpoint(checkpoint);  // any registered arch
     return {std::move(checkpoint_file.model), std::move(checkpoint_file.tokenizer), std::nullopt, checkpoint};
   }();

@@ -26,6 +26,9 @@ struct LoadedModel {
 /// LoRA adapter on top (--lora DIR, when the program offers it).
 struct ModelSource {
   std::string checkpoint, model, lora;
+  std::string weights = "f32";  ///< --weights: nn::LoadOptions::weights, for --model
+  /// Adds --weights f32|file|bf16|f16|q8_0|q4_0|q4_1 (inference only past f32: programs that decode).
+  void add_weights_option(CLI::App& app);
   /// Adds --checkpoint and --model to app.
   void add_options(CLI::App& app);
   /// Adds --lora DIR: a PEFT adapter folder (nn/lora.h) applied on top of the model.

@@ -1,0 +1,158 @@
+// bench_packed: one-sequence decoding (tg) of a published model per weight format (--weights of
+// nn/pretrained.h), and the packed kernels' row-times-matrix beside float32's row_stable_matmul on
+// the same shapes. Medians of --repeats runs, threads as given; figures are ratios within one run.
+#include <fmt/format.h>
+#include <immintrin.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+#include "core/kernels.h"
+#include "core/quant/packed_matrix.h"
+#include "core/simd.h"
+#include "nn/pretrained.h"
+
+using namespace tapegrad;
+
+namespace {
+
+double seconds_since(std::chrono::steady_clock::time_point start) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+std::vector<std::string> split(const std::string& list) {
+  std::vector<std::string> out;
+  std::size_t start = 0;
+  while (start <= list.size()) {
+    const std::size_t comma = std::min(list.find(',', start), list.size());
+    out.push_back(list.substr(start, comma - start));
+    start = comma + 1;
+  }
+  return out;
+}
+
+// Tokens per second of `tokens` greedy steps after a 16-token prompt.
+double decode_rate(const nn::LanguageModel& model, std::size_t tokens) {
+  std::vector<std::int32_t> prompt(16);
+  for (std::size_t i = 0; i < prompt.size(); ++i) prompt[i] = std::int32_t(100 + 37 * i);
+  nn::KVCache cache = model.make_cache(1, prompt.size() + tokens + 1);
+  const Tensor first = model.prefill(prompt, cache);
+  const std::size_t vocab = model.config().vocab;
+  std::int32_t next = std::int32_t(std::max_element(first.data() + (prompt.size() - 1) * vocab,
+                                                    first.data() + prompt.size() * vocab) -
+                                   (first.data() + (prompt.size() - 1) * vocab));
+  const auto start = std::chrono::steady_clock::now();
+  for (std::size_t t = 0; t < tokens; ++t) {
+    std::span<const float> logits = model.step(next, cache);
+    next = std::int32_t(std::max_element(logits.begin(), logits.end()) - logits.begin());
+  }
+  return double(tokens) / seconds_since(start);
+}
+
+// The alternative to the integer dot products: each block dequantized to float32 in registers and
+// multiplied by x (two 16-lane FMA chains), AVX-512, for Q8_0 and Q4_1 rows.
+[[gnu::target("avx512f,avx512bw,avx512dq,avx512vl,fma")]] float dequantizing_dot(const quant::PackedMatrix& w,
+                                                                                   std::size_t n, const float* x) {
+  const std::byte* row = w.row(n);
+  __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps();
+  for (std::size_t b = 0; b < w.cols / 32; ++b) {
+    __m512 w0, w1;
+    if (w.type == quant::TensorType::Q8_0) {
+      const std::byte* block = row + 34 * b;
+      const __m512 d = _mm512_set1_ps(quant::f16_to_f32(std::uint16_t(unsigned(block[0]) | (unsigned(block[1]) << 8))));
+      w0 = _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i*)(block + 2)))));
+      w1 = _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i*)(block + 18)))));
+    } else {
+      const std::byte* block = row + 20 * b;
+      const __m512 d = _mm512_set1_ps(quant::f16_to_f32(std::uint16_t(unsigned(block[0]) | (unsigned(block[1]) << 8))));
+      const __m512 m = _mm512_set1_ps(quant::f16_to_f32(std::uint16_t(unsigned(block[2]) | (unsigned(block[3]) << 8))));
+      const __m128i packed = _mm_loadu_si128((const __m128i*)(block + 4)), low = _mm_set1_epi8(0xF);
+      w0 = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_and_si128(packed, low))), m);
+      w1 = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_and_si128(_mm_srli_epi16(packed, 4), low))), m);
+    }
+    acc0 = _mm512_fmadd_ps(w0, _mm512_loadu_ps(x + 32 * b), acc0);
+    acc1 = _mm512_fmadd_ps(w1, _mm512_loadu_ps(x + 32 * b + 16), acc1);
+  }
+  return _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1));
+}
+
+// Microseconds of y (1, out) = x (1, in) W^T, float32 (in, out) rows against packed `type`.
+void kernel_rows(std::size_t in, std::size_t out, int repeats) {
+  std::vector<float> w(in * out), x(in), y(out);
+  for (std::size_t i = 0; i < w.size(); ++i) w[i] = float((i * 7919) % 1000) / 1000.0f - 0.5f;
+  for (std::size_t i = 0; i < in; ++i) x[i] = float((i * 104729) % 997) / 997.0f - 0.5f;
+  auto time = [&](auto&& run) {
+    std::vector<double> us;
+    for (int r = 0; r < repeats; ++r) {
+      const auto start = std::chrono::steady_clock::now();
+      for (int i = 0; i < 20; ++i) run();
+      us.push_back(seconds_since(start) / 20 * 1e6);
+    }
+    return median(us);
+  };
+  const double f32 = time([&] { kernels::row_stable_matmul(y.data(), x.data(), w.data(), 1, in, out, false); });
+  std::string line = fmt::format("  ({:>5} x {:>5}) f32 {:8.1f} us", in, out, f32);
+  for (quant::TensorType type : {quant::TensorType::Q8_0, quant::TensorType::Q4_1, quant::TensorType::Q4_0,
+                                 quant::TensorType::BF16, quant::TensorType::F16}) {
+    const quant::PackedMatrix packed = quant::pack_matrix(w.data(), out, in, type);
+    const double us = time([&] { quant::packed_matmul(y.data(), x.data(), 1, packed, false); });
+    line += fmt::format("  {} {:7.1f} us ({:.2f}x)", packed.format().name, us, f32 / us);
+    if ((type == quant::TensorType::Q8_0 || type == quant::TensorType::Q4_1) && simd_level() == SimdLevel::avx512) {
+      const double dequantizing = time([&] {
+        for (std::size_t n = 0; n < out; ++n) y[n] = dequantizing_dot(packed, n, x.data());
+      });
+      line += fmt::format(" [dequantizing to float: {:7.1f} us]", dequantizing);
+    }
+  }
+  fmt::print("{}\n", line);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::string model_path, formats = "f32,file,q8_0,bf16", threads = "1,2";
+  std::size_t tokens = 128;
+  int repeats = 3;
+  for (int i = 1; i + 1 < argc; i += 2) {
+    const std::string arg = argv[i];
+    if (arg == "--model") model_path = argv[i + 1];
+    else if (arg == "--weights") formats = argv[i + 1];
+    else if (arg == "--threads") threads = argv[i + 1];
+    else if (arg == "--tokens") tokens = std::stoul(argv[i + 1]);
+    else if (arg == "--repeats") repeats = std::stoi(argv[i + 1]);
+    else {
+      fmt::print(stderr, "usage: bench_packed [--model FILE] [--weights f32,file,...] [--threads 1,2] [--tokens N] "
+                         "[--repeats N]\n");
+      return 2;
+    }
+  }
+  fmt::print("bench_packed: SIMD level {}\n", simd_level_name(simd_level()));
+  set_num_threads(1);
+  fmt::print("row times matrix, one thread, median of {}:\n", repeats);
+  for (auto [in, out] : {std::pair<std::size_t, std::size_t>{576, 576}, {576, 1536}, {1536, 576}, {576, 49152}})
+    kernel_rows(in, out, repeats);
+  if (model_path.empty()) return 0;
+  for (const std::string& format : split(formats)) {
+    const auto start = std::chrono::steady_clock::now();
+    nn::PretrainedModel loaded = nn::load_pretrained(model_path, {.weights = format});
+    const double load = seconds_since(start);
+    loaded.model.set_training(false);
+    for (const std::string& t : split(threads)) {
+      set_num_threads(std::stoi(t));
+      std::vector<double> rates;
+      for (int r = 0; r < repeats; ++r) rates.push_back(decode_rate(loaded.model, tokens));
+      std::sort(rates.begin(), rates.end());
+      fmt::print("tg{} {:>5} threads {}: {:7.1f} tokens/s (min {:.1f}, max {:.1f}; load {:.2f} s)\n", tokens, format,
+                 t, median(rates), rates.front(), rates.back(), load);
+    }
+  }
+  return 0;
+}
