@@ -4,7 +4,6 @@
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <cmath>
@@ -17,6 +16,7 @@
 
 #include "core/kernels.h"
 #include "core/random.h"
+#include "io/atomic_file.h"
 #include "io/safetensors.h"
 #include "nn/linear.h"
 #include "nn/models/llama.h"
@@ -147,22 +147,6 @@ Tensor transposed(const Tensor& m) {
   return out;
 }
 
-// Written to a temporary file beside it, then renamed over it: a reader never sees half a file.
-void write_text_atomically(const std::filesystem::path& path, const std::string& text) {
-  const std::filesystem::path temporary = path.string() + fmt::format(".tmp.{}", ::getpid());
-  {
-    std::ofstream out(temporary, std::ios::binary | std::ios::trunc);
-    out << text;
-    out.flush();
-    if (!out) {
-      std::error_code ignored;
-      std::filesystem::remove(temporary, ignored);
-      throw std::runtime_error(fmt::format("{}: cannot write the file", path.string()));
-    }
-  }
-  std::filesystem::rename(temporary, path);
-}
-
 }  // namespace
 
 bool has_peft_layout(const LanguageModel& model) { return model.as<Llama>() != nullptr; }
@@ -277,7 +261,10 @@ void save_peft_adapter(const std::string& folder, const LanguageModel& model, co
                        {"inference_mode", true}};
   std::filesystem::create_directories(folder);
   write_safetensors(folder + "/adapter_model.safetensors", entries, {{"format", "pt"}});
-  write_text_atomically(folder + "/adapter_config.json", config.dump(2) + "\n");
+  const std::string config_text = config.dump(2) + "\n";
+  io::AtomicFile config_file(folder + "/adapter_config.json");
+  config_file.write(config_text.data(), config_text.size());
+  config_file.commit();
 }
 
 LoraOptions load_peft_adapter(const std::string& folder, LanguageModel& model) {
