@@ -247,6 +247,13 @@ TEST_CASE_TEMPLATE("batched decoding gives every sequence the bits it gets alone
   check_batched_equals_alone(model, prompts, random_ids(lengths.size() * 6, 13, 50));
 }
 
+TEST_CASE("one sequence decodes to the same bits on 1 and 2 threads where its matrix products split across them") {
+  // 256 x 1024 weights: row_stable_matmul splits from 2^16 (a prefill of 9 rows and steps of one).
+  Llama model = grouped_llama(256, 8, 2, 2, 32, 1024);
+  sharpen(model, 1024);
+  check_batched_equals_alone(model, {random_ids(9, 13, 70)}, random_ids(6, 13, 71));
+}
+
 TEST_CASE_TEMPLATE("batched decoding is bit for bit at sizes no SIMD width divides, prompts of 1 to 17 tokens", M,
                    RotaryDecoder, Gpt2, Llama) {
   for (const ModelSize& shape : odd_shapes) {
