@@ -1,73 +1,184 @@
-// bench_llm: a published model (SmolLM2-135M from its GGUF) run by tapegrad beside llama.cpp on
-// the same file and threads, in one run. tapegrad dequantizes the file to float32 at load;
-// llama.cpp runs the file's own blocks. Per thread count, alternating the two:
-//  - pp128: one prompt of 128 tokens prefilled in one pass, tokens/s;
+// bench_llm: a published model (a GGUF file) decoded by tapegrad beside llama.cpp on the same file
+// and threads, in one run. Per weight format of tapegrad's (--weights; llama.cpp runs the file's own
+// blocks) and per thread count, alternating the two programs:
+//  - pp128, pp512: one prompt of that many tokens prefilled in one pass, tokens/s;
 //  - tg128: 128 tokens decoded one at a time into an empty cache, tokens/s (llama-bench's tg128);
-// and tapegrad's load time. Token ids are random (as llama-bench's); medians of the repeats after
-// one warm-up. llama.cpp is llama-bench, built from the source that PyPI's llama-cpp-python
-// carries (docs/benchmarks.md says how), given by --llama-bench. Writes bench/results/llm_cpu.json.
+//  - batched S = 4, 16: S sequences, each with its own prompt of 128 tokens, then 128 steps of one
+//    token for every sequence: S * 128 / the steps' time (llama-batched-bench's S_TG);
+// tapegrad's load time; the memory's read bandwidth at each thread count (bench/read_limit.h), and
+// each tg128 as a fraction of it: tokens/s * the bytes a token reads / the bandwidth. Token ids
+// are random (as llama.cpp's tools draw them); medians of the repeats after a warm-up (llama-bench:
+// its mean). llama.cpp is llama-bench and llama-batched-bench, built from the source PyPI's
+// llama-cpp-python carries (docs/benchmarks.md says how). Writes bench/results/llm_cpu.json.
 #include <fmt/format.h>
 
 #include <nlohmann/json.hpp>
 
+#include <cstdio>
+#include <map>
+#include <optional>
+#include <sstream>
+
 #include "bench/bench_common.h"
+#include "bench/read_limit.h"
 #include "core/kernels.h"
 #include "core/random.h"
 #include "core/tape.h"
+#include "io/gguf.h"
 #include "nn/pretrained.h"
 
 using namespace tapegrad;
 
 namespace {
 
-// pp128 and tg128 of tapegrad: medians of `repeats` after a warm-up.
-nlohmann::json time_tapegrad(const nn::LanguageModel& model, int repeats) {
-  const std::size_t vocab = model.config().vocab, n = 128;
-  Rng rng(1);
-  std::vector<std::int32_t> tokens(n);
+constexpr std::size_t prompt_lengths[] = {128, 512}, new_tokens = 128, batched_prompt = 128;
+constexpr std::size_t batch_sizes[] = {4, 16};
+
+std::vector<std::int32_t> random_tokens(std::size_t count, std::size_t vocab, std::uint64_t seed) {
+  Rng rng(seed);
+  std::vector<std::int32_t> tokens(count);
   for (auto& t : tokens) t = std::int32_t(rng.below(vocab));
-  NoGradScope no_grad;
-  nn::KVCache cache = model.make_cache(1, n);
-  std::vector<double> prefill, decode;
-  for (int r = 0; r <= repeats; ++r) {
-    cache.reset();
-    const double p = bench::seconds([&] { model.prefill(tokens, cache); });
-    cache.reset();
-    const double d = bench::seconds([&] {
-      for (std::size_t i = 0; i < n; ++i) model.step(tokens[i], cache);
-    });
-    if (r > 0) prefill.push_back(p), decode.push_back(d);  // the first is the warm-up
-  }
-  const bench::Stats pp = bench::stats_of(prefill), tg = bench::stats_of(decode);
-  return {{"pp128_tokens_per_s", n / pp.median}, {"pp128_tokens_per_s_min_max", {n / pp.max, n / pp.min}},
-          {"tg128_tokens_per_s", n / tg.median}, {"tg128_tokens_per_s_min_max", {n / tg.max, n / tg.min}}};
+  return tokens;
 }
 
-// llama-bench's pp128 and tg128 (its mean of `repeats`, and its standard deviation).
-nlohmann::json time_llama_cpp(const std::string& llama_bench, const std::string& model, int threads, int repeats) {
-  const std::string command = fmt::format("'{}' -m '{}' -t {} -p 128 -n 128 -r {} -o json", llama_bench, model,
-                                          threads, repeats);
-  const std::string out = bench::command_output(command);
-  const nlohmann::json runs = nlohmann::json::parse(out, nullptr, false);
-  if (runs.is_discarded() || !runs.is_array() || runs.size() != 2)
-    throw std::runtime_error(fmt::format("llama-bench gave no results ({}):\n{}", command, out));
-  nlohmann::json result = {{"build_commit", runs[0].value("build_commit", "")}, {"command", command}};
+// The model as --weights asks for it. The seam for the formats of issue 42: until the loader
+// takes a weight format, only float32 (every matrix dequantized at load).
+nn::PretrainedModel load_as(const std::string& path, const std::string& weights) {
+  if (weights != "f32")
+    throw std::invalid_argument(fmt::format("--weights {}: this build loads float32 weights only (f32)", weights));
+  return nn::load_pretrained(path);
+}
+
+// The bytes one decoding step reads: every parameter once, but of the token embedding only a row
+// unless it is also the head (tied: a parameter named head.weight is then absent).
+std::size_t tapegrad_bytes_per_token(const nn::LanguageModel& model) {
+  std::size_t bytes = 0, embedding = 0, row = 0;
+  bool tied = true;
+  for (const auto& p : model.params()) {
+    bytes += p.var.value().bytes();
+    if (p.name == "embed.weight") embedding = p.var.value().bytes(), row = embedding / p.var.shape()[0];
+    if (p.name == "head.weight") tied = false;
+  }
+  return tied ? bytes : bytes - embedding + row;
+}
+
+// The same for llama.cpp on the file's own tensors: all of them, the token embedding only when
+// it is the head (no output.weight).
+std::size_t file_bytes_per_token(const io::GgufFile& file) {
+  std::size_t bytes = 0;
+  for (const auto& t : file.tensors()) bytes += t.data.size();
+  const io::GgufTensor* embedding = file.find_tensor("token_embd.weight");
+  if (embedding && file.find_tensor("output.weight")) bytes -= embedding->data.size();
+  return bytes;
+}
+
+double median_rate(std::vector<double> seconds, double tokens) { return tokens / bench::stats_of(seconds).median; }
+
+// pp, tg and batched decoding of tapegrad at the current thread count.
+nlohmann::json time_tapegrad(const nn::LanguageModel& model, int repeats) {
+  const std::size_t vocab = model.config().vocab;
+  NoGradScope no_grad;
+  nn::KVCache one = model.make_cache(1, prompt_lengths[1]);
+  const std::vector<std::int32_t> prompt = random_tokens(prompt_lengths[1], vocab, 1);
+  model.prefill(std::span(prompt).first(prompt_lengths[0]), one);  // warm-up
+  nlohmann::json result;
+  for (std::size_t length : prompt_lengths) {
+    std::vector<double> seconds;
+    for (int r = 0; r < repeats; ++r) {
+      one.reset();
+      seconds.push_back(bench::seconds([&] { model.prefill(std::span(prompt).first(length), one); }));
+    }
+    result[fmt::format("pp{}_tokens_per_s", length)] = median_rate(seconds, double(length));
+  }
+  std::vector<double> seconds;
+  for (int r = 0; r < repeats; ++r) {
+    one.reset();
+    seconds.push_back(bench::seconds([&] {
+      for (std::size_t i = 0; i < new_tokens; ++i) model.step(prompt[i], one);
+    }));
+  }
+  result[fmt::format("tg{}_tokens_per_s", new_tokens)] = median_rate(seconds, double(new_tokens));
+  for (std::size_t S : batch_sizes) {
+    std::vector<std::vector<std::int32_t>> prompts;
+    for (std::size_t s = 0; s < S; ++s) prompts.push_back(random_tokens(batched_prompt, vocab, 100 + s));
+    const std::vector<std::int32_t> steps = random_tokens(S * new_tokens, vocab, 2);
+    nn::KVCache cache = model.make_cache(S, batched_prompt + new_tokens);
+    seconds.clear();
+    for (int r = 0; r < repeats; ++r) {
+      cache.reset();
+      model.prefill(prompts, cache);
+      seconds.push_back(bench::seconds([&] {
+        for (std::size_t i = 0; i < new_tokens; ++i) model.step(std::span(steps).subspan(i * S, S), cache);
+      }));
+    }
+    result["batched_tokens_per_s"][std::to_string(S)] = median_rate(seconds, double(S * new_tokens));
+  }
+  return result;
+}
+
+nlohmann::json parse_json(const std::string& text, const std::string& command) {
+  nlohmann::json parsed = nlohmann::json::parse(text, nullptr, false);
+  if (parsed.is_discarded()) throw std::runtime_error(fmt::format("{} gave no JSON:\n{}", command, text));
+  return parsed;
+}
+
+// llama-bench's pp and tg at `threads` (its mean of `repeats`, and its standard deviation).
+nlohmann::json time_llama_bench(const std::string& tool, const std::string& model, int threads, int repeats) {
+  const std::string command = fmt::format("'{}' -m '{}' -t {} -p {},{} -n {} -r {} -o json", tool, model, threads,
+                                          prompt_lengths[0], prompt_lengths[1], new_tokens, repeats);
+  const nlohmann::json runs = parse_json(bench::command_output(command), command);
+  if (!runs.is_array() || runs.size() != 3) throw std::runtime_error(fmt::format("{}: expected 3 tests", command));
+  nlohmann::json result = {{"build_commit", runs[0].value("build_commit", "")}, {"llama_bench", command}};
   for (const auto& run : runs) {
-    const std::string test = run.at("n_prompt").get<int>() > 0 ? "pp128" : "tg128";
+    const int prompt = run.at("n_prompt").get<int>();
+    const std::string test = prompt > 0 ? fmt::format("pp{}", prompt) : fmt::format("tg{}", run.at("n_gen").get<int>());
     result[test + "_tokens_per_s"] = run.at("avg_ts");
     result[test + "_tokens_per_s_stddev"] = run.at("stddev_ts");
   }
   return result;
 }
 
+// llama-batched-bench's S_TG (tokens/s of the decoding steps) for each batch size: the median of
+// `repeats` runs (it runs each size once).
+nlohmann::json time_llama_batched(const std::string& tool, const std::string& model, int threads, int repeats) {
+  const std::size_t context = batch_sizes[1] * (batched_prompt + new_tokens);
+  const std::string command =
+      fmt::format("'{}' -m '{}' -t {} -tb {} -c {} -npp {} -ntg {} -npl {},{} --output-format jsonl 2>/dev/null", tool,
+                  model, threads, threads, context, batched_prompt, new_tokens, batch_sizes[0], batch_sizes[1]);
+  std::map<int, std::vector<double>> rates;
+  for (int r = 0; r < repeats; ++r) {
+    std::istringstream lines(bench::command_output(command));
+    for (std::string line; std::getline(lines, line);) {
+      if (line.empty() || line[0] != '{') continue;
+      const nlohmann::json run = parse_json(line, command);
+      rates[run.at("pl").get<int>()].push_back(1.0 / run.at("speed_tg").get<double>());
+    }
+  }
+  nlohmann::json result = {{"llama_batched_bench", command}};
+  for (std::size_t S : batch_sizes) {
+    if (rates[int(S)].empty()) throw std::runtime_error(fmt::format("{}: no result for {} sequences", command, S));
+    result["batched_tokens_per_s"][std::to_string(S)] = median_rate(rates[int(S)], 1.0);
+  }
+  return result;
+}
+
+// tg128 as a fraction of the memory's read bandwidth: tokens/s * bytes per token / bytes/s.
+void add_fraction(nlohmann::json& result, std::size_t bytes_per_token, double gbps) {
+  const double rate = result.at(fmt::format("tg{}_tokens_per_s", new_tokens)).get<double>();
+  result["tg_fraction_of_memory_read"] = rate * double(bytes_per_token) / (gbps * 1e9);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) try {
-  int repeats = 5;
+  int repeats = 3;
   std::vector<int> thread_counts = {1, 2};
-  std::string model_path, llama_bench, out_path = std::string(TAPEGRAD_SOURCE_DIR) + "/bench/results/llm_cpu.json";
+  std::vector<std::string> formats = {"f32"};
+  std::string model_path, llama_bench, llama_batched,
+      out_path = std::string(TAPEGRAD_SOURCE_DIR) + "/bench/results/llm_cpu.json";
   const std::string usage =
-      "usage: bench_llm --model FILE.gguf [--llama-bench PATH] [--threads T,T,...] [--repeats N] [--out PATH]\n" +
+      "usage: bench_llm --model FILE.gguf [--weights FORMAT,...] [--threads T,T,...] [--repeats N]\n"
+      "                 [--llama-bench PATH] [--llama-batched-bench PATH] [--out PATH]\n" +
       bench::simd_usage_line();
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
@@ -77,36 +188,89 @@ int main(int argc, char** argv) try {
     }
     if (i + 1 >= argc) throw std::invalid_argument(fmt::format("{} needs a value\n{}", arg, usage));
     if (arg == "--model") model_path = argv[++i];
+    else if (arg == "--weights") formats = bench::split_list(argv[++i]);
     else if (arg == "--llama-bench") llama_bench = argv[++i];
+    else if (arg == "--llama-batched-bench") llama_batched = argv[++i];
     else if (arg == "--threads") thread_counts = bench::positive_list(arg, argv[++i]);
     else if (arg == "--repeats") repeats = bench::positive_int(arg, argv[++i]);
     else if (arg == "--out") out_path = argv[++i];
     else throw std::invalid_argument(fmt::format("unknown argument '{}'\n{}", arg, usage));
   }
   if (model_path.empty()) throw std::invalid_argument("--model is required\n" + usage);
+  std::setvbuf(stdout, nullptr, _IOLBF, 0);  // each figure as it comes: a run takes many minutes
   fmt::print("bench_llm: {} on {}\n", model_path, bench::machine());
   bench::print_blas_warning();
-
-  std::optional<nn::PretrainedModel> loaded;
-  const double load_seconds = bench::seconds([&] { loaded = nn::load_pretrained(model_path); });
-  loaded->model.set_training(false);
-  fmt::print("  tapegrad: {} loaded in {:.2f} s (dequantized to float32)\n", loaded->model.describe(), load_seconds);
-
   nlohmann::json results = bench::run_header();
   results["model"] = model_path;
-  results["tapegrad_load_seconds"] = load_seconds;
-  results["runs"] = nlohmann::json::array();
+  results["workload"] = {{"prompt_lengths", prompt_lengths},
+                         {"new_tokens", new_tokens},
+                         {"batched_prompt", batched_prompt},
+                         {"batch_sizes", batch_sizes},
+                         {"repeats", repeats},
+                         {"note", "tapegrad's prefill returns every prompt token's logits (the head on every "
+                                  "row); llama.cpp's pp computes only the last token's"}};
+
+  const std::size_t buffer = bench::memory_read_buffer_bytes();
+  std::map<int, double> gbps;
   for (int threads : thread_counts) {
+    gbps[threads] = bench::measure_memory_read(simd_level(), buffer, threads).best_gbps;
+    results["memory_read"]["gbps_by_threads"][std::to_string(threads)] = gbps[threads];
+  }
+  results["memory_read"]["buffer_bytes"] = buffer;
+  results["memory_read"]["last_level_cache_bytes"] = bench::last_level_cache_bytes();
+  fmt::print("  memory read over {:.0f} MB:", buffer / 1e6);
+  for (int threads : thread_counts) fmt::print(" {:.1f} GB/s at {} thread(s);", gbps[threads], threads);
+  fmt::print("\n");
+
+  const std::size_t file_bytes = file_bytes_per_token(io::GgufFile::open(model_path));
+  results["llama_cpp"] = {{"bytes_per_token", file_bytes}, {"runs", nlohmann::json::array()}};
+  results["tapegrad"] = nlohmann::json::array();
+  std::vector<nn::PretrainedModel> models;
+  for (const std::string& format : formats) {
+    std::optional<nn::PretrainedModel> loaded;
+    const double load_seconds = bench::seconds([&] { loaded = load_as(model_path, format); });
+    loaded->model.set_training(false);
+    const std::size_t bytes = tapegrad_bytes_per_token(loaded->model);
+    fmt::print("  tapegrad {}: {} loaded in {:.2f} s, {:.1f} MB read a token\n", format, loaded->model.describe(),
+               load_seconds, bytes / 1e6);
+    results["tapegrad"].push_back({{"weights", format},
+                                   {"load_seconds", load_seconds},
+                                   {"bytes_per_token", bytes},
+                                   {"runs", nlohmann::json::array()}});
+    models.push_back(std::move(*loaded));
+  }
+  auto print_run = [](const std::string& who, const nlohmann::json& r) {
+    fmt::print("    {:<16} pp128 {:7.1f}  pp512 {:7.1f}  tg128 {:6.1f} ({:3.0f}% of the read bandwidth)  S=4 {:7.1f}  "
+               "S=16 {:7.1f} tokens/s\n",
+               who, r.value("pp128_tokens_per_s", 0.0), r.value("pp512_tokens_per_s", 0.0),
+               r.value("tg128_tokens_per_s", 0.0), 100 * r.value("tg_fraction_of_memory_read", 0.0),
+               r.contains("batched_tokens_per_s") ? r["batched_tokens_per_s"].value("4", 0.0) : 0.0,
+               r.contains("batched_tokens_per_s") ? r["batched_tokens_per_s"].value("16", 0.0) : 0.0);
+  };
+  for (int threads : thread_counts) {
+    fmt::print("  {} thread(s):\n", threads);
     set_num_threads(threads);
-    nlohmann::json run = {{"threads", threads}, {"tapegrad", time_tapegrad(loaded->model, repeats)}};
-    if (!llama_bench.empty()) run["llama_cpp"] = time_llama_cpp(llama_bench, model_path, threads, repeats);
-    fmt::print("  {} thread(s): tapegrad pp128 {:.1f} tokens/s, tg128 {:.1f} tokens/s", threads,
-               run["tapegrad"]["pp128_tokens_per_s"].get<double>(), run["tapegrad"]["tg128_tokens_per_s"].get<double>());
-    if (run.contains("llama_cpp"))
-      fmt::print("; llama.cpp pp128 {:.1f}, tg128 {:.1f}", run["llama_cpp"]["pp128_tokens_per_s"].get<double>(),
-                 run["llama_cpp"]["tg128_tokens_per_s"].get<double>());
-    fmt::print("\n");
-    results["runs"].push_back(run);
+    for (std::size_t f = 0; f < models.size(); ++f) {
+      nlohmann::json run = time_tapegrad(models[f].model, repeats);
+      add_fraction(run, results["tapegrad"][f]["bytes_per_token"].get<std::size_t>(), gbps[threads]);
+      run["threads"] = threads;
+      print_run("tapegrad " + formats[f], run);
+      results["tapegrad"][f]["runs"].push_back(run);
+    }
+    if (llama_bench.empty()) continue;
+    nlohmann::json run = time_llama_bench(llama_bench, model_path, threads, repeats);
+    if (!llama_batched.empty()) {
+      try {  // tapegrad's figures are kept when llama-batched-bench fails
+        run.update(time_llama_batched(llama_batched, model_path, threads, repeats));
+      } catch (const std::exception& e) {
+        fmt::print(stderr, "bench_llm: {}\n", e.what());
+        run["llama_batched_bench_error"] = e.what();
+      }
+    }
+    add_fraction(run, file_bytes, gbps[threads]);
+    run["threads"] = threads;
+    print_run("llama.cpp (file)", run);
+    results["llama_cpp"]["runs"].push_back(run);
   }
   bench::write_results(out_path, results);
   return 0;
