@@ -25,6 +25,15 @@ std::size_t metadata_size(const Metadata& metadata, const std::string& key) {
   return value;
 }
 
+std::uint64_t metadata_seed(const Metadata& metadata, const std::string& key) {
+  const std::string& text = metadata_text(metadata, key);
+  std::uint64_t value = 0;
+  auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), value);
+  if (ec != std::errc() || end != text.data() + text.size())
+    throw std::runtime_error(fmt::format("metadata '{}' = '{}' is not an unsigned 64-bit integer", key, text));
+  return value;
+}
+
 std::int64_t metadata_count(const Metadata& metadata, const std::string& key) {
   const std::string& text = metadata_text(metadata, key);
   std::int64_t value = -1;

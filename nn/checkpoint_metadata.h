@@ -23,6 +23,10 @@ std::size_t metadata_size(const Metadata& metadata, const std::string& key);
 /// std::runtime_error naming the key and the text otherwise.
 std::int64_t metadata_count(const Metadata& metadata, const std::string& key);
 
+/// The value of key as a 64-bit unsigned integer (a seed); throws std::runtime_error naming the
+/// key and the text otherwise.
+std::uint64_t metadata_seed(const Metadata& metadata, const std::string& key);
+
 /// The value of key as a finite number > 0 (an epsilon, a base, a probability); throws
 /// std::runtime_error naming the key and the text otherwise.
 double metadata_positive(const Metadata& metadata, const std::string& key);
@@ -43,6 +47,19 @@ template <class Config> void read_model_sizes(const Metadata& metadata, Config& 
   config.n_blocks = metadata_size(metadata, "n_blocks");
   config.max_len = metadata_size(metadata, "max_len");
   config.d_ff = metadata_size(metadata, "d_ff");
+}
+
+/// Records config.seed, the root of the dropout streams, as "dropout_seed" when the model has
+/// dropout: a resumed run's masks then continue the saved run's. Without dropout the seed drew
+/// only the initial weights, which the file holds, and it is not written.
+template <class Config> void write_dropout_seed(const Config& config, Metadata& metadata) {
+  if (config.dropout > 0) metadata["dropout_seed"] = std::to_string(config.seed);
+}
+
+/// Reads what write_dropout_seed wrote into config.seed; when it is absent (no dropout, or a file
+/// from before the key) the seed stays as it is.
+template <class Config> void read_dropout_seed(const Metadata& metadata, Config& config) {
+  if (metadata.count("dropout_seed")) config.seed = metadata_seed(metadata, "dropout_seed");
 }
 
 }  // namespace tapegrad::nn

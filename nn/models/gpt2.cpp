@@ -122,14 +122,16 @@ Gpt2 gpt2(std::size_t vocab, std::size_t d_model, std::size_t n_heads, std::size
 }
 
 Metadata gpt2_config_metadata(const Gpt2Config& c) {
-  return {{"vocab_size", std::to_string(c.vocab)},
-          {"d_model", std::to_string(c.d_model)},
-          {"n_heads", std::to_string(c.n_heads)},
-          {"n_blocks", std::to_string(c.n_blocks)},
-          {"max_len", std::to_string(c.max_len)},
-          {"d_ff", std::to_string(c.ffn_dim())},
-          {"norm_eps", fmt::format("{}", c.norm_eps)},
-          {"dropout", fmt::format("{}", c.dropout)}};
+  Metadata metadata = {{"vocab_size", std::to_string(c.vocab)},
+                       {"d_model", std::to_string(c.d_model)},
+                       {"n_heads", std::to_string(c.n_heads)},
+                       {"n_blocks", std::to_string(c.n_blocks)},
+                       {"max_len", std::to_string(c.max_len)},
+                       {"d_ff", std::to_string(c.ffn_dim())},
+                       {"norm_eps", fmt::format("{}", c.norm_eps)},
+                       {"dropout", fmt::format("{}", c.dropout)}};
+  write_dropout_seed(c, metadata);
+  return metadata;
 }
 
 Gpt2Config gpt2_config_from_metadata(const Metadata& metadata) {
@@ -137,6 +139,7 @@ Gpt2Config gpt2_config_from_metadata(const Metadata& metadata) {
   read_model_sizes(metadata, config);
   config.norm_eps = float(metadata_positive(metadata, "norm_eps"));
   config.dropout = metadata.count("dropout") ? float(metadata_probability(metadata, "dropout")) : 0.0f;
+  read_dropout_seed(metadata, config);
   return config;
 }
 

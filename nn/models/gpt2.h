@@ -92,9 +92,9 @@ class Gpt2 : public Module, public DecoderModel<Gpt2> {
 };
 
 /// The config as checkpoint metadata: vocab_size, d_model, n_heads, n_blocks, max_len, d_ff,
-/// norm_eps and dropout.
+/// norm_eps, dropout, and dropout_seed (config.seed) when dropout is not 0.
 Metadata gpt2_config_metadata(const Gpt2Config& config);
-/// The config that gpt2_config_metadata wrote (dropout 0 when absent; remat false, seed 0);
+/// The config that gpt2_config_metadata wrote (dropout 0 and seed 0 when absent; remat false);
 /// throws std::runtime_error naming a missing or bad key.
 Gpt2Config gpt2_config_from_metadata(const Metadata& metadata);
 

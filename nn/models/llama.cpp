@@ -145,6 +145,7 @@ Metadata llama_config_metadata(const LlamaConfig& c) {
                        {"rope_theta", fmt::format("{}", c.rope_theta)},
                        {"tied_head", c.tied_head ? "true" : "false"}};
   if (c.dropout > 0) metadata["dropout"] = fmt::format("{}", c.dropout);
+  write_dropout_seed(c, metadata);
   return metadata;
 }
 
@@ -160,6 +161,7 @@ LlamaConfig llama_config_from_metadata(const Metadata& metadata) {
     throw std::runtime_error(fmt::format("checkpoint metadata: tied_head must be true or false, got '{}'", tied));
   config.tied_head = tied == "true";
   if (metadata.count("dropout")) config.dropout = float(metadata_probability(metadata, "dropout"));
+  read_dropout_seed(metadata, config);
   return config;
 }
 

@@ -103,10 +103,10 @@ class Llama : public Module, public DecoderModel<Llama> {
 };
 
 /// The config as checkpoint metadata: vocab_size, d_model, n_heads, n_kv_heads, head_dim,
-/// n_blocks, max_len, d_ff, norm_eps, rope_theta, tied_head ("true" or "false"), and dropout when
-/// it is not 0.
+/// n_blocks, max_len, d_ff, norm_eps, rope_theta, tied_head ("true" or "false"), and dropout and
+/// dropout_seed (config.seed) when dropout is not 0.
 Metadata llama_config_metadata(const LlamaConfig& config);
-/// The config that llama_config_metadata wrote (dropout 0 when absent; remat false, seed 0);
+/// The config that llama_config_metadata wrote (dropout 0 and seed 0 when absent; remat false);
 /// throws std::runtime_error naming a missing or bad key.
 LlamaConfig llama_config_from_metadata(const Metadata& metadata);
 

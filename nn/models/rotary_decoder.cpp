@@ -108,6 +108,7 @@ Metadata rotary_decoder_config_metadata(const RotaryDecoderConfig& c) {
                        {"norm_eps", fmt::format("{}", c.norm_eps)},
                        {"rope_theta", fmt::format("{}", c.rope_theta)}};
   if (c.dropout > 0) metadata["dropout"] = fmt::format("{}", c.dropout);  // absent: 0, as in the first files
+  write_dropout_seed(c, metadata);
   return metadata;
 }
 
@@ -117,6 +118,7 @@ RotaryDecoderConfig rotary_decoder_config_from_metadata(const Metadata& metadata
   config.norm_eps = float(metadata_positive(metadata, "norm_eps"));
   config.rope_theta = metadata_positive(metadata, "rope_theta");
   if (metadata.count("dropout")) config.dropout = float(metadata_probability(metadata, "dropout"));
+  read_dropout_seed(metadata, config);
   return config;
 }
 

@@ -75,9 +75,9 @@ class RotaryDecoder : public Module, public DecoderModel<RotaryDecoder> {
 };
 
 /// The config as checkpoint metadata: vocab_size, d_model, n_heads, n_blocks, max_len, d_ff,
-/// norm_eps, rope_theta, and dropout when it is not 0.
+/// norm_eps, rope_theta, and dropout and dropout_seed (config.seed) when dropout is not 0.
 Metadata rotary_decoder_config_metadata(const RotaryDecoderConfig& config);
-/// The config that rotary_decoder_config_metadata wrote (dropout 0 when absent; remat false, seed 0);
+/// The config that rotary_decoder_config_metadata wrote (dropout 0 and seed 0 when absent; remat false);
 /// throws std::runtime_error naming a missing or bad key.
 RotaryDecoderConfig rotary_decoder_config_from_metadata(const Metadata& metadata);
 

@@ -137,3 +137,22 @@ TEST_CASE("a gpt2 checkpoint round-trips through load_model_checkpoint, and its 
   rewrite(good, bad, [](T&, M& m) { m["dropout"] = "0.25"; });
   CHECK(load_model_checkpoint(bad).model.as<Gpt2>()->config().dropout == 0.25f);
 }
+
+TEST_CASE("a model with dropout keeps its seed, the root of its dropout streams, through a checkpoint") {
+  CharTokenizer tok = CharTokenizer::from_text("abcd");
+  const std::string path = temp_path("dropout_seed.safetensors"), bad = temp_path("dropout_seed_bad.safetensors");
+  Gpt2Config config{.vocab = 4, .d_model = 8, .n_heads = 2, .n_blocks = 1, .max_len = 8};
+  config.dropout = 0.1f;
+  config.seed = 0xfedcba9876543210;  // above 2^63: the whole range of a seed
+  save_model_checkpoint(path, LanguageModel(Gpt2(config)), tok);
+  CHECK(load_model_checkpoint(path).model.as<Gpt2>()->config().seed == 0xfedcba9876543210);
+  // Without dropout the seed drew only the initial weights, which the file holds: not recorded.
+  config.dropout = 0;
+  save_model_checkpoint(path, LanguageModel(Gpt2(config)), tok);
+  CHECK(read_safetensors(path).metadata.count("dropout_seed") == 0);
+  config.dropout = 0.1f;
+  save_model_checkpoint(path, LanguageModel(Gpt2(config)), tok);
+  rewrite(path, bad, [](std::map<std::string, Tensor>&, std::map<std::string, std::string>& m) { m["dropout_seed"] = "-1"; });
+  CHECK(test::error_of([&] { load_model_checkpoint(bad); }) ==
+        bad + ": metadata 'dropout_seed' = '-1' is not an unsigned 64-bit integer");
+}
