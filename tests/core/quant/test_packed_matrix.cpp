@@ -183,8 +183,10 @@ TEST_CASE("pack_matrix rounds each weight within half a step of its block, and r
                          : type == TensorType::Q4_0 ? amax / 8
                          : type == TensorType::Q4_1 ? (hi - lo) / 15
                                                     : amax / 128;  // bf16: 8 bits of mantissa
+      // Q4_0's codes reach -8 d but only 7 d: the value of opposite sign to the largest may lose a step.
+      const float bound = (type == TensorType::Q4_0 ? 1.01f : 0.51f) * step + 1e-3f * amax;
       for (std::size_t k = 32 * b; k < 32 * b + 32; ++k)
-        CHECK_MESSAGE(std::fabs(back[k] - w[k]) <= step * 0.51f + 1e-3f * amax,
+        CHECK_MESSAGE(std::fabs(back[k] - w[k]) <= bound,
                       fmt::format("{}: weight {} is {}, back {}", packed.format().name, k, w[k], back[k]));
     }
   }
