@@ -7,7 +7,6 @@
 #include <omp.h>
 
 #include <algorithm>
-#include <bit>
 #include <cmath>
 #include <cstring>
 #include <stdexcept>
@@ -30,30 +29,13 @@ void store_u16(std::byte* p, std::uint16_t v) {
   p[1] = std::byte(v >> 8);
 }
 
-std::uint16_t to_half_bits(float x) { return std::bit_cast<std::uint16_t>(static_cast<_Float16>(x)); }  // RNE
-
-std::uint16_t to_bfloat_bits(float x) {  // round to nearest even; NaN stays a quiet NaN (as ggml)
-  const std::uint32_t bits = std::bit_cast<std::uint32_t>(x);
-  if ((bits & 0x7FFFFFFFu) > 0x7F800000u) return std::uint16_t((bits >> 16) | 64);
-  return std::uint16_t((bits + 0x7FFFu + ((bits >> 16) & 1)) >> 16);
-}
-
-// Q8_0 (ggml's quantize_row_q8_0_ref): d = amax / 127, q = round(x / d), d stored as f16.
-void quantize_q8_0(const float* x, std::byte* block) {
-  float amax = 0;
-  for (int j = 0; j < 32; ++j) amax = std::max(amax, std::fabs(x[j]));
-  const float d = amax / 127, id = d != 0 ? 1 / d : 0;
-  store_u16(block, to_half_bits(d));
-  for (int j = 0; j < 32; ++j) block[2 + j] = std::byte(std::int8_t(std::lround(x[j] * id)));
-}
-
 // Q4_0 (quantize_row_q4_0_ref): d = the value of largest magnitude / -8, q = x / d + 8 in 0..15.
 void quantize_q4_0(const float* x, std::byte* block) {
   float amax = 0, max = 0;
   for (int j = 0; j < 32; ++j)
     if (std::fabs(x[j]) > amax) amax = std::fabs(x[j]), max = x[j];
   const float d = max / -8, id = d != 0 ? 1 / d : 0;
-  store_u16(block, to_half_bits(d));
+  store_u16(block, f32_to_f16(d));
   auto code = [&](int j) { return unsigned(std::min(15, int(std::int8_t(x[j] * id + 8.5f)))); };
   for (int j = 0; j < 16; ++j) block[2 + j] = std::byte(code(j) | (code(j + 16) << 4));
 }
@@ -63,8 +45,8 @@ void quantize_q4_1(const float* x, std::byte* block) {
   float min = x[0], max = x[0];
   for (int j = 1; j < 32; ++j) min = std::min(min, x[j]), max = std::max(max, x[j]);
   const float d = (max - min) / 15, id = d != 0 ? 1 / d : 0;
-  store_u16(block, to_half_bits(d));
-  store_u16(block + 2, to_half_bits(min));
+  store_u16(block, f32_to_f16(d));
+  store_u16(block + 2, f32_to_f16(min));
   auto code = [&](int j) { return unsigned(std::min(15, int(std::int8_t((x[j] - min) * id + 0.5f)))); };
   for (int j = 0; j < 16; ++j) block[4 + j] = std::byte(code(j) | (code(j + 16) << 4));
 }
@@ -72,13 +54,9 @@ void quantize_q4_1(const float* x, std::byte* block) {
 void pack_row(const float* x, std::size_t cols, TensorType type, std::byte* out) {
   switch (type) {
     case TensorType::BF16:
-      for (std::size_t k = 0; k < cols; ++k) store_u16(out + 2 * k, to_bfloat_bits(x[k]));
-      return;
     case TensorType::F16:
-      for (std::size_t k = 0; k < cols; ++k) store_u16(out + 2 * k, to_half_bits(x[k]));
-      return;
-    case TensorType::Q8_0:
-      for (std::size_t b = 0; b < cols / 32; ++b) quantize_q8_0(x + 32 * b, out + 34 * b);
+    case TensorType::Q8_0:  // the writers' quantizers: a converted matrix has the bits of its file
+      block_format(type).quantize(x, out, cols);
       return;
     case TensorType::Q4_0:
       for (std::size_t b = 0; b < cols / 32; ++b) quantize_q4_0(x + 32 * b, out + 18 * b);
