@@ -27,8 +27,9 @@ Precision matmul_precision();
 /// Sets this thread's matmul precision while it lives, and restores the previous one (nests).
 class PrecisionScope {
  public:
+  /// Sets `precision` for this thread's matmuls.
   explicit PrecisionScope(Precision precision);
-  ~PrecisionScope();
+  ~PrecisionScope();  ///< Restores the precision that was set before.
   PrecisionScope(const PrecisionScope&) = delete;
   PrecisionScope& operator=(const PrecisionScope&) = delete;
 

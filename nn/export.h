@@ -15,9 +15,9 @@ namespace tapegrad::nn {
 
 /// What to export: the model (a Llama), its byte-level BPE tokenizer, and its chat template.
 struct ExportSource {
-  const LanguageModel& model;
-  const tokenizers::Tokenizer& tokenizer;
-  const std::optional<std::string>& chat_template;
+  const LanguageModel& model;                        ///< a Llama
+  const tokenizers::Tokenizer& tokenizer;            ///< its byte-level BPE
+  const std::optional<std::string>& chat_template;  ///< the template text, if the model has one
 };
 
 /// The tensor type of a GGUF export's matrices; vectors (the norms) stay f32, and a matrix whose

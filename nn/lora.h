@@ -54,8 +54,8 @@ void add_lora_from_metadata(LanguageModel& model, const Metadata& metadata);
 bool has_peft_layout(const LanguageModel& model);
 
 /// Writes the adapters as PEFT's save_pretrained does into folder (created if needed):
-/// adapter_model.safetensors with base_model.model.<Hugging Face module>.lora_A.weight (r, in)
-/// and .lora_B.weight (out, r) in float32 (q and k rows back in Hugging Face's rotate-half order,
+/// adapter_model.safetensors with base_model.model.MODULE.lora_A.weight (r, in), MODULE the
+/// Hugging Face module's name, and .lora_B.weight (out, r) in float32 (q and k rows back in Hugging Face's rotate-half order,
 /// Note [Llama's RoPE]), and adapter_config.json (peft_type LORA, task_type CAUSAL_LM, r,
 /// lora_alpha, target_modules, lora_dropout 0, bias none, fan_in_fan_out false,
 /// base_model_name_or_path = base_model), each file atomically. Throws std::invalid_argument for a
