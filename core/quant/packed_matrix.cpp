@@ -143,7 +143,10 @@ void quantize_activations(const float* x, std::size_t rows, std::size_t cols, Qu
         std::fill_n(neg_sums + g0, 8, 0), std::fill_n(d + g0, 8, 0.0f), std::fill_n(scaled_sums + g0, 8, 0.0f);
         continue;
       }
-      const float* xb = x + m * cols + 32 * b;
+      // A BF16 or F16 row's last block may be partial: its missing elements read as zeros.
+      float block[32] = {};
+      std::copy_n(x + m * cols + 32 * b, std::min<std::size_t>(32, cols - 32 * b), block);
+      const float* xb = block;
       float amax = 0;
       for (int j = 0; j < 32; ++j) amax = std::max(amax, std::fabs(xb[j]));
       float scale = amax / 127, inverse = scale != 0 ? 1 / scale : 0;
