@@ -11,6 +11,7 @@
 #include <charconv>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -64,6 +65,13 @@ inline int int_at_least(const std::string& flag, const std::string& text, int le
 }
 /// A flag's value as a positive integer (int_at_least 1).
 inline int positive_int(const std::string& flag, const std::string& text) { return int_at_least(flag, text, 1); }
+
+/// Tiny Shakespeare: $TAPEGRAD_SHAKESPEARE, else the data folder beside the checkout (as the
+/// suite finds it, tests/support/real_model.h).
+inline std::string default_shakespeare_path() {
+  if (const char* path = std::getenv("TAPEGRAD_SHAKESPEARE")) return path;
+  return std::string(TAPEGRAD_SOURCE_DIR) + "/../shared/data/tinyshakespeare.txt";
+}
 
 /// A flag's comma-separated positive integers ("1,2"); an empty list or a bad item throws.
 inline std::vector<int> positive_list(const std::string& flag, const std::string& text) {

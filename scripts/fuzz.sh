@@ -16,8 +16,9 @@ for target in "${targets[@]}"; do
   work=build-fuzz/corpus-$target
   mkdir -p "$work"
   seeds=(fuzz/corpus/$target)
-  # GGUF seeds: the suite's tensor-type files too (every block type, v2 and v3), not copies of them.
-  [ "$target" = gguf ] && seeds+=(tests/data/gguf_types)
+  # GGUF's seeds are the suite's tensor-type files (every block and value type, v2 and v3), made
+  # by tests/data/make_gguf_types.py: no GGUF file is kept twice.
+  [ "$target" = gguf ] && seeds=(tests/data/gguf_types)
   ./build-fuzz/fuzz_$target -max_total_time="$seconds" -rss_limit_mb=2048 -malloc_limit_mb=512 \
     -artifact_prefix=build-fuzz/crashes/$target- -print_final_stats=1 "$work" "${seeds[@]}" \
     2>build-fuzz/fuzz_$target.log &

