@@ -38,14 +38,6 @@ const tokenizers::ByteLevelBpe& bpe_of(const tokenizers::Tokenizer& tokenizer, c
                                           tokenizer.kind()));
 }
 
-Tensor transposed(const Tensor& m) {
-  const std::size_t rows = m.dim(0), cols = m.dim(1);
-  Tensor out = Tensor::uninitialized({cols, rows});
-  for (std::size_t r = 0; r < rows; ++r)
-    for (std::size_t c = 0; c < cols; ++c) out.data()[c * rows + r] = m.data()[r * cols + c];
-  return out;
-}
-
 // Each entry of the map with its parameter in the file's PyTorch layout (Hugging Face's when
 // to_hf, else GGUF's): a Linear's (in, out) weight transposed, q and k rows unpermuted for HF.
 // A parameter the map does not name (an unmerged LoRA adapter) is refused: it would be lost.

@@ -19,6 +19,7 @@
 #include "io/atomic_file.h"
 #include "io/safetensors.h"
 #include "nn/linear.h"
+#include "nn/models/foreign_tensors.h"
 #include "nn/models/llama.h"
 
 namespace tapegrad::nn {
@@ -137,14 +138,6 @@ std::pair<std::string, std::size_t> peft_module(const std::vector<ForeignTensor>
       return {"base_model.model." + t.hf_name.substr(0, t.hf_name.size() - weight.size()), t.hf_rope_heads};
     }
   throw std::logic_error(fmt::format("LoRA: the Hugging Face layout names no tensor for {}", p.path));
-}
-
-Tensor transposed(const Tensor& m) {
-  const std::size_t rows = m.dim(0), cols = m.dim(1);
-  Tensor out = Tensor::uninitialized({cols, rows});
-  for (std::size_t r = 0; r < rows; ++r)
-    for (std::size_t c = 0; c < cols; ++c) out.data()[c * rows + r] = m.data()[r * cols + c];
-  return out;
 }
 
 }  // namespace

@@ -37,14 +37,6 @@ std::map<std::string, Module*> modules_of(Module& model) {
 }
 
 // The (out, in) rows of a Linear's (in, out) weight.
-std::vector<float> transposed(const Tensor& weight) {
-  const std::size_t in = weight.dim(0), out = weight.dim(1);
-  std::vector<float> rows(in * out);
-  for (std::size_t k = 0; k < in; ++k)
-    for (std::size_t n = 0; n < out; ++n) rows[n * in + k] = weight.data()[k * out + n];
-  return rows;
-}
-
 std::optional<quant::PackedMatrix> converted(const float* rows_data, std::size_t rows, std::size_t cols,
                                              quant::TensorType type) {
   if (cols % quant::block_format(type).block_elems != 0) return std::nullopt;

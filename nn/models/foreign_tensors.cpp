@@ -36,18 +36,6 @@ Tensor split_part(const Tensor& fused, const ForeignTensor& entry, bool columns,
   return out;
 }
 
-Tensor transposed(const Tensor& m) {
-  const std::size_t rows = m.dim(0), cols = m.dim(1);
-  Tensor out = Tensor::uninitialized({cols, rows});
-  for (std::size_t r = 0; r < rows; ++r)
-    for (std::size_t c = 0; c < cols; ++c) out.data()[c * rows + r] = m.data()[r * cols + c];
-  return out;
-}
-
-}  // namespace
-
-namespace {
-
 // Row 2i of each head from row i and row 2i + 1 from row i + Dh/2 (to_interleaved), or back.
 Tensor move_rope_rows(const Tensor& weight, std::size_t heads, bool to_interleaved, const char* caller) {
   const std::size_t rows = weight.rank() == 0 ? 0 : weight.dim(0), cols = weight.rank() == 2 ? weight.dim(1) : 1;
@@ -106,6 +94,14 @@ void load_foreign_tensors(Module& model, std::span<const ForeignTensor> map,
     throw std::invalid_argument(fmt::format("load_foreign_tensors: the map names no tensor for parameter '{}' ({} "
                                             "parameters left unassigned)",
                                             params.begin()->first, params.size()));
+}
+
+Tensor transposed(const Tensor& m) {
+  const std::size_t rows = m.dim(0), cols = m.dim(1);
+  Tensor out = Tensor::uninitialized({cols, rows});
+  for (std::size_t r = 0; r < rows; ++r)
+    for (std::size_t c = 0; c < cols; ++c) out.data()[c * rows + r] = m.data()[r * cols + c];
+  return out;
 }
 
 }  // namespace tapegrad::nn

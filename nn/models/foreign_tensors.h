@@ -38,6 +38,10 @@ Tensor permute_rope_rows(const Tensor& weight, std::size_t heads);
 /// Hugging Face files.
 Tensor unpermute_rope_rows(const Tensor& weight, std::size_t heads);
 
+/// The transpose of a (rows, cols) matrix: files store a Linear's weight (out, in), tapegrad
+/// (in, out).
+Tensor transposed(const Tensor& matrix);
+
 /// Assigns every parameter of model named in map: fetch(entry) gives the file's float32 tensor in
 /// PyTorch's layout (it looks up entry.hf_name or entry.gguf_name, as from_hf says); the split part
 /// is taken, from_hf's RoPE permutation applied, and a Linear's weight transposed. Throws
