@@ -25,6 +25,7 @@
 #include "core/random.h"
 #include "core/tape.h"
 #include "io/gguf.h"
+#include "nn/packed_weights.h"
 #include "nn/pretrained.h"
 
 using namespace tapegrad;
@@ -41,24 +42,20 @@ std::vector<std::int32_t> random_tokens(std::size_t count, std::size_t vocab, st
   return tokens;
 }
 
-// The model as --weights asks for it. The seam for the formats of issue 42: until the loader
-// takes a weight format, only float32 (every matrix dequantized at load).
-nn::PretrainedModel load_as(const std::string& path, const std::string& weights) {
-  if (weights != "f32")
-    throw std::invalid_argument(fmt::format("--weights {}: this build loads float32 weights only (f32)", weights));
-  return nn::load_pretrained(path);
-}
-
-// The bytes one decoding step reads: every parameter once, but of the token embedding only a row
-// unless it is also the head (tied: a parameter named head.weight is then absent).
-std::size_t tapegrad_bytes_per_token(const nn::LanguageModel& model) {
+// The bytes one decoding step reads: every parameter and packed matrix once, but of the token
+// embedding only a row unless it is also the head (tied: no layer or parameter named head).
+std::size_t tapegrad_bytes_per_token(nn::LanguageModel& model) {
   std::size_t bytes = 0, embedding = 0, row = 0;
-  bool tied = true;
+  const std::map<std::string, std::size_t> packed = nn::packed_bytes(model.module());
+  bool tied = !packed.contains("head");
   for (const auto& p : model.params()) {
     bytes += p.var.value().bytes();
     if (p.name == "embed.weight") embedding = p.var.value().bytes(), row = embedding / p.var.shape()[0];
     if (p.name == "head.weight") tied = false;
   }
+  for (const auto& [name, size] : packed) bytes += size;
+  if (const auto table = packed.find("embed"); table != packed.end())
+    embedding = table->second, row = embedding / model.config().vocab;
   return tied ? bytes : bytes - embedding + row;
 }
 
@@ -228,7 +225,7 @@ int main(int argc, char** argv) try {
   std::vector<nn::PretrainedModel> models;
   for (const std::string& format : formats) {
     std::optional<nn::PretrainedModel> loaded;
-    const double load_seconds = bench::seconds([&] { loaded = load_as(model_path, format); });
+    const double load_seconds = bench::seconds([&] { loaded = nn::load_pretrained(model_path, {.weights = format}); });
     loaded->model.set_training(false);
     const std::size_t bytes = tapegrad_bytes_per_token(loaded->model);
     fmt::print("  tapegrad {}: {} loaded in {:.2f} s, {:.1f} MB read a token\n", format, loaded->model.describe(),

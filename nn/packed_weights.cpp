@@ -77,6 +77,15 @@ std::size_t pack_matrices(Module& model, std::span<const ForeignTensor> map, con
   return packed;
 }
 
+std::map<std::string, std::size_t> packed_bytes(Module& model) {
+  std::map<std::string, std::size_t> bytes;
+  for (const auto& [name, module] : modules_of(model)) {
+    if (auto* linear = dynamic_cast<Linear*>(module); linear && linear->packed) bytes[name] = linear->packed->bytes.size();
+    if (auto* table = dynamic_cast<Embedding*>(module); table && table->packed) bytes[name] = table->packed->bytes.size();
+  }
+  return bytes;
+}
+
 bool has_packed_matrices(Module& model) {
   for (const auto& [name, module] : modules_of(model)) {
     if (auto* linear = dynamic_cast<Linear*>(module); linear && linear->packed) return true;

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <functional>
+#include <map>
 #include <memory>
 #include <optional>
 #include <span>
@@ -25,6 +26,9 @@ using FileMatrix =
 /// quantize does), else taken from file_matrix. Returns how many were packed.
 std::size_t pack_matrices(Module& model, std::span<const ForeignTensor> map, const FileMatrix& file_matrix,
                           std::optional<quant::TensorType> convert_to);
+
+/// The bytes of every packed matrix of `model` by its layer's name ("blocks.0.attn.wq", "embed").
+std::map<std::string, std::size_t> packed_bytes(Module& model);
 
 /// Whether any layer of `model` holds packed weights (then only decoding through a KVCache runs it).
 bool has_packed_matrices(Module& model);
