@@ -215,65 +215,121 @@ template <TensorType type>
 
 #if defined(__AVX512F__)
 
-// ---- AVX-512 with VNNI: two blocks per vpdpbusd --------------------------------------------------
+// ---- AVX-512 with VNNI: register tiles of NR weight rows by MR activation rows -----------------
+// A pair of blocks of each of NR weight rows is decoded once (codes, scales, minimums) and meets MR
+// activation rows, whose blocks are loaded once for the NR rows: one-row decoding runs 4 x 1 tiles,
+// prefill and batched decoding 2 x 4 or 4 x 4. Each output keeps its own accumulators and its own
+// sequence of operations, so the tile a row falls in never changes its bits.
 
-// Two halves, a's 8 times then b's 8 times, as 16 floats.
-inline __m512 halves512(const std::byte* a, const std::byte* b) {
-  return _mm512_cvtph_ps(_mm256_set_m128i(_mm_set1_epi16(short(load_u16(b))), _mm_set1_epi16(short(load_u16(a)))));
+inline std::uint32_t load_u32(const std::byte* p) {
+  std::uint32_t v;
+  std::memcpy(&v, p, 4);
+  return v;
 }
 
-// The sixteen group sums of blocks a and b (b null: a's alone, zeros in lanes 8-15).
-template <TensorType type>
-[[gnu::target("avx512vnni")]] __m512i group_sums512(const std::byte* a, const std::byte* b, const std::int8_t* q,
-                                                    const std::int32_t* neg_sums) {
+// The codes of blocks a and b (absent: no second block) as 64 unsigned bytes in the order of
+// x's quantized pair: a's 32 then b's 32 (an absent block's codes count for zero).
+template <TensorType type, bool pair> __m512i codes512(const std::byte* a) {
   using B = Blocks<type>;
-  const __m512i xq = _mm512_loadu_si512(q);
-  __m512i bias = _mm512_setzero_si512(), u;
-  if constexpr (B::offset != 0) bias = _mm512_slli_epi32(_mm512_loadu_si512(neg_sums), B::shift);
-  if constexpr (!B::nibbles) {
-    const __m256i ua = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a + B::codes));
-    const __m256i ub = b ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + B::codes)) : _mm256_set1_epi8(char(0x80));
-    u = _mm512_xor_si512(_mm512_inserti64x4(_mm512_castsi256_si512(ua), ub, 1), _mm512_set1_epi8(char(0x80)));
+  if constexpr (B::nibbles) {
+    const __m128i low_a = _mm_loadu_si128(reinterpret_cast<const __m128i*>(a + B::codes));
+    __m512i packed = _mm512_maskz_broadcast_i32x4(pair ? 0xFFFF : 0x00FF, low_a);  // a, a, 0, 0
+    if constexpr (pair)
+      packed = _mm512_mask_broadcast_i32x4(packed, 0xFF00,
+                                           _mm_loadu_si128(reinterpret_cast<const __m128i*>(a + B::bytes + B::codes)));
+    // 128-bit lanes a, a, b, b: the second of each keeps the high nibbles
+    const __m512i shifted = _mm512_srlv_epi64(packed, _mm512_set_epi64(4, 4, 0, 0, 4, 4, 0, 0));
+    return _mm512_and_si512(shifted, _mm512_set1_epi8(0xF));
   } else {
-    const __m128i pa = _mm_loadu_si128(reinterpret_cast<const __m128i*>(a + B::codes));
-    const __m128i pb = b ? _mm_loadu_si128(reinterpret_cast<const __m128i*>(b + B::codes)) : _mm_setzero_si128();
-    const __m256i packed = _mm256_set_m128i(pb, pa), low = _mm256_set1_epi8(0xF);
-    const __m512i z = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_and_si256(packed, low)),
-                                         _mm256_and_si256(_mm256_srli_epi16(packed, 4), low), 1);
-    u = _mm512_shuffle_i64x2(z, z, _MM_SHUFFLE(3, 1, 2, 0));  // a low, a high, b low, b high
+    const __m256i ua = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a + B::codes));
+    const __m256i ub = pair ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a + B::bytes + B::codes))
+                            : _mm256_set1_epi8(char(0x80));
+    return _mm512_xor_si512(_mm512_inserti64x4(_mm512_castsi256_si512(ua), ub, 1), _mm512_set1_epi8(char(0x80)));
   }
-  return _mm512_dpbusd_epi32(bias, u, xq);
 }
 
-template <TensorType type>
-[[gnu::target("avx512vnni")]] void block_rows_vnni(float* y, std::size_t ldy, const ActivationRows& x,
-                                                   const PackedMatrix& w, std::size_t first, std::size_t last,
-                                                   bool accumulate) {
+// The weights' scales d_w (lanes 0-7 block a's, 8-15 b's) and, for Q4_1, minimums m_w the same way.
+template <TensorType type, bool pair> void scales512(const std::byte* a, __m512& d, __m512& min) {
   using B = Blocks<type>;
-  const std::size_t blocks = w.cols / 32;
-  static constexpr std::byte zero_block[B::bytes] = {};  // the missing half of an odd last pair: d = m = 0
-  for (std::size_t n = first; n < last; ++n) {
-    const std::byte* row = w.row(n);
-    for (std::size_t m = 0; m < x.rows; ++m) {
-      const std::int8_t* q = x.q + m * x.blocks * 32;
-      const std::int32_t* neg_sums = x.neg_sums + m * x.blocks * 8;
-      const float* d = x.d + m * x.blocks * 8;
-      const float* scaled_sums = x.scaled_sums + m * x.blocks * 8;
-      __m512 acc = _mm512_setzero_ps(), acc2 = _mm512_setzero_ps();
-      for (std::size_t b = 0; b < blocks; b += 2) {
-        const std::byte* a = row + b * B::bytes;
-        const std::byte* next = b + 1 < blocks ? a + B::bytes : nullptr;
-        const __m512i sums = group_sums512<type>(a, next, q + 32 * b, neg_sums + 8 * b);
-        const __m512 scale = _mm512_mul_ps(halves512(a, next ? next : zero_block), _mm512_loadu_ps(d + 8 * b));
-        acc = _mm512_add_ps(acc, _mm512_mul_ps(_mm512_cvtepi32_ps(sums), scale));
-        if constexpr (B::has_min)
-          acc2 = _mm512_add_ps(acc2, _mm512_mul_ps(halves512(a + 2, (next ? next : zero_block) + 2),
-                                                   _mm512_loadu_ps(scaled_sums + 8 * b)));
-      }
-      if constexpr (B::has_min) acc = _mm512_add_ps(acc, acc2);
-      store_sum256(y + m * ldy + n, _mm512_castps512_ps256(acc), _mm512_extractf32x8_ps(acc, 1), accumulate);
+  // d and m (or d and the first codes) of each block, four halves converted at once
+  const __m128i halves = _mm_insert_epi32(_mm_cvtsi32_si128(int(load_u32(a))), pair ? int(load_u32(a + B::bytes)) : 0, 1);
+  const __m512 both = _mm512_cvtph_ps(_mm256_castsi128_si256(halves));  // d_a, m_a, d_b, m_b, ...
+  d = _mm512_permutexvar_ps(_mm512_set_epi32(2, 2, 2, 2, 2, 2, 2, 2, 0, 0, 0, 0, 0, 0, 0, 0), both);
+  if constexpr (B::has_min)
+    min = _mm512_permutexvar_ps(_mm512_set_epi32(3, 3, 3, 3, 3, 3, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1), both);
+}
+
+// One pair of blocks (b, b + 1; pair false: b alone, the row's last) of the tile.
+template <TensorType type, int NR, int MR, bool pair>
+[[gnu::target("avx512vnni")]] inline void tile_step(const std::byte* rows[NR], const ActivationRows& x, std::size_t m0,
+                                                    std::size_t b, __m512 (&acc)[NR][MR], __m512 (&acc2)[NR][MR]) {
+  using B = Blocks<type>;
+  __m512i codes[NR];
+  __m512 d[NR], min[NR];
+  for (int r = 0; r < NR; ++r) {
+    codes[r] = codes512<type, pair>(rows[r] + b * B::bytes);
+    scales512<type, pair>(rows[r] + b * B::bytes, d[r], min[r]);
+  }
+  for (int i = 0; i < MR; ++i) {
+    const std::size_t at = (m0 + i) * x.blocks + b;
+    const __m512i xq = _mm512_loadu_si512(x.q + 32 * at);
+    const __m512 dx = _mm512_loadu_ps(x.d + 8 * at);
+    __m512i bias = _mm512_setzero_si512();
+    if constexpr (B::offset != 0) bias = _mm512_slli_epi32(_mm512_loadu_si512(x.neg_sums + 8 * at), B::shift);
+    for (int r = 0; r < NR; ++r) {
+      const __m512 sums = _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(bias, codes[r], xq));
+      acc[r][i] = _mm512_add_ps(acc[r][i], _mm512_mul_ps(sums, _mm512_mul_ps(d[r], dx)));
+      if constexpr (B::has_min)
+        acc2[r][i] = _mm512_add_ps(acc2[r][i], _mm512_mul_ps(min[r], _mm512_loadu_ps(x.scaled_sums + 8 * at)));
     }
   }
+}
+
+// Outputs (m0 .. m0 + MR - 1, n0 .. n0 + NR - 1).
+template <TensorType type, int NR, int MR>
+[[gnu::target("avx512vnni")]] void block_tile_vnni(float* y, std::size_t ldy, const ActivationRows& x, std::size_t m0,
+                                                   const PackedMatrix& w, std::size_t n0, bool accumulate) {
+  const std::size_t blocks = w.cols / 32;
+  const std::byte* rows[NR];
+  for (int r = 0; r < NR; ++r) rows[r] = w.row(n0 + r);
+  __m512 acc[NR][MR], acc2[NR][MR];
+  for (int r = 0; r < NR; ++r)
+    for (int i = 0; i < MR; ++i) acc[r][i] = acc2[r][i] = _mm512_setzero_ps();
+  std::size_t b = 0;
+  for (; b + 1 < blocks; b += 2) tile_step<type, NR, MR, true>(rows, x, m0, b, acc, acc2);
+  if (b < blocks) tile_step<type, NR, MR, false>(rows, x, m0, b, acc, acc2);
+  for (int r = 0; r < NR; ++r)
+    for (int i = 0; i < MR; ++i) {
+      const __m512 t = Blocks<type>::has_min ? _mm512_add_ps(acc[r][i], acc2[r][i]) : acc[r][i];
+      store_sum256(y + (m0 + i) * ldy + n0 + r, _mm512_castps512_ps256(t), _mm512_extractf32x8_ps(t, 1), accumulate);
+    }
+}
+
+// x's rows from m0 on in tiles of MR (the last few in one tile of fewer), each against the weight
+// rows first .. last - 1 in tiles of NR (the last few one at a time).
+template <TensorType type, int NR, int MR> struct BlockTiles {
+  static void run(float* y, std::size_t ldy, const ActivationRows& x, std::size_t m0, const PackedMatrix& w,
+                  std::size_t first, std::size_t last, bool accumulate) {
+    for (; m0 + MR <= x.rows; m0 += MR) {
+      std::size_t n = first;
+      for (; n + NR <= last; n += NR) block_tile_vnni<type, NR, MR>(y, ldy, x, m0, w, n, accumulate);
+      for (; n < last; ++n) block_tile_vnni<type, 1, MR>(y, ldy, x, m0, w, n, accumulate);
+    }
+    if (m0 < x.rows) BlockTiles<type, NR, MR - 1>::run(y, ldy, x, m0, w, first, last, accumulate);
+  }
+};
+template <TensorType type, int NR> struct BlockTiles<type, NR, 0> {
+  static void run(float*, std::size_t, const ActivationRows&, std::size_t, const PackedMatrix&, std::size_t,
+                  std::size_t, bool) {}
+};
+
+template <TensorType type>
+void block_rows_vnni(float* y, std::size_t ldy, const ActivationRows& x, const PackedMatrix& w, std::size_t first,
+                     std::size_t last, bool accumulate) {
+  // One activation row: four weight rows share its loads. More: a tile of 2 (Q4_1: two
+  // accumulators an output) or 4 weight rows by 4 activation rows, within the 32 registers.
+  if (x.rows == 1) return BlockTiles<type, 4, 1>::run(y, ldy, x, 0, w, first, last, accumulate);
+  BlockTiles<type, Blocks<type>::has_min ? 2 : 4, 4>::run(y, ldy, x, 0, w, first, last, accumulate);
 }
 
 template <TensorType type> __m512 weights512(const std::byte* p, std::size_t count) {
@@ -283,21 +339,52 @@ template <TensorType type> __m512 weights512(const std::byte* p, std::size_t cou
   else return _mm512_cvtph_ps(h);
 }
 
+// Outputs (m0 .. m0 + MR - 1, n0 .. n0 + NR - 1) of BF16 or F16 weights: each weight vector
+// widened once for the MR rows, each x vector loaded once for the NR rows.
+template <TensorType type, int NR, int MR>
+void float_tile_avx512(float* y, std::size_t ldy, const ActivationRows& x, std::size_t m0, const PackedMatrix& w,
+                       std::size_t n0, bool accumulate) {
+  const std::byte* rows[NR];
+  __m512 acc[NR][MR];
+  for (int r = 0; r < NR; ++r) {
+    rows[r] = w.row(n0 + r);
+    for (int i = 0; i < MR; ++i) acc[r][i] = _mm512_setzero_ps();
+  }
+  for (std::size_t k = 0; k < w.cols; k += 16) {
+    const std::size_t rest = w.cols - k;
+    __m512 weights[NR];
+    for (int r = 0; r < NR; ++r) weights[r] = weights512<type>(rows[r] + 2 * k, rest);
+    for (int i = 0; i < MR; ++i) {
+      const float* xm = x.x + (m0 + i) * x.cols + k;
+      const __m512 xs = rest >= 16 ? _mm512_loadu_ps(xm) : _mm512_maskz_loadu_ps(detail::lanes_below(rest), xm);
+      for (int r = 0; r < NR; ++r) acc[r][i] = _mm512_add_ps(acc[r][i], _mm512_mul_ps(weights[r], xs));
+    }
+  }
+  for (int r = 0; r < NR; ++r)
+    for (int i = 0; i < MR; ++i)
+      store_sum256(y + (m0 + i) * ldy + n0 + r, _mm512_castps512_ps256(acc[r][i]),
+                   _mm512_extractf32x8_ps(acc[r][i], 1), accumulate);
+}
+
+template <TensorType type, int NR, int MR>
+void float_columns_avx512(float* y, std::size_t ldy, const ActivationRows& x, std::size_t m0, const PackedMatrix& w,
+                          std::size_t first, std::size_t last, bool accumulate) {
+  std::size_t n = first;
+  for (; n + NR <= last; n += NR) float_tile_avx512<type, NR, MR>(y, ldy, x, m0, w, n, accumulate);
+  for (; n < last; ++n) float_tile_avx512<type, 1, MR>(y, ldy, x, m0, w, n, accumulate);
+}
+
 template <TensorType type>
 void float_rows_avx512(float* y, std::size_t ldy, const ActivationRows& x, const PackedMatrix& w, std::size_t first,
                        std::size_t last, bool accumulate) {
-  for (std::size_t n = first; n < last; ++n)
-    for (std::size_t m = 0; m < x.rows; ++m) {
-      const float* xm = x.x + m * x.cols;
-      const std::byte* row = w.row(n);
-      __m512 acc = _mm512_setzero_ps();
-      for (std::size_t k = 0; k < w.cols; k += 16) {
-        const std::size_t rest = w.cols - k;
-        const __m512 xs = rest >= 16 ? _mm512_loadu_ps(xm + k) : _mm512_maskz_loadu_ps(detail::lanes_below(rest), xm + k);
-        acc = _mm512_add_ps(acc, _mm512_mul_ps(weights512<type>(row + 2 * k, rest), xs));
-      }
-      store_sum256(y + m * ldy + n, _mm512_castps512_ps256(acc), _mm512_extractf32x8_ps(acc, 1), accumulate);
-    }
+  std::size_t m0 = 0;
+  for (; m0 + 4 <= x.rows; m0 += 4) float_columns_avx512<type, 4, 4>(y, ldy, x, m0, w, first, last, accumulate);
+  switch (x.rows - m0) {
+    case 3: return float_columns_avx512<type, 4, 3>(y, ldy, x, m0, w, first, last, accumulate);
+    case 2: return float_columns_avx512<type, 4, 2>(y, ldy, x, m0, w, first, last, accumulate);
+    case 1: return float_columns_avx512<type, 4, 1>(y, ldy, x, m0, w, first, last, accumulate);
+    default: return;
+  }
 }
 
 #endif
