@@ -542,7 +542,8 @@ json kv_cache_figure(int threads) {
 /// tiny-Shakespeare's 65 characters as its vocabulary.
 void write_bench_checkpoint(const fs::path& path) {
   const std::string vocab = "\n !$&',-.3:;?ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz";
-  nn::save_checkpoint(path.string(), nn::rotary_decoder(65, 64, 4, 2, 256), nn::CharTokenizer::from_vocab(vocab));
+  nn::save_model_checkpoint(path.string(), nn::LanguageModel(nn::rotary_decoder(65, 64, 4, 2, 256)),
+                            nn::CharTokenizer::from_vocab(vocab));
 }
 
 }  // namespace

@@ -152,7 +152,7 @@ void write_agreement(const std::string& dir, const std::vector<std::string>& nam
   nn::RotaryDecoder model = nn::rotary_decoder(65, 64, 4, 2, 256);  // bench_kv_cache's model
   std::vector<std::int32_t> prompt = {18, 47, 56, 57, 58, 1, 15, 47};
   std::string checkpoint = dir + "/agreement_decode.safetensors";
-  nn::save_checkpoint(checkpoint, model, tokenizer);
+  nn::save_model_checkpoint(checkpoint, nn::LanguageModel(model), tokenizer);  // the copy shares the weights
   nn::KVCache cache = model.make_cache();
   Tensor prefill = model.prefill(prompt, cache);  // (8, 65)
   nn::GenerateOptions greedy{.max_new = 100, .sampling = {.temperature = 0.0f}};

@@ -16,7 +16,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     std::fclose(f);
   }
   try {
-    tapegrad::nn::LoadedCheckpoint loaded = tapegrad::nn::load_checkpoint(path);
+    tapegrad::nn::LoadedModelCheckpoint loaded = tapegrad::nn::load_model_checkpoint(path);
     (void)loaded.model.num_params();
   } catch (const std::exception& e) {
     if (std::string(e.what()).rfind(path, 0) != 0) {  // every error names the file

@@ -1,4 +1,5 @@
-// The registry of architectures, the built-in ones first.
+// The registry of architectures, the built-in ones first, and the name it gives a LanguageModel's
+// model.
 #include "nn/architecture.h"
 
 #include <fmt/format.h>
@@ -46,6 +47,15 @@ const Architecture* find_architecture(std::type_index model_type) {
   for (const Architecture& a : registry())
     if (a.model_type == model_type) return &a;
   return nullptr;
+}
+
+std::string LanguageModel::arch() const {
+  const Architecture* arch = find_architecture(model_type());
+  if (!arch)
+    throw std::logic_error(fmt::format("LanguageModel: the model's class {} is not a registered architecture "
+                                       "(registered: {}); call register_architecture first",
+                                       model_type().name(), fmt::join(architecture_names(), ", ")));
+  return arch->name;
 }
 
 std::vector<std::string> architecture_names() {

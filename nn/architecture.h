@@ -4,7 +4,9 @@
 // register_architecture (docs/architecture.md, "Adding an architecture").
 #pragma once
 
+#include <cstdint>
 #include <functional>
+#include <optional>
 #include <string>
 #include <type_traits>
 #include <typeindex>

@@ -1,13 +1,57 @@
-// Checkpoint save and load on top of core/safetensors.
+// Checkpoints of any registered architecture on top of io/safetensors: the metadata comes from
+// the architecture, the parameter checks are shared by all.
 #include "nn/checkpoint.h"
 
 #include <fmt/format.h>
 
+#include <cmath>
+#include <set>
 #include <stdexcept>
 
-#include "nn/language_model.h"
+#include "nn/checkpoint_metadata.h"
+#include "nn/lora.h"
 
 namespace tapegrad::nn {
+
+namespace {
+
+// Checks the file's tensors against the model's parameters and moves them in; the "optim."
+// tensors go to extra. Every value must be finite: NaN or inf can only come from damage or
+// forgery (train_char never saves a diverged model), and would surface later as a NaN loss or a
+// failed draw that names no file.
+void load_parameters(std::map<std::string, Tensor>& tensors, ParameterList params,
+                     std::map<std::string, Tensor>& extra) {
+  std::size_t total = 0, expected = 0;
+  for (const auto& [name, tensor] : tensors) total += tensor.size();
+  for (const auto& p : params) expected += p.var.value().size();
+  if (expected > total)
+    throw std::runtime_error(
+        fmt::format("the metadata describes {} parameters but the file holds {} values", expected, total));
+  for (const auto& [name, tensor] : tensors)
+    for (std::size_t i = 0; i < tensor.size(); ++i)
+      if (!std::isfinite(tensor[i]))
+        throw std::runtime_error(fmt::format("tensor '{}' holds {} at element {} (weights and optimizer state must be "
+                                             "finite numbers)",
+                                             name, tensor[i], i));
+  std::set<std::string> seen;
+  for (auto& p : params) {
+    auto it = tensors.find(p.name);
+    if (it == tensors.end()) throw std::runtime_error(fmt::format("tensor '{}' is missing", p.name));
+    if (it->second.shape() != p.var.shape())
+      throw std::runtime_error(fmt::format("tensor '{}' has shape {} but the metadata implies {}", p.name,
+                                           to_string(it->second.shape()), to_string(p.var.shape())));
+    p.var.mutable_value() = std::move(it->second);
+    seen.insert(p.name);
+  }
+  for (auto& [name, tensor] : tensors) {
+    if (seen.count(name)) continue;
+    if (name.rfind("optim.", 0) != 0)
+      throw std::runtime_error(fmt::format("tensor '{}' is not a parameter of this model", name));
+    extra.emplace(name, std::move(tensor));
+  }
+}
+
+}  // namespace
 
 void write_checkpoint_file(const std::string& path, const ParameterList& params, std::size_t vocab,
                            const tokenizers::Tokenizer& tokenizer, std::map<std::string, std::string> metadata,
@@ -34,20 +78,60 @@ void write_checkpoint_file(const std::string& path, const ParameterList& params,
   write_safetensors(path, tensors, metadata);
 }
 
-void save_checkpoint(const std::string& path, const RotaryDecoder& model, const CharTokenizer& tokenizer,
-                     const CheckpointExtras& extras) {
-  write_checkpoint_file(path, model.params(), model.config().vocab, tokenizer, rotary_decoder_config_metadata(model.config()),
-                        extras);
+const CharTokenizer& LoadedModelCheckpoint::char_tokenizer() const {
+  const auto* chars = dynamic_cast<const CharTokenizer*>(tokenizer.get());
+  if (!chars)
+    throw std::runtime_error(
+        fmt::format("the checkpoint's tokenizer is '{}', not a character vocabulary", tokenizer->kind()));
+  return *chars;
 }
 
-LoadedCheckpoint load_checkpoint(const std::string& path, bool remat) {
-  LoadedModelCheckpoint loaded = load_model_checkpoint(path, remat);
-  RotaryDecoder* model = loaded.model.as<RotaryDecoder>();
-  if (!model)
-    throw std::runtime_error(fmt::format("{}: arch '{}' is not the rotary decoder; load it with load_model_checkpoint "
-                                         "(nn/language_model.h)",
-                                         path, loaded.model.arch()));
-  return {std::move(*model), loaded.char_tokenizer(), std::move(loaded.extra_tensors), std::move(loaded.metadata)};
+void save_model_checkpoint(const std::string& path, const LanguageModel& model, const tokenizers::Tokenizer& tokenizer,
+                           const CheckpointExtras& extras) {
+  const Architecture& arch = find_architecture(model.arch());
+  Metadata metadata = arch.to_metadata(model);
+  metadata["arch"] = arch.name;
+  metadata.merge(lora_metadata(model));
+  write_checkpoint_file(path, model.params(), model.config().vocab, tokenizer, std::move(metadata), extras);
+}
+
+LoadedModelCheckpoint load_model_checkpoint(const std::string& path, bool remat) {
+  SafetensorsFile file = read_safetensors(path);
+  try {
+    const Metadata& meta = file.metadata;
+    auto it = meta.find("arch");
+    const Architecture& arch = find_architecture(it == meta.end() ? kArchWithoutKey : it->second, "metadata arch");
+    check_format_version(meta, kCheckpointFormatVersion);
+    // The sizes come from the file: the model may take no more than its tensors hold (twice, for
+    // what building it allocates besides), so forged sizes fail before a large allocation.
+    std::size_t file_bytes = 0;
+    for (const auto& [name, tensor] : file.tensors) file_bytes += tensor.bytes();
+    LanguageModel model = [&] {
+      TensorAllocationLimit limit(2 * file_bytes + (1 << 20), "the sizes in the metadata describe a model larger "
+                                                              "than the file's tensors");
+      return arch.from_metadata(meta, remat);
+    }();
+    std::shared_ptr<const tokenizers::Tokenizer> tokenizer;
+    auto kind = meta.find("tokenizer");  // absent in the files of the time before BPE: characters
+    if (kind == meta.end() || kind->second == "char") {
+      auto chars = std::make_shared<const CharTokenizer>(CharTokenizer::from_vocab(metadata_text(meta, "vocab")));
+      if (chars->size() != model.config().vocab)
+        throw std::runtime_error(fmt::format("the vocabulary has {} characters but vocab_size is {}", chars->size(),
+                                             model.config().vocab));
+      tokenizer = std::move(chars);
+    } else {
+      tokenizer = tokenizers::tokenizer_from_metadata(meta);
+      if (tokenizer->vocab_size() > model.config().vocab)
+        throw std::runtime_error(fmt::format("the tokenizer has {} tokens but vocab_size is {}", tokenizer->vocab_size(),
+                                             model.config().vocab));
+    }
+    add_lora_from_metadata(model, meta);  // a LoRA run's checkpoint: the base and its adapters
+    LoadedModelCheckpoint out{std::move(model), std::move(tokenizer), {}, meta};
+    load_parameters(file.tensors, out.model.params(), out.extra_tensors);
+    return out;
+  } catch (const std::exception& e) {
+    throw std::runtime_error(fmt::format("{}: {}", path, e.what()));
+  }
 }
 
 }  // namespace tapegrad::nn

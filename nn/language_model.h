@@ -1,6 +1,6 @@
 // LanguageModel: any registered architecture (nn/architecture.h) behind one interface, for the
-// programs that train, generate with and evaluate a model chosen by name; and the checkpoints
-// that record that name in their "arch" metadata (a file without it is "rotary").
+// programs that train, generate with and evaluate a model chosen by name. Its checkpoints are in
+// nn/checkpoint.h.
 #pragma once
 
 #include <fmt/format.h>
@@ -13,8 +13,9 @@
 #include <typeindex>
 #include <vector>
 
-#include "nn/checkpoint.h"
+#include "core/tape.h"
 #include "nn/kv_cache.h"
+#include "nn/module.h"
 
 namespace tapegrad::nn {
 
@@ -144,27 +145,5 @@ class LanguageModel {
   };
   std::unique_ptr<Base> held_;
 };
-
-/// Writes any registered model, its tokenizer and extras atomically (nn/checkpoint.h): the
-/// tensor names of model.params(), and the metadata of its architecture's to_metadata plus
-/// arch, the tokenizer's own (a character vocabulary or a byte-level BPE) and format_version.
-void save_model_checkpoint(const std::string& path, const LanguageModel& model, const tokenizers::Tokenizer& tokenizer,
-                           const CheckpointExtras& extras = {});
-
-/// What load_model_checkpoint returns.
-struct LoadedModelCheckpoint {
-  LanguageModel model;                                     ///< the model, its weights loaded
-  std::shared_ptr<const tokenizers::Tokenizer> tokenizer;  ///< the file's tokenizer
-  std::map<std::string, Tensor> extra_tensors;             ///< the "optim." tensors
-  std::map<std::string, std::string> metadata;             ///< the file's metadata, every key
-  /// The tokenizer as a character vocabulary (what train_char writes); throws
-  /// std::runtime_error naming its kind when it is another.
-  const CharTokenizer& char_tokenizer() const;
-};
-
-/// Reads a checkpoint of any registered architecture, by the file's "arch" (absent: "rotary"),
-/// with every check of load_checkpoint: metadata in range, every parameter present with its exact
-/// shape, no unknown tensor, finite values. Errors name the file and the problem.
-LoadedModelCheckpoint load_model_checkpoint(const std::string& path, bool remat = false);
 
 }  // namespace tapegrad::nn

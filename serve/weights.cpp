@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <fstream>
 
+#include "nn/checkpoint.h"
 #include "nn/lora.h"
 #include "nn/pretrained.h"
 #include "tokenizers/char_tokenizer.h"

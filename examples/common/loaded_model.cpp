@@ -4,6 +4,7 @@
 #include <fmt/format.h>
 
 #include "common/program.h"
+#include "nn/checkpoint.h"
 #include "nn/lora.h"
 #include "nn/pretrained.h"
 #include "tokenizers/char_tokenizer.h"

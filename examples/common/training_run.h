@@ -18,6 +18,7 @@
 #include "common/trainer.h"
 #include "core/random.h"
 #include "distributed/communicator.h"
+#include "nn/checkpoint.h"
 #include "nn/language_model.h"
 #include "optim/adamw.h"
 

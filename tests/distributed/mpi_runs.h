@@ -38,7 +38,7 @@ inline Args tiny6(const std::filesystem::path& data, const std::filesystem::path
 
 /// The step a training checkpoint was saved at (loading it checks that it is whole).
 inline std::int64_t saved_step(const std::filesystem::path& ckpt) {
-  return std::stoll(nn::load_checkpoint(ckpt.string()).metadata.at("step"));
+  return std::stoll(nn::load_model_checkpoint(ckpt.string()).metadata.at("step"));
 }
 
 /// Waits until text appears in a file (at most 30 s).

@@ -197,7 +197,7 @@ TEST_CASE("--micro-batches M sums M parts of the batch; a batch that M does not 
   REQUIRE_MESSAGE(r.status == 0, r.err);
   CHECK(test::contains(r.out, "each step sums 3 gradients of 2 windows"));
   CHECK(std::abs(last_val_loss(dir / "parts.metrics.csv") - last_val_loss(dir / "whole.metrics.csv")) < 2e-3);
-  nn::LoadedCheckpoint a = nn::load_checkpoint(whole.string()), b = nn::load_checkpoint(parts.string());
+  nn::LoadedModelCheckpoint a = nn::load_model_checkpoint(whole.string()), b = nn::load_model_checkpoint(parts.string());
   CHECK(a.metadata == b.metadata);  // the checkpoint does not record how the batch was split
 
   Result bad = run("train_char", tiny6(data, dir / "bad.safetensors", 20) + Args{"--micro-batches", "4"});

@@ -122,7 +122,7 @@ TEST_CASE("a second train_char writing the same checkpoint refuses to start, and
   ::close(fd);
   CHECK(wait_for(first) == 0);
   CHECK(test::contains(read_bytes(dir / "first.out"), "done: step 30"));
-  CHECK(nn::load_checkpoint(ckpt.string()).metadata.at("step") == "30");
+  CHECK(nn::load_model_checkpoint(ckpt.string()).metadata.at("step") == "30");
   CHECK(!fs::exists(lock));  // a finished run removes its lock file
   CHECK(!has_temporary_files(dir));
   // The checkpoint is free again.
@@ -161,7 +161,7 @@ TEST_CASE("training killed at random moments always leaves a loadable checkpoint
     finished = status == 0;  // done before the kill: only on a machine far faster than this one
     CHECK_MESSAGE((status == 128 + SIGKILL || finished), read_bytes(dir / "round.err"));
     if (!fs::exists(killed)) continue;  // killed before its first save: the next round starts afresh
-    nn::LoadedCheckpoint loaded = nn::load_checkpoint(killed.string());  // whole after every kill
+    nn::LoadedModelCheckpoint loaded = nn::load_model_checkpoint(killed.string());  // whole after every kill
     const std::int64_t step = std::stoll(loaded.metadata.at("step"));
     CHECK(step >= last_step);
     last_step = step;
@@ -192,7 +192,7 @@ TEST_CASE("temporary files of a killed writer are removed by the next run; those
   CHECK(!fs::exists(stale_csv));
   CHECK(read_bytes(live) == "half a checkpoint");
   CHECK(read_bytes(other) == "half a checkpoint");
-  CHECK(nn::load_checkpoint(ckpt.string()).metadata.at("step") == "3");
+  CHECK(nn::load_model_checkpoint(ckpt.string()).metadata.at("step") == "3");
 }
 
 TEST_CASE("a save that fails part-way stops the run naming the step, and the previous checkpoint stays byte-identical") {
@@ -212,7 +212,7 @@ TEST_CASE("a save that fails part-way stops the run naming the step, and the pre
   CHECK(test::contains(resumed.err, "No space left on device"));
   CHECK(test::contains(resumed.err, fmt::format("the checkpoint it resumed from, {}, is kept", ckpt.string())));
   CHECK(read_bytes(ckpt) == good);
-  CHECK(nn::load_checkpoint(ckpt.string()).metadata.at("step") == "5");
+  CHECK(nn::load_model_checkpoint(ckpt.string()).metadata.at("step") == "5");
   CHECK(!has_temporary_files(dir));
   CHECK(!fs::exists(ckpt.string() + ".lock"));
 
@@ -223,7 +223,7 @@ TEST_CASE("a save that fails part-way stops the run naming the step, and the pre
     CHECK(one_error_line(in_run, "train_char"));
     CHECK(test::contains(in_run.err, "cannot save the checkpoint of step 15"));
     CHECK(test::contains(in_run.err, fmt::format("the checkpoint of step 10, {}, is kept", fresh.string())));
-    CHECK(nn::load_checkpoint(fresh.string()).metadata.at("step") == "10");
+    CHECK(nn::load_model_checkpoint(fresh.string()).metadata.at("step") == "10");
     CHECK(!has_temporary_files(dir));
   }
   SUBCASE("a failing final save keeps the periodic checkpoint of step 15") {
@@ -231,7 +231,7 @@ TEST_CASE("a save that fails part-way stops the run naming the step, and the pre
     Result in_run = run("train_char", tiny(data, fresh, 20) + schedule, {"TAPEGRAD_TEST_FAIL_SAVE_AT_STEP=20"});
     CHECK(in_run.status == 1);
     CHECK(test::contains(in_run.err, "cannot save the checkpoint of step 20"));
-    CHECK(nn::load_checkpoint(fresh.string()).metadata.at("step") == "15");
+    CHECK(nn::load_model_checkpoint(fresh.string()).metadata.at("step") == "15");
   }
 }
 
@@ -279,7 +279,7 @@ TEST_CASE("a NaN in one batch stops the run naming the step; the last good check
     CHECK(in_run.status == 1);
     CHECK(test::contains(in_run.err, "the loss is nan at step 7"));
     CHECK(test::contains(in_run.err, fmt::format("the checkpoint of step 4, {}, is kept", fresh.string())));
-    CHECK(nn::load_checkpoint(fresh.string()).metadata.at("step") == "4");
+    CHECK(nn::load_model_checkpoint(fresh.string()).metadata.at("step") == "4");
   }
 }
 
@@ -388,7 +388,7 @@ TEST_CASE("a forged metrics CSV beside the checkpoint never hangs or fails a res
     Result r = run_within(std::chrono::seconds(20), "train_char",
                           tiny(data, ckpt, 4) + Args{"--decay-steps", "4", "--resume", ckpt.string()});
     CHECK_MESSAGE(r.status == 0, r.err);
-    CHECK(nn::load_checkpoint(ckpt.string()).metadata.at("step") == "4");
+    CHECK(nn::load_model_checkpoint(ckpt.string()).metadata.at("step") == "4");
     CHECK(read_bytes(csv).starts_with(header));
     CHECK(read_bytes(dir / "m.loss.svg").ends_with("</svg>\n"));
     // A run that stops at its first step draws the forged rows alone (this one hung, filling

@@ -6,6 +6,7 @@
 #include <nlohmann/json.hpp>
 
 #include "io/safetensors.h"
+#include "nn/checkpoint.h"
 #include "nn/language_model.h"
 #include "nn/tokenizer.h"
 #include "support/helpers.h"

@@ -13,6 +13,7 @@
 #include "core/random.h"
 #include "core/tape.h"
 #include "io/safetensors.h"
+#include "nn/checkpoint.h"
 #include "nn/generate.h"
 #include "nn/lora.h"
 #include "nn/pretrained.h"

@@ -11,6 +11,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/tape.h"
+#include "nn/checkpoint.h"
 #include "nn/generate.h"
 #include "nn/pretrained.h"
 #include "support/helpers.h"

@@ -35,8 +35,8 @@ TEST_CASE("train_char trains a tiny model and writes its checkpoint, metrics CSV
   CHECK(test::contains(r.out, "step 20/20 | loss "));
   CHECK(test::contains(r.out, " tok/s recent | "));  // the live line's rate is labelled as recent
   CHECK(test::contains(r.out, "final val loss"));
-  nn::LoadedCheckpoint loaded = nn::load_checkpoint(ckpt.string());
-  CHECK(loaded.model.config().d_model == 16);
+  nn::LoadedModelCheckpoint loaded = nn::load_model_checkpoint(ckpt.string());
+  CHECK(loaded.model.as<nn::RotaryDecoder>()->config().d_model == 16);
   CHECK(loaded.metadata.at("step") == "20");
   CHECK(loaded.metadata.at("train.seq") == "16");
   CHECK(loaded.metadata.at("data_position") == "80");
@@ -78,7 +78,7 @@ TEST_CASE("a run stopped halfway and resumed ends bit-identical to a straight ru
   REQUIRE(run("train_char", tiny(data, straight, 12) + common).status == 0);
   REQUIRE(run("train_char", tiny(data, halves, 6) + common + std::vector<std::string>{"--decay-steps", "12"}).status ==
           0);
-  CHECK(nn::load_checkpoint(halves.string()).metadata.at("step") == "6");
+  CHECK(nn::load_model_checkpoint(halves.string()).metadata.at("step") == "6");
   Result resumed =
       run("train_char", tiny(data, halves, 12) + common + std::vector<std::string>{"--resume", halves.string()});
   REQUIRE_MESSAGE(resumed.status == 0, resumed.err);
@@ -199,11 +199,11 @@ TEST_CASE("evaluate prints one JSON line whose loss matches a direct windowed co
   // evaluate's windows by hand: L = min(max_len, n-1-s) at s = 0, L, 2L, ..., one at a
   // time, weighted by length. The program batches full windows, so float32 means may round
   // differently: 1e-5 relative is far above that rounding (~1e-7) and far below any real error.
-  nn::LoadedCheckpoint loaded = nn::load_checkpoint(ckpt.string());
+  nn::LoadedModelCheckpoint loaded = nn::load_model_checkpoint(ckpt.string());
   std::u32string chars = nn::decode_utf8(read_bytes(data)).substr(0, 1000);
   std::string text;
   for (char32_t c : chars) nn::append_utf8(text, c);
-  std::vector<std::int32_t> ids = loaded.tokenizer.encode(text);
+  std::vector<std::int32_t> ids = loaded.tokenizer->encode(text);
   double sum = 0;
   std::size_t tokens = 0;
   NoGradScope no_grad;
@@ -326,14 +326,14 @@ TEST_CASE("Ctrl-C saves a checkpoint that resumes, and exits with status 130") {
   REQUIRE(::kill(pid, SIGINT) == 0);
   CHECK(wait_for(pid) == 130);
   CHECK(test::contains(read_bytes(out), "interrupted by signal 2 at step "));
-  nn::LoadedCheckpoint saved = nn::load_checkpoint(ckpt.string());
+  nn::LoadedModelCheckpoint saved = nn::load_model_checkpoint(ckpt.string());
   const long step = std::stol(saved.metadata.at("step"));
   CHECK(step > 0);
   Result resumed =
       run("train_char", tiny(data, ckpt, int(step) + 3) +
                             std::vector<std::string>{"--resume", ckpt.string(), "--decay-steps", "1000000"});
   REQUIRE_MESSAGE(resumed.status == 0, resumed.err);
-  CHECK(nn::load_checkpoint(ckpt.string()).metadata.at("step") == std::to_string(step + 3));
+  CHECK(nn::load_model_checkpoint(ckpt.string()).metadata.at("step") == std::to_string(step + 3));
   CHECK(!has_temporary_files(dir));
 }
 
@@ -355,7 +355,7 @@ TEST_CASE("a NaN loss stops the run naming the step and keeps the last good chec
                         {"TAPEGRAD_TEST_INJECT_NAN_AT_STEP=12"});
     CHECK(in_run.status == 1);
     CHECK(test::contains(in_run.err, "at step 12"));
-    CHECK(nn::load_checkpoint(fresh.string()).metadata.at("step") == "10");
+    CHECK(nn::load_model_checkpoint(fresh.string()).metadata.at("step") == "10");
     CHECK(!has_temporary_files(dir));
   }
 }

@@ -5,6 +5,7 @@
 #include <doctest/doctest.h>
 
 #include "io/gguf.h"
+#include "nn/checkpoint.h"
 #include "nn/pretrained.h"
 #include "support/helpers.h"
 #include "support/programs.h"

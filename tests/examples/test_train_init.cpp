@@ -5,6 +5,7 @@
 #include <signal.h>
 
 #include "../serve/serve_helpers.h"
+#include "nn/checkpoint.h"
 #include "nn/language_model.h"
 #include "support/helpers.h"
 #include "support/programs.h"

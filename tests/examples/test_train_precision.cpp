@@ -23,8 +23,8 @@ TEST_CASE("train --precision bf16 trains with bf16 products, records it, and rem
   Result r = run("train", tiny(data, bf16, 6) + in_bf16);
   REQUIRE_MESSAGE(r.status == 0, r.err);
   CHECK(contains(r.out, "precision: bf16 matrix products"));
-  CHECK(nn::load_checkpoint(f32.string()).metadata.at("train.precision") == "f32");
-  CHECK(nn::load_checkpoint(bf16.string()).metadata.at("train.precision") == "bf16");
+  CHECK(nn::load_model_checkpoint(f32.string()).metadata.at("train.precision") == "f32");
+  CHECK(nn::load_model_checkpoint(bf16.string()).metadata.at("train.precision") == "bf16");
   CHECK(read_bytes(f32) != read_bytes(bf16));  // the rounding shows in the weights
   REQUIRE(run("train", tiny(data, remat, 6) + in_bf16 + std::vector<std::string>{"--remat"}).status == 0);
   check_same_tensors(bf16, remat);

@@ -11,6 +11,7 @@
 #include "core/ops.h"
 #include "io/safetensors.h"
 #include "nn/architecture.h"
+#include "nn/checkpoint.h"
 #include "nn/generate.h"
 #include "nn/models/gpt2.h"
 #include "optim/adamw.h"

@@ -32,11 +32,13 @@ TEST_CASE("a checkpoint round-trips the model, its vocabulary and its hyperparam
   CharTokenizer tok = CharTokenizer::from_text("hello wörld");
   RotaryDecoder model = rotary_decoder(tok.size(), 16, 2, 2, 24, 40, false, 3);
   std::string path = temp_path("round_trip.safetensors");
-  save_checkpoint(path, model, tok);
-  LoadedCheckpoint loaded = load_checkpoint(path);
-  CHECK(loaded.tokenizer.vocab() == tok.vocab());
-  CHECK(loaded.model.config().ffn_dim() == 40);
+  save_model_checkpoint(path, LanguageModel(model), tok);
+  LoadedModelCheckpoint loaded = load_model_checkpoint(path);
+  CHECK(loaded.char_tokenizer().vocab() == tok.vocab());
+  REQUIRE(loaded.model.as<RotaryDecoder>() != nullptr);
+  CHECK(loaded.model.as<RotaryDecoder>()->config().ffn_dim() == 40);
   CHECK(loaded.model.config().max_len == 24);
+  CHECK(loaded.metadata.at("arch") == "rotary");
   auto a = model.params(), b = loaded.model.params();
   REQUIRE(a.size() == b.size());
   for (std::size_t i = 0; i < a.size(); ++i) CHECK(max_abs_diff(a[i].var.value(), b[i].var.value()) == 0.0f);
@@ -46,7 +48,7 @@ TEST_CASE("a checkpoint round-trips the model, its vocabulary and its hyperparam
   std::vector<std::int32_t> prompt = tok.encode("he");
   GenerateOptions options{.max_new = 10, .seed = 4};
   CHECK(generate(model, prompt, options).tokens == generate(loaded.model, prompt, options).tokens);
-  CHECK(load_checkpoint(path, /*remat=*/true).model.config().remat);
+  CHECK(load_model_checkpoint(path, /*remat=*/true).model.as<RotaryDecoder>()->config().remat);
 }
 
 TEST_CASE("training extras travel under optim. names and in the metadata") {
@@ -54,13 +56,14 @@ TEST_CASE("training extras travel under optim. names and in the metadata") {
   RotaryDecoder model = rotary_decoder(3, 8, 2, 1, 8);
   Tensor m({8, 8}, 0.5f);
   std::string path = temp_path("extras.safetensors");
-  save_checkpoint(path, model, tok, {{{"optim.embed.weight.m", &m}}, {{"step", "12"}}});
-  LoadedCheckpoint loaded = load_checkpoint(path);
+  save_model_checkpoint(path, LanguageModel(model), tok, {{{"optim.embed.weight.m", &m}}, {{"step", "12"}}});
+  LoadedModelCheckpoint loaded = load_model_checkpoint(path);
   CHECK(loaded.metadata.at("step") == "12");
   CHECK(loaded.extra_tensors.at("optim.embed.weight.m").at({1, 1}) == 0.5f);
-  CHECK(test::contains(test::error_of([&] { save_checkpoint(path, model, tok, {{{"embed.m", &m}}, {}}); }),
+  const LanguageModel held(model);
+  CHECK(test::contains(test::error_of([&] { save_model_checkpoint(path, held, tok, {{{"embed.m", &m}}, {}}); }),
                        "must be named optim.*"));
-  CHECK(test::contains(test::error_of([&] { save_checkpoint(path, model, tok, {{}, {{"d_model", "9"}}}); }),
+  CHECK(test::contains(test::error_of([&] { save_model_checkpoint(path, held, tok, {{}, {{"d_model", "9"}}}); }),
                        "metadata key 'd_model' is reserved"));
 }
 
@@ -68,10 +71,10 @@ TEST_CASE("checkpoints whose content disagrees with their metadata are refused, 
   CharTokenizer tok = CharTokenizer::from_text("abcd");
   RotaryDecoder model = rotary_decoder(4, 8, 2, 1, 8);
   std::string good = temp_path("good.safetensors"), bad = temp_path("bad.safetensors");
-  save_checkpoint(good, model, tok);
+  save_model_checkpoint(good, LanguageModel(model), tok);
   auto refused = [&](auto edit) {
     rewrite(good, bad, edit);
-    return test::error_of([&] { load_checkpoint(bad); });
+    return test::error_of([&] { load_model_checkpoint(bad); });
   };
   using T = std::map<std::string, Tensor>;
   using M = std::map<std::string, std::string>;
@@ -96,15 +99,51 @@ TEST_CASE("checkpoints whose content disagrees with their metadata are refused, 
   CHECK(refused([](T& t, M&) { t["extra.weight"] = Tensor({1}); }) == bad + ": tensor 'extra.weight' is not a parameter of this model");
 }
 
+TEST_CASE("a file without the arch key, as written before gpt2 and by 0.1's save_checkpoint, loads as the rotary decoder") {
+  CharTokenizer tok = CharTokenizer::from_text("abcd");
+  RotaryDecoder model = rotary_decoder(4, 8, 2, 1, 8);
+  std::string with_arch = temp_path("with_arch.safetensors"), without = temp_path("without_arch.safetensors");
+  save_model_checkpoint(with_arch, LanguageModel(model), tok);
+  rewrite(with_arch, without, [](std::map<std::string, Tensor>&, std::map<std::string, std::string>& m) { m.erase("arch"); });
+  LoadedModelCheckpoint loaded = load_model_checkpoint(without);
+  REQUIRE(loaded.model.as<RotaryDecoder>() != nullptr);
+  auto a = model.params(), b = loaded.model.params();
+  REQUIRE(a.size() == b.size());
+  for (std::size_t i = 0; i < a.size(); ++i) CHECK(max_abs_diff(a[i].var.value(), b[i].var.value()) == 0.0f);
+  rewrite(with_arch, without, [](std::map<std::string, Tensor>&, std::map<std::string, std::string>& m) { m["arch"] = "mamba"; });
+  CHECK(test::contains(test::error_of([&] { load_model_checkpoint(without); }),
+                       without + ": metadata arch 'mamba' is not a registered architecture (registered: rotary, gpt2, llama"));
+}
+
+// The rotary-only API of 0.1, kept for one minor version: it must still compile and work.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wdeprecated-declarations"
+TEST_CASE("the deprecated save_checkpoint and load_checkpoint write and read the files of save_model_checkpoint") {
+  CharTokenizer tok = CharTokenizer::from_text("abcd");
+  RotaryDecoder model = rotary_decoder(4, 8, 2, 1, 8);
+  std::string old_api = temp_path("old_api.safetensors"), general = temp_path("general_api.safetensors");
+  save_checkpoint(old_api, model, tok);
+  save_model_checkpoint(general, LanguageModel(model), tok);
+  CHECK(read_safetensors(old_api).metadata == read_safetensors(general).metadata);
+  LoadedCheckpoint loaded = load_checkpoint(general);
+  CHECK(loaded.tokenizer.vocab() == tok.vocab());
+  CHECK(loaded.model.params().size() == model.params().size());
+  const std::string gpt2_file = temp_path("old_api_gpt2.safetensors");
+  save_model_checkpoint(gpt2_file, LanguageModel(gpt2(4, 8, 2, 1, 8)), tok);
+  CHECK(test::error_of([&] { load_checkpoint(gpt2_file); }) ==
+        gpt2_file + ": arch 'gpt2' is not the rotary decoder; load it with load_model_checkpoint");
+}
+#pragma GCC diagnostic pop
+
 TEST_CASE("a checkpoint holding NaN or infinity, in a weight or the optimizer state, is refused naming the tensor and element") {
   CharTokenizer tok = CharTokenizer::from_text("abcd");
   RotaryDecoder model = rotary_decoder(4, 8, 2, 1, 8);
   std::string good = temp_path("finite.safetensors"), bad = temp_path("nonfinite.safetensors");
   Tensor moment({4}, 0.5f);
-  save_checkpoint(good, model, tok, {.tensors = {{"optim.head.bias.m", &moment}}});
+  save_model_checkpoint(good, LanguageModel(model), tok, {.tensors = {{"optim.head.bias.m", &moment}}});
   auto refused = [&](auto edit) {
     rewrite(good, bad, edit);
-    return test::error_of([&] { load_checkpoint(bad); });
+    return test::error_of([&] { load_model_checkpoint(bad); });
   };
   using T = std::map<std::string, Tensor>;
   using M = std::map<std::string, std::string>;
@@ -114,7 +153,7 @@ TEST_CASE("a checkpoint holding NaN or infinity, in a weight or the optimizer st
   CHECK(refused([](T& t, M&) { t["head.bias"][3] = -INFINITY; }) == bad + ": tensor 'head.bias' holds -inf at element 3" + why);
   CHECK(refused([](T& t, M&) { t["optim.head.bias.m"][0] = INFINITY; }) ==
         bad + ": tensor 'optim.head.bias.m' holds inf at element 0" + why);
-  CHECK(load_checkpoint(good).extra_tensors.count("optim.head.bias.m") == 1);
+  CHECK(load_model_checkpoint(good).extra_tensors.count("optim.head.bias.m") == 1);
 }
 
 TEST_CASE("a gpt2 checkpoint round-trips through load_model_checkpoint, and its bad metadata is refused naming the file") {

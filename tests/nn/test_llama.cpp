@@ -7,6 +7,7 @@
 #include "io/gguf.h"
 #include "io/hf_folder.h"
 #include "nn/architecture.h"
+#include "nn/checkpoint.h"
 #include "nn/language_model.h"
 #include "nn/models/gpt2.h"
 #include "nn/models/llama.h"

@@ -11,6 +11,7 @@
 #include "core/ops.h"
 #include "distributed/data_parallel.h"
 #include "io/safetensors.h"
+#include "nn/checkpoint.h"
 #include "nn/language_model.h"
 #include "nn/lora.h"
 #include "nn/models/llama.h"

@@ -12,6 +12,7 @@
 
 #include "core/tape.h"
 #include "io/gguf.h"
+#include "nn/checkpoint.h"
 #include "nn/generate.h"
 #include "nn/pretrained.h"
 #include "support/helpers.h"

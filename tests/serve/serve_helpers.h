@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "nn/architecture.h"
+#include "nn/checkpoint.h"
 #include "nn/generate.h"
 #include "nn/language_model.h"
 #include "serve/server.h"

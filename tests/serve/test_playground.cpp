@@ -40,7 +40,8 @@ TEST_CASE("the playground in headless Chromium streams generate's text for a see
   const nn::CharTokenizer tokenizer =
       nn::CharTokenizer::from_text("abcdefghijklmnopqrstuvwxyz ABCDEFGHIJKLMNOPQRSTUVWXYZ,.!?\n\u00e9\u00f6\u20ac");
   const std::string checkpoint = (dir / "model.safetensors").string();
-  nn::save_checkpoint(checkpoint, nn::rotary_decoder(tokenizer.size(), 128, 4, 4, 2048), tokenizer);
+  nn::save_model_checkpoint(checkpoint, nn::LanguageModel(nn::rotary_decoder(tokenizer.size(), 128, 4, 4, 2048)),
+                            tokenizer);
 
   const std::string prompt = "Caf\u00e9 \u20ac", seed = "11", temperature = "0.9", top_k = "20", top_p = "0.95",
                     max_tokens = "60";
