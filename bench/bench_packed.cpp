@@ -1,6 +1,6 @@
 // bench_packed: one-sequence decoding (tg) of a published model per weight format (--weights of
-// nn/pretrained.h), and the packed kernels' row-times-matrix beside float32's row_stable_matmul on
-// the same shapes. Medians of --repeats runs, threads as given; figures are ratios within one run.
+// nn/pretrained.h), and the packed kernels' products of M = 1 to 512 rows beside float32's
+// row_stable_matmul on the same shapes. Medians of --repeats runs, threads as given; figures are ratios within one run.
 #include <fmt/format.h>
 #include <immintrin.h>
 
@@ -84,28 +84,31 @@ double decode_rate(const nn::LanguageModel& model, std::size_t tokens) {
   return _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1));
 }
 
-// Microseconds of y (1, out) = x (1, in) W^T, float32 (in, out) rows against packed `type`.
-void kernel_rows(std::size_t in, std::size_t out, int repeats) {
-  std::vector<float> w(in * out), x(in), y(out);
+// Microseconds of y (M, out) = x (M, in) W^T, float32 (in, out) rows against each packed format
+// (for one row also against dequantizing each block to float32).
+void kernel_products(std::size_t in, std::size_t out, std::size_t M, int repeats) {
+  std::vector<float> w(in * out), x(M * in), y(M * out);
   for (std::size_t i = 0; i < w.size(); ++i) w[i] = float((i * 7919) % 1000) / 1000.0f - 0.5f;
-  for (std::size_t i = 0; i < in; ++i) x[i] = float((i * 104729) % 997) / 997.0f - 0.5f;
+  for (std::size_t i = 0; i < x.size(); ++i) x[i] = float((i * 104729) % 997) / 997.0f - 0.5f;
+  const int calls = int(std::clamp<std::size_t>(std::size_t(4e7) / (M * in * out), 1, 20));
   auto time = [&](auto&& run) {
     std::vector<double> us;
     for (int r = 0; r < repeats; ++r) {
       const auto start = std::chrono::steady_clock::now();
-      for (int i = 0; i < 20; ++i) run();
-      us.push_back(seconds_since(start) / 20 * 1e6);
+      for (int i = 0; i < calls; ++i) run();
+      us.push_back(seconds_since(start) / calls * 1e6);
     }
     return median(us);
   };
-  const double f32 = time([&] { kernels::row_stable_matmul(y.data(), x.data(), w.data(), 1, in, out, false); });
-  std::string line = fmt::format("  ({:>5} x {:>5}) f32 {:8.1f} us", in, out, f32);
+  const double f32 = time([&] { kernels::row_stable_matmul(y.data(), x.data(), w.data(), M, in, out, false); });
+  std::string line = fmt::format("  ({:>5} x {:>5}) M {:>3}: f32 {:9.1f} us", in, out, M, f32);
   for (quant::TensorType type : {quant::TensorType::Q8_0, quant::TensorType::Q4_1, quant::TensorType::Q4_0,
                                  quant::TensorType::BF16, quant::TensorType::F16}) {
     const quant::PackedMatrix packed = quant::pack_matrix(w.data(), out, in, type);
-    const double us = time([&] { quant::packed_matmul(y.data(), x.data(), 1, packed, false); });
-    line += fmt::format("  {} {:7.1f} us ({:.2f}x)", packed.format().name, us, f32 / us);
-    if ((type == quant::TensorType::Q8_0 || type == quant::TensorType::Q4_1) && simd_level() == SimdLevel::avx512) {
+    const double us = time([&] { quant::packed_matmul(y.data(), x.data(), M, packed, false); });
+    line += fmt::format("  {} {:8.1f} us ({:.2f}x)", packed.format().name, us, f32 / us);
+    if (M == 1 && (type == quant::TensorType::Q8_0 || type == quant::TensorType::Q4_1) &&
+        simd_level() == SimdLevel::avx512) {
       const double dequantizing = time([&] {
         for (std::size_t n = 0; n < out; ++n) y[n] = dequantizing_dot(packed, n, x.data());
       });
@@ -136,9 +139,10 @@ int main(int argc, char** argv) {
   }
   fmt::print("bench_packed: SIMD level {}\n", simd_level_name(simd_level()));
   set_num_threads(1);
-  fmt::print("row times matrix, one thread, median of {}:\n", repeats);
-  for (auto [in, out] : {std::pair<std::size_t, std::size_t>{576, 576}, {576, 1536}, {1536, 576}, {576, 49152}})
-    kernel_rows(in, out, repeats);
+  fmt::print("M rows times a matrix, one thread, median of {} (ratios: float32's time over the format's):\n", repeats);
+  for (std::size_t M : {1, 4, 16, 128, 512})
+    for (auto [in, out] : {std::pair<std::size_t, std::size_t>{576, 576}, {576, 1536}, {1536, 576}, {576, 49152}})
+      if (M <= 16 || out < 49152) kernel_products(in, out, M, repeats);
   if (model_path.empty()) return 0;
   for (const std::string& format : split(formats)) {
     const auto start = std::chrono::steady_clock::now();

@@ -87,6 +87,16 @@ std::vector<std::size_t> column_counts(TensorType type) {
   return {32, 64, 96, 576};
 }
 
+// The probe row's outputs when it sits at `position` among `batch` rows of other values.
+std::vector<float> probe_in_batch(const quant::PackedMatrix& w, const std::vector<float>& probe, std::size_t batch,
+                                  std::size_t position, std::uint64_t seed) {
+  std::vector<float> x = test::random_vector(batch * w.cols, seed, 4.0);
+  std::copy(probe.begin(), probe.end(), x.begin() + position * w.cols);
+  std::vector<float> y(batch * w.rows);
+  quant::packed_matmul(y.data(), x.data(), batch, w, false);
+  return {y.begin() + position * w.rows, y.begin() + (position + 1) * w.rows};
+}
+
 }  // namespace
 
 TEST_CASE("packed_matmul gives Note [Packed products]'s bits for every format at this level") {
@@ -164,6 +174,40 @@ TEST_CASE("packed_matmul gives a row the same bits alone, among others and on an
     std::vector<float> accumulated(M * rows, 0.5f);
     quant::packed_matmul(accumulated.data(), x.data(), M, w, true);
     for (std::size_t i = 0; i < M * rows; ++i) REQUIRE(accumulated[i] == 0.5f + together[i]);
+  }
+  set_num_threads(threads_before);
+}
+
+TEST_CASE("packed_matmul gives a row the bits it gets alone in a batch of 1 to 17 rows at any position") {
+  // 37 weight rows: whole register tiles and a remainder; 3 blocks (an odd last block) or 40
+  // elements (a partial last vector).
+  for (TensorType type : kFormats) {
+    const std::size_t cols = quant::block_format(type).block_elems == 32 ? 96 : 40;
+    const quant::PackedMatrix w = random_matrix(type, 37, cols, 31);
+    const std::vector<float> probe = test::random_vector(cols, 32);
+    const std::vector<float> alone = probe_in_batch(w, probe, 1, 0, 33);
+    for (std::size_t batch = 1; batch <= 17; ++batch)
+      for (std::size_t position = 0; position < batch; ++position)
+        if (!same_bits(probe_in_batch(w, probe, batch, position, 40 + batch), alone))
+          FAIL(fmt::format("{}: the row at {} of {} differs from the row alone", w.format().name, position, batch));
+  }
+}
+
+TEST_CASE("packed_matmul gives a row the same bits across weight panels and threads") {
+  // 400 rows of 576: more than one 128 KiB panel of weights for every format, and worth two threads.
+  const int threads_before = num_threads();
+  for (TensorType type : kFormats) {
+    const quant::PackedMatrix w = random_matrix(type, 400, 576, 51);
+    const std::vector<float> probe = test::random_vector(576, 52);
+    set_num_threads(1);
+    const std::vector<float> alone = probe_in_batch(w, probe, 1, 0, 53);
+    for (int threads : {1, 2}) {
+      set_num_threads(threads);
+      for (auto [batch, position] : {std::pair<std::size_t, std::size_t>{1, 0}, {9, 8}, {16, 5}, {17, 16}})
+        CHECK_MESSAGE(same_bits(probe_in_batch(w, probe, batch, position, 60 + batch), alone),
+                      fmt::format("{}: the row at {} of {} on {} threads differs from the row alone",
+                                  w.format().name, position, batch, threads));
+    }
   }
   set_num_threads(threads_before);
 }
