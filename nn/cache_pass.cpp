@@ -106,9 +106,16 @@ Rows CachePass::tied_head(const Rows& x, const Embedding& table) {
     quant::packed_matmul(y.data, x.data, rows_, *table.packed, false);
     return y;
   }
-  const Var& weight = table.weight;
+  return transposed_product("tied_head", x, table.weight);
+}
+
+Rows CachePass::matmul_transposed(const Rows& x, const Var& weight) {
+  return transposed_product("matmul_transposed", x, weight);
+}
+
+Rows CachePass::transposed_product(const char* op, const Rows& x, const Var& weight) {
   const std::size_t out = weight.shape()[0], in = weight.shape()[1];
-  check_cols("tied_head", x, in);
+  check_cols(op, x, in);
   Rows y = take(out);
   kernels::row_stable_matmul_transposed(y.data, x.data, weight.value().data(), rows_, in, out);
   return y;
