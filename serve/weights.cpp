@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <fstream>
 
+#include "core/fnv1a.h"
 #include "nn/checkpoint.h"
 #include "nn/lora.h"
 #include "nn/pretrained.h"
@@ -19,7 +20,7 @@ namespace {
 
 // FNV-1a over a file's bytes, or over a folder's files in name order: enough to tell two models
 // apart in a fingerprint.
-std::uint64_t content_hash(const std::filesystem::path& path, std::uint64_t hash = 1469598103934665603ull) {
+std::uint64_t content_hash(const std::filesystem::path& path, std::uint64_t hash = kFnv1a64Start) {
   if (std::filesystem::is_directory(path)) {
     std::vector<std::filesystem::path> files;
     for (const auto& entry : std::filesystem::directory_iterator(path))
@@ -31,7 +32,7 @@ std::uint64_t content_hash(const std::filesystem::path& path, std::uint64_t hash
   std::ifstream in(path, std::ios::binary);
   char buffer[1 << 16];
   while (in.read(buffer, sizeof buffer) || in.gcount() > 0) {
-    for (std::streamsize i = 0; i < in.gcount(); ++i) hash = (hash ^ std::uint8_t(buffer[i])) * 1099511628211ull;
+    hash = fnv1a64(buffer, std::size_t(in.gcount()), hash);
     if (!in) break;
   }
   return hash;

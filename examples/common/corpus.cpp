@@ -6,6 +6,7 @@
 #include <stdexcept>
 
 #include "common/program.h"
+#include "core/fnv1a.h"
 
 namespace tapegrad::examples {
 
@@ -25,15 +26,6 @@ std::string encode_utf8(std::u32string_view chars) {
   return out;
 }
 }  // namespace
-
-std::uint64_t fnv1a64(std::string_view bytes) {
-  std::uint64_t h = 0xcbf29ce484222325ULL;
-  for (unsigned char b : bytes) {
-    h ^= b;
-    h *= 0x100000001b3ULL;
-  }
-  return h;
-}
 
 std::string Corpus::unit() const { return tokenizer->kind() == "char" ? "characters" : "tokens"; }
 

@@ -46,7 +46,4 @@ Corpus corpus_of_ids(const std::string& path, std::shared_ptr<const tokenizers::
 std::vector<std::int32_t> encode_file(const std::string& path, const tokenizers::Tokenizer& tokenizer,
                                       std::size_t limit);
 
-/// FNV-1a, 64 bits, over bytes (a cheap fingerprint, not a cryptographic hash).
-std::uint64_t fnv1a64(std::string_view bytes);
-
 }  // namespace tapegrad::examples

@@ -13,6 +13,7 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
+#include "core/fnv1a.h"
 #include "io/gguf.h"
 #include "support/helpers.h"
 #include "support/real_model.h"
@@ -34,12 +35,6 @@ std::string slurp(const std::string& path) {
 }
 
 nlohmann::json expected() { return nlohmann::json::parse(slurp(kDataDir + "tensor_types.json")); }
-
-std::uint64_t fnv1a64(const void* data, std::size_t n) {
-  std::uint64_t hash = 0xcbf29ce484222325ull;
-  for (std::size_t i = 0; i < n; ++i) hash = (hash ^ static_cast<const unsigned char*>(data)[i]) * 0x100000001b3ull;
-  return hash;
-}
 
 // The valid file's bytes, with the positions of its fields found by their names, to forge from.
 struct Forge {

@@ -10,6 +10,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "core/fnv1a.h"
 #include "core/tape.h"
 #include "io/gguf.h"
 #include "nn/checkpoint.h"
@@ -37,12 +38,6 @@ json read_json(const fs::path& path) {
 fs::path model_path(const std::string& name) {
   const std::string folder = name.substr(0, name.find('.'));
   return name == folder ? data_dir / "models" / folder : data_dir / "models" / folder / name;
-}
-
-std::uint64_t fnv1a64(const void* bytes, std::size_t n) {
-  std::uint64_t h = 0xcbf29ce484222325ULL;
-  for (std::size_t i = 0; i < n; ++i) h = (h ^ static_cast<const unsigned char*>(bytes)[i]) * 0x100000001b3ULL;
-  return h;
 }
 
 // Greedy ids (full forward per token, as the reference decodes) compared where transformers'

@@ -10,6 +10,7 @@
 #include <sstream>
 #include <thread>
 
+#include "core/fnv1a.h"
 #include "nn/pretrained.h"
 #include "support/helpers.h"
 #include "support/real_model.h"
@@ -28,11 +29,9 @@ const nlohmann::json& golden() {
   return json;
 }
 
+// The ids' int32 bytes as the golden scripts hash them (little-endian, as every target is).
 std::uint64_t fnv1a64(const std::vector<std::int32_t>& ids) {
-  std::uint64_t hash = 0xcbf29ce484222325ull;
-  for (std::int32_t id : ids)
-    for (int byte = 0; byte < 4; ++byte) hash = (hash ^ ((std::uint32_t(id) >> (8 * byte)) & 0xFF)) * 0x100000001b3ull;
-  return hash;
+  return tapegrad::fnv1a64(ids.data(), ids.size() * sizeof(std::int32_t));
 }
 
 // SmolLM2's vocabulary as nn::load_pretrained_tokenizer reads it from its GGUF, with the given
