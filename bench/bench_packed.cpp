@@ -121,7 +121,7 @@ void kernel_products(std::size_t in, std::size_t out, std::size_t M, int repeats
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::string model_path, formats = "f32,file,q8_0,bf16", threads = "1,2";
+  std::string model_path, formats = "f32,file,q8_0,bf16", threads = "1,2", kernels = "yes";
   std::size_t tokens = 128;
   int repeats = 3;
   for (int i = 1; i + 1 < argc; i += 2) {
@@ -131,18 +131,21 @@ int main(int argc, char** argv) {
     else if (arg == "--threads") threads = argv[i + 1];
     else if (arg == "--tokens") tokens = std::stoul(argv[i + 1]);
     else if (arg == "--repeats") repeats = std::stoi(argv[i + 1]);
+    else if (arg == "--kernels") kernels = argv[i + 1];
     else {
       fmt::print(stderr, "usage: bench_packed [--model FILE] [--weights f32,file,...] [--threads 1,2] [--tokens N] "
-                         "[--repeats N]\n");
+                         "[--repeats N] [--kernels yes|no]\n");
       return 2;
     }
   }
   fmt::print("bench_packed: SIMD level {}\n", simd_level_name(simd_level()));
   set_num_threads(1);
-  fmt::print("M rows times a matrix, one thread, median of {} (ratios: float32's time over the format's):\n", repeats);
-  for (std::size_t M : {1, 4, 16, 128, 512})
-    for (auto [in, out] : {std::pair<std::size_t, std::size_t>{576, 576}, {576, 1536}, {1536, 576}, {576, 49152}})
-      if (M <= 16 || out < 49152) kernel_products(in, out, M, repeats);
+  if (kernels == "yes") {
+    fmt::print("M rows times a matrix, one thread, median of {} (ratios: float32's time over the format's):\n", repeats);
+    for (std::size_t M : {1, 4, 16, 128, 512})
+      for (auto [in, out] : {std::pair<std::size_t, std::size_t>{576, 576}, {576, 1536}, {1536, 576}, {576, 49152}})
+        if (M <= 16 || out < 49152) kernel_products(in, out, M, repeats);
+  }
   if (model_path.empty()) return 0;
   for (const std::string& format : split(formats)) {
     const auto start = std::chrono::steady_clock::now();

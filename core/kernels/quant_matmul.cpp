@@ -3,8 +3,11 @@
 // output computed as Note [Packed products] fixes it. Every level has a portable version (plain
 // loops: SSE2 and emulated16 run it); AVX2 forms the integer sums with vpmaddubsw, AVX-512 with
 // VNNI's vpdpbusd two blocks at a time (AVX2's kernels where the CPU lacks VNNI).
+#include <algorithm>
 #include <bit>
+#include <cmath>
 #include <cstring>
+#include <limits>
 
 #include "core/kernels/level.h"
 #include "core/quant/packed_kernels.h"
@@ -94,6 +97,49 @@ void block_rows_portable(float* y, std::size_t ldy, const ActivationRows& x, con
         for (int l = 0; l < 16; ++l) acc[l] += acc2[l];
       store_sum(y + m * ldy + n, acc, accumulate);
     }
+  }
+}
+
+// x rounded to the nearest integer, ties to even, for |x| < 2^22 (the default rounding mode).
+float round_even(float x) {
+  constexpr float magic = 12582912.0f;  // 1.5 * 2^23: adding it leaves no fraction bits
+  return x >= 0 ? (x + magic) - magic : -((-x + magic) - magic);
+}
+
+// d and 1 / d of a block whose largest magnitude is amax (Note [Packed products]).
+inline void block_scale(float amax, float& d, float& inverse) {
+  d = amax / 127;
+  inverse = d >= std::numeric_limits<float>::min() ? 1 / d : 0;
+}
+
+// The groups of a block, from its codes and d: -sum, d and d * sum of each group's four q.
+inline void block_groups(const std::int8_t* q, float d, std::int32_t* neg_sums, float* ds, float* scaled_sums) {
+  for (int g = 0; g < 8; ++g) {
+    const int sum = q[4 * g] + q[4 * g + 1] + q[4 * g + 2] + q[4 * g + 3];
+    neg_sums[g] = -sum;
+    ds[g] = d;
+    scaled_sums[g] = d * float(sum);
+  }
+}
+
+inline void quantize_row_portable(const float* x, std::size_t cols, std::size_t blocks, std::int8_t* q,
+                                  std::int32_t* neg_sums, float* d, float* scaled_sums) {
+  for (std::size_t b = 0; b < blocks; ++b, q += 32, neg_sums += 8, d += 8, scaled_sums += 8) {
+    float block[32] = {};  // a partial last block reads zeros past the row's end
+    if (32 * b < cols) std::copy_n(x + 32 * b, std::min<std::size_t>(32, cols - 32 * b), block);
+    float amax = 0;
+    bool finite = true;
+    for (int j = 0; j < 32; ++j) {
+      const float magnitude = std::fabs(block[j]);
+      finite = finite && magnitude <= std::numeric_limits<float>::max();
+      amax = std::max(amax, magnitude);
+    }
+    float scale, inverse;
+    block_scale(amax, scale, inverse);
+    if (!finite) scale = std::numeric_limits<float>::quiet_NaN(), inverse = 0;
+    for (int j = 0; j < 32; ++j)
+      q[j] = std::int8_t(std::clamp(finite ? round_even(block[j] * inverse) : 0.0f, -127.0f, 127.0f));
+    block_groups(q, scale, neg_sums, d, scaled_sums);
   }
 }
 
@@ -285,13 +331,13 @@ template <TensorType type, int NR, int MR, bool pair>
   }
 }
 
-// Outputs (m0 .. m0 + MR - 1, n0 .. n0 + NR - 1).
+// Outputs (m0 .. m0 + MR - 1, n0 .. n0 + NR - 1): weight row n0 at `row`, the next ones `stride` on.
 template <TensorType type, int NR, int MR>
 [[gnu::target("avx512vnni")]] void block_tile_vnni(float* y, std::size_t ldy, const ActivationRows& x, std::size_t m0,
-                                                   const PackedMatrix& w, std::size_t n0, bool accumulate) {
-  const std::size_t blocks = w.cols / 32;
+                                                   const std::byte* row, std::size_t stride, std::size_t blocks,
+                                                   std::size_t n0, bool accumulate) {
   const std::byte* rows[NR];
-  for (int r = 0; r < NR; ++r) rows[r] = w.row(n0 + r);
+  for (int r = 0; r < NR; ++r) rows[r] = row + r * stride;
   __m512 acc[NR][MR], acc2[NR][MR];
   for (int r = 0; r < NR; ++r)
     for (int i = 0; i < MR; ++i) acc[r][i] = acc2[r][i] = _mm512_setzero_ps();
@@ -310,10 +356,13 @@ template <TensorType type, int NR, int MR>
 template <TensorType type, int NR, int MR> struct BlockTiles {
   static void run(float* y, std::size_t ldy, const ActivationRows& x, std::size_t m0, const PackedMatrix& w,
                   std::size_t first, std::size_t last, bool accumulate) {
+    const std::size_t stride = w.row_bytes(), blocks = w.cols / 32;
     for (; m0 + MR <= x.rows; m0 += MR) {
       std::size_t n = first;
-      for (; n + NR <= last; n += NR) block_tile_vnni<type, NR, MR>(y, ldy, x, m0, w, n, accumulate);
-      for (; n < last; ++n) block_tile_vnni<type, 1, MR>(y, ldy, x, m0, w, n, accumulate);
+      for (; n + NR <= last; n += NR)
+        block_tile_vnni<type, NR, MR>(y, ldy, x, m0, w.bytes.data() + n * stride, stride, blocks, n, accumulate);
+      for (; n < last; ++n)
+        block_tile_vnni<type, 1, MR>(y, ldy, x, m0, w.bytes.data() + n * stride, stride, blocks, n, accumulate);
     }
     if (m0 < x.rows) BlockTiles<type, NR, MR - 1>::run(y, ldy, x, m0, w, first, last, accumulate);
   }
@@ -332,6 +381,35 @@ void block_rows_vnni(float* y, std::size_t ldy, const ActivationRows& x, const P
   BlockTiles<type, Blocks<type>::has_min ? 2 : 4, 4>::run(y, ldy, x, 0, w, first, last, accumulate);
 }
 
+// quantize_row_portable's operations sixteen lanes at a time: the same bits.
+void quantize_row_avx512(const float* x, std::size_t cols, std::size_t blocks, std::int8_t* q,
+                         std::int32_t* neg_sums, float* d, float* scaled_sums) {
+  const __m512 sign = _mm512_set1_ps(-0.0f), limit = _mm512_set1_ps(127.0f);
+  for (std::size_t b = 0; b < blocks; ++b, q += 32, neg_sums += 8, d += 8, scaled_sums += 8) {
+    const std::size_t rest = 32 * b < cols ? cols - 32 * b : 0;
+    const __m512 x0 = rest >= 16 ? _mm512_loadu_ps(x + 32 * b) : _mm512_maskz_loadu_ps(detail::lanes_below(rest), x + 32 * b);
+    const __m512 x1 = rest >= 32 ? _mm512_loadu_ps(x + 32 * b + 16)
+                      : rest > 16 ? _mm512_maskz_loadu_ps(detail::lanes_below(rest - 16), x + 32 * b + 16)
+                                  : _mm512_setzero_ps();
+    const __m512 a0 = _mm512_andnot_ps(sign, x0), a1 = _mm512_andnot_ps(sign, x1);
+    const __m512 largest = _mm512_set1_ps(std::numeric_limits<float>::max());
+    const bool finite = (_mm512_cmp_ps_mask(a0, largest, _CMP_NLE_UQ) | _mm512_cmp_ps_mask(a1, largest, _CMP_NLE_UQ)) == 0;
+    float scale, inverse;
+    block_scale(_mm512_reduce_max_ps(_mm512_max_ps(a0, a1)), scale, inverse);
+    if (!finite) scale = std::numeric_limits<float>::quiet_NaN(), inverse = 0;
+    auto codes = [&](__m512 v) {  // round to nearest even, clamp, to 16 bytes
+      const __m512 r = _mm512_roundscale_ps(_mm512_mul_ps(v, _mm512_set1_ps(inverse)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+      return _mm512_cvtepi32_epi8(_mm512_cvtps_epi32(_mm512_min_ps(_mm512_max_ps(r, _mm512_sub_ps(_mm512_setzero_ps(), limit)), limit)));
+    };
+    const __m256i block = finite ? _mm256_set_m128i(codes(x1), codes(x0)) : _mm256_setzero_si256();
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(q), block);
+    const __m256i sums = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_set1_epi8(1), block), _mm256_set1_epi16(1));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(neg_sums), _mm256_sub_epi32(_mm256_setzero_si256(), sums));
+    _mm256_storeu_ps(d, _mm256_set1_ps(scale));
+    _mm256_storeu_ps(scaled_sums, _mm256_mul_ps(_mm256_set1_ps(scale), _mm256_cvtepi32_ps(sums)));
+  }
+}
+
 template <TensorType type> __m512 weights512(const std::byte* p, std::size_t count) {
   const __m256i h = count >= 16 ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))
                                 : _mm256_maskz_loadu_epi16(__mmask16((1u << count) - 1), p);
@@ -342,16 +420,16 @@ template <TensorType type> __m512 weights512(const std::byte* p, std::size_t cou
 // Outputs (m0 .. m0 + MR - 1, n0 .. n0 + NR - 1) of BF16 or F16 weights: each weight vector
 // widened once for the MR rows, each x vector loaded once for the NR rows.
 template <TensorType type, int NR, int MR>
-void float_tile_avx512(float* y, std::size_t ldy, const ActivationRows& x, std::size_t m0, const PackedMatrix& w,
+void float_tile_avx512(float* y, std::size_t ldy, const ActivationRows& x, std::size_t m0, const std::byte* row,
                        std::size_t n0, bool accumulate) {
   const std::byte* rows[NR];
   __m512 acc[NR][MR];
   for (int r = 0; r < NR; ++r) {
-    rows[r] = w.row(n0 + r);
+    rows[r] = row + r * 2 * x.cols;
     for (int i = 0; i < MR; ++i) acc[r][i] = _mm512_setzero_ps();
   }
-  for (std::size_t k = 0; k < w.cols; k += 16) {
-    const std::size_t rest = w.cols - k;
+  for (std::size_t k = 0; k < x.cols; k += 16) {
+    const std::size_t rest = x.cols - k;
     __m512 weights[NR];
     for (int r = 0; r < NR; ++r) weights[r] = weights512<type>(rows[r] + 2 * k, rest);
     for (int i = 0; i < MR; ++i) {
@@ -370,8 +448,8 @@ template <TensorType type, int NR, int MR>
 void float_columns_avx512(float* y, std::size_t ldy, const ActivationRows& x, std::size_t m0, const PackedMatrix& w,
                           std::size_t first, std::size_t last, bool accumulate) {
   std::size_t n = first;
-  for (; n + NR <= last; n += NR) float_tile_avx512<type, NR, MR>(y, ldy, x, m0, w, n, accumulate);
-  for (; n < last; ++n) float_tile_avx512<type, 1, MR>(y, ldy, x, m0, w, n, accumulate);
+  for (; n + NR <= last; n += NR) float_tile_avx512<type, NR, MR>(y, ldy, x, m0, w.row(n), n, accumulate);
+  for (; n < last; ++n) float_tile_avx512<type, 1, MR>(y, ldy, x, m0, w.row(n), n, accumulate);
 }
 
 template <TensorType type>
@@ -394,20 +472,21 @@ quant::PackedKernelTable make_table() {
   __builtin_cpu_init();
   if (__builtin_cpu_supports("avx512vnni"))
     return {block_rows_vnni<TensorType::Q4_0>, block_rows_vnni<TensorType::Q4_1>, block_rows_vnni<TensorType::Q8_0>,
-            float_rows_avx512<TensorType::BF16>, float_rows_avx512<TensorType::F16>, "avx512vnni"};
+            float_rows_avx512<TensorType::BF16>, float_rows_avx512<TensorType::F16>, quantize_row_avx512,
+            "avx512vnni"};
 #endif
 #if defined(__AVX2__) && !defined(TAPEGRAD_EMULATED_BATCH)
   return {block_rows_avx2<TensorType::Q4_0>, block_rows_avx2<TensorType::Q4_1>, block_rows_avx2<TensorType::Q8_0>,
 #if defined(__AVX512F__)
-          float_rows_avx512<TensorType::BF16>, float_rows_avx512<TensorType::F16>,
+          float_rows_avx512<TensorType::BF16>, float_rows_avx512<TensorType::F16>, quantize_row_avx512,
 #else
-          float_rows_avx2<TensorType::BF16>, float_rows_avx2<TensorType::F16>,
+          float_rows_avx2<TensorType::BF16>, float_rows_avx2<TensorType::F16>, quantize_row_portable,
 #endif
           "avx2 vpmaddubsw"};
 #else
   return {block_rows_portable<TensorType::Q4_0>, block_rows_portable<TensorType::Q4_1>,
           block_rows_portable<TensorType::Q8_0>, float_rows_portable<TensorType::BF16>,
-          float_rows_portable<TensorType::F16>, "portable"};
+          float_rows_portable<TensorType::F16>, quantize_row_portable, "portable"};
 #endif
 }
 

@@ -14,8 +14,8 @@
 // bits never depend on M, on the rows beside it, on the thread count or on the SIMD level:
 //
 // Block formats (Q4_0, Q4_1, Q8_0; as llama.cpp's vec_dot with Q8_0/Q8_1 activations): x's row
-// is cut into blocks of 32, each quantized to q = round_even(x / d), d = amax / 127 (float32, not
-// rounded to f16). The weights' codes u are unsigned (Q4: the nibble 0..15; Q8_0: q + 128) and
+// is cut into blocks of 32, each quantized to q = round_even(x * (1 / d)) clamped to +-127,
+// d = amax / 127 (float32, not rounded to f16; 1 / d taken as 0 when d is below FLT_MIN). The weights' codes u are unsigned (Q4: the nibble 0..15; Q8_0: q + 128) and
 // q_w = u - offset (Q4_0 8, Q8_0 128, Q4_1 0). For block b and group g of four elements,
 //   L[b][g] = sum_{4} u * q - offset * sum_{4} q      (int32, exact: q_w . q on the group)
 // and 16 float lanes, lane (b % 2) * 8 + g, accumulate in block order, starting at +0:
@@ -48,9 +48,17 @@ struct ActivationRows {
 using PackedKernel = void (*)(float* y, std::size_t ldy, const ActivationRows& x, const PackedMatrix& w,
                               std::size_t first, std::size_t last, bool accumulate);
 
+/// Quantizes one row of x (cols floats) into `blocks` blocks (Note [Packed products]; those past
+/// cols are zeros, a partial last block reads zeros past cols): q (blocks * 32), and per group of
+/// four neg_sums, d and scaled_sums (blocks * 8 each). A block holding an infinity or a NaN gets
+/// d = NaN and q = 0, so that its outputs are NaN.
+using RowQuantizer = void (*)(const float* x, std::size_t cols, std::size_t blocks, std::int8_t* q,
+                              std::int32_t* neg_sums, float* d, float* scaled_sums);
+
 /// One SIMD level's packed kernels.
 struct PackedKernelTable {
   PackedKernel q4_0 = nullptr, q4_1 = nullptr, q8_0 = nullptr, bf16 = nullptr, f16 = nullptr;
+  RowQuantizer quantize_row = nullptr;
   const char* integer_dot = "";  ///< how the level forms the integer sums ("avx512vnni", ...)
 };
 

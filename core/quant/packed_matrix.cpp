@@ -69,12 +69,6 @@ void pack_row(const float* x, std::size_t cols, TensorType type, std::byte* out)
   throw std::invalid_argument(fmt::format("pack_matrix: no conversion to {}", block_format(type).name));
 }
 
-// x rounded to the nearest integer, ties to even, for |x| < 2^22 (the default rounding mode).
-float round_even(float x) {
-  constexpr float magic = 12582912.0f;  // 1.5 * 2^23: adding it leaves no fraction bits
-  return x >= 0 ? (x + magic) - magic : -((-x + magic) - magic);
-}
-
 }  // namespace
 
 bool has_packed_kernels(TensorType type) {
@@ -134,33 +128,10 @@ void quantize_activations(const float* x, std::size_t rows, std::size_t cols, Qu
   auto* neg_sums = reinterpret_cast<std::int32_t*>(base + q_bytes);
   auto* d = reinterpret_cast<float*>(base + q_bytes + group_bytes);
   auto* scaled_sums = reinterpret_cast<float*>(base + q_bytes + 2 * group_bytes);
+  const RowQuantizer quantize_row = active_packed_table().quantize_row;
   for (std::size_t m = 0; m < rows; ++m)
-    for (std::size_t b = 0; b < blocks; ++b) {
-      std::int8_t* qb = q + (m * blocks + b) * 32;
-      const std::size_t g0 = (m * blocks + b) * 8;
-      if (32 * b >= cols) {  // a padding block: no term (Note [Packed products])
-        std::fill_n(qb, 32, std::int8_t(0));
-        std::fill_n(neg_sums + g0, 8, 0), std::fill_n(d + g0, 8, 0.0f), std::fill_n(scaled_sums + g0, 8, 0.0f);
-        continue;
-      }
-      // A BF16 or F16 row's last block may be partial: its missing elements read as zeros.
-      float block[32] = {};
-      std::copy_n(x + m * cols + 32 * b, std::min<std::size_t>(32, cols - 32 * b), block);
-      const float* xb = block;
-      float amax = 0;
-      for (int j = 0; j < 32; ++j) amax = std::max(amax, std::fabs(xb[j]));
-      float scale = amax / 127, inverse = scale != 0 ? 1 / scale : 0;
-      if (!(amax <= std::numeric_limits<float>::max()) || std::isnan(xb[0]))  // inf or NaN: NaN outputs
-        scale = std::numeric_limits<float>::quiet_NaN(), inverse = 0;
-      for (int j = 0; j < 32; ++j)
-        qb[j] = std::int8_t(std::clamp(round_even(std::isnan(xb[j]) ? 0.0f : xb[j] * inverse), -127.0f, 127.0f));
-      for (int g = 0; g < 8; ++g) {
-        const int sum = qb[4 * g] + qb[4 * g + 1] + qb[4 * g + 2] + qb[4 * g + 3];
-        neg_sums[g0 + g] = -sum;
-        d[g0 + g] = scale;
-        scaled_sums[g0 + g] = scale * float(sum);
-      }
-    }
+    quantize_row(x + m * cols, cols, blocks, q + m * blocks * 32, neg_sums + m * blocks * 8, d + m * blocks * 8,
+                 scaled_sums + m * blocks * 8);
   out.rows = {x, rows, cols, blocks, q, neg_sums, d, scaled_sums};
 }
 

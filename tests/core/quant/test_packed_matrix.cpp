@@ -6,14 +6,17 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <bit>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <vector>
 
 #include "core/kernels.h"
 #include "core/quant/packed_kernels.h"
 #include "core/quant/packed_matrix.h"
+#include "core/simd.h"
 #include "support/helpers.h"
 
 using namespace tapegrad;
@@ -210,6 +213,42 @@ TEST_CASE("packed_matmul gives a row the same bits across weight panels and thre
     }
   }
   set_num_threads(threads_before);
+}
+
+TEST_CASE("quantize_activations gives every level the same blocks, ties, tiny, infinite and NaN values included") {
+  const std::size_t rows = 3, cols = 200;  // 7 blocks, the last partial, padded to 8
+  std::vector<float> x = test::random_vector(rows * cols, 71, 3.0);
+  x[5] = 63.5f, x[6] = -127.0f;                             // a block whose codes meet ties (x / d = 31.75 ... )
+  for (std::size_t k = 32; k < 64; ++k) x[k] = 1e-39f * float(k);  // subnormal d: no codes
+  x[70] = std::numeric_limits<float>::infinity();
+  x[cols + 100] = std::numeric_limits<float>::quiet_NaN();
+  const SimdLevel before = simd_level();
+  set_simd_level(SimdLevel::sse2);
+  quant::QuantizedActivations expected;
+  quant::quantize_activations(x.data(), rows, cols, expected);
+  const std::size_t blocks = expected.rows.blocks;
+  auto same = [&](const void* a, const void* b, std::size_t bytes) { return std::memcmp(a, b, bytes) == 0; };
+  for (SimdLevel level : testable_simd_levels()) {
+    set_simd_level(level);
+    quant::QuantizedActivations got;
+    quant::quantize_activations(x.data(), rows, cols, got);
+    CHECK_MESSAGE(same(got.rows.q, expected.rows.q, rows * blocks * 32), simd_level_name(level), ": codes differ");
+    CHECK_MESSAGE(same(got.rows.neg_sums, expected.rows.neg_sums, rows * blocks * 32), simd_level_name(level), ": sums differ");
+    CHECK_MESSAGE(same(got.rows.d, expected.rows.d, rows * blocks * 32), simd_level_name(level), ": d differs");
+    CHECK_MESSAGE(same(got.rows.scaled_sums, expected.rows.scaled_sums, rows * blocks * 32), simd_level_name(level),
+                  ": scaled sums differ");
+  }
+  set_simd_level(before);
+  CHECK(std::isnan(expected.rows.d[2 * 8]));                // the block holding the infinity
+  CHECK(std::isnan(expected.rows.d[(blocks + 3) * 8]));     // the block holding the NaN
+  CHECK(expected.rows.d[1 * 8] < std::numeric_limits<float>::min());
+  for (int j = 0; j < 32; ++j) REQUIRE(expected.rows.q[32 + j] == 0);
+  const quant::PackedMatrix w = random_matrix(TensorType::Q8_0, 5, cols / 32 * 32 + 32, 72);
+  std::vector<float> padded(rows * w.cols);
+  for (std::size_t m = 0; m < rows; ++m) std::copy_n(x.data() + m * cols, cols, padded.data() + m * w.cols);
+  std::vector<float> y(rows * w.rows);
+  quant::packed_matmul(y.data(), padded.data(), rows, w, false);
+  for (std::size_t n = 0; n < w.rows; ++n) CHECK((std::isnan(y[n]) && std::isnan(y[w.rows + n]) && !std::isnan(y[2 * w.rows + n])));
 }
 
 TEST_CASE("pack_matrix rounds each weight within half a step of its block, and refuses partial blocks") {
