@@ -1,8 +1,7 @@
 // Which CPUs the decoding loop and the HTTP threads run on. On a machine with more CPUs than the
 // decoding's kernel threads, the decoding gets cores of its own: otherwise the scheduler places
 // the streams' workers, which wake a hundred times a second each, on the decoding thread's core,
-// where they take turns with it (on 2 vCPUs at 64 streams it waited for its core about a third of
-// the time).
+// where they take turns with it (docs/benchmarks.md, "Measurements behind choices in the code").
 #pragma once
 
 #include <cstddef>

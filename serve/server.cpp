@@ -40,20 +40,17 @@ void reply_error(httplib::Response& res, const ApiError& error) {
 
 // How often a stream's thread wakes: it writes what has come at most this often, and when nothing
 // has come it looks at its connection (a client that closed it is noticed at once by HangupWatch;
-// this catches a peer that reset it). At 64 streams, 5 ms gave 60-63% of bench_kv_cache's S = 64
-// tokens/s and 10 ms 67-81% (three alternating runs of bench_serve --clients 64 --pairs 4, 2 vCPUs,
-// commit cc8f7d0): the streams' wake-ups and writes share the cores with the clients, whose next
-// requests keep the sequences busy. 20 ms was no better once the decoding had a core of its own.
+// this catches a peer that reset it). The streams' wake-ups and writes share the cores with the
+// clients, whose next requests keep the sequences busy: 10 ms served 64 streams better than 5 and
+// as well as 20 (docs/benchmarks.md, "Measurements behind choices in the code").
 constexpr auto kStreamPoll = std::chrono::milliseconds(10);
 
 // Settles the calling HTTP worker, once per thread: on `cpus` (none: where it was), and under
 // SCHED_BATCH. Such a thread, when it wakes, takes an idle core at once but never preempts the
 // decoding thread on a busy one: it waits for the scheduler's next tick there instead. Under
 // normal scheduling each of the 64 streams' 100 wake-ups a second could land on the decoding
-// thread's core and preempt it: at C = 64 on 2 vCPUs it was preempted 700 to 1,350 times a second
-// and waited 8-13% of its time for its core; under SCHED_BATCH 170 to 300 times, 4-5%
-// (schedstat and nonvoluntary_ctxt_switches, three runs each). Unlike a higher nice value, it
-// leaves the workers' share of the cores as it was.
+// thread's core and preempt it (measured: docs/benchmarks.md, "Measurements behind choices in the
+// code"). Unlike a higher nice value, it leaves the workers' share of the cores as it was.
 void settle_worker(const std::vector<int>& cpus) {
   static thread_local const bool done = [&] {
     const sched_param none{};

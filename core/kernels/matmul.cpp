@@ -64,11 +64,8 @@ template <> struct PackedTiling<32> {  // AVX2, 16 registers: 12 accumulators, a
 };
 // AVX-512, 32 registers: 24 accumulators, and KC 128 so that a B panel (128 x 64 floats, 32 KB)
 // stays in a 48 KB L1 while the row tiles pass (at KC 256 it took 64 KB and came from L2 for every
-// tile). On an Emerald Rapids core (family 6 model 207), the mean over the 27 training-shape
-// products, 2-3 alternating runs: 6 x 4 64-67% of the FMA peak, 14 x 2 56-58%, 12 x 2 56-59%,
-// 8 x 3 54-56%; then, on the quiet machine, 7 alternating runs of 6 x 4 at KC 256 and 128: 58-73%
-// against 65-79% (KC 128 ahead in 6 of 7, by 5.5 points in the median pair); KC 96, 160, 192 and
-// the loop order that keeps the A tile in L1 and streams the panels did not beat KC 128.
+// tile). 6 x 4 at KC 128 beat the other tiles and depths tried on an Emerald Rapids core
+// (docs/benchmarks.md, "Measurements behind choices in the code").
 template <> struct PackedTiling<64> {
   static constexpr std::size_t MR = 6, vectors = 4, KC = 128, MC = 96;
 };

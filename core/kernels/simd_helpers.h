@@ -268,11 +268,10 @@ inline void row_block(typename B::value_type* c, const typename B::value_type* a
   for (auto& s : sum) s = B(T(0));
   // Rows of b are ldb apart (a decoding step's column passes over weights that come from L3 when
   // they outgrow L2): the lines of the row about 16 lines ahead are asked for early. On a Zen 3 at
-  // AVX2 (4 lines a row; 530 KB of weights a token against 512 KB of L2), 4 rows ahead took one
-  // sequence's decoding from 12.5-13.4 to 11.6-11.8 us a token (best of 200 runs, alternated);
-  // 2, 6, 8 and 16 rows no better. Not at 16 lanes: the AVX-512 cores seen hold these weights in
-  // their 1-2 MB of L2, and a block of 16 vectors is 16 lines a row (a prefetch per load). It
-  // changes no arithmetic.
+  // AVX2 (4 lines a row) 4 rows ahead measured best (docs/benchmarks.md, "Measurements behind
+  // choices in the code"). Not at 16 lanes: the AVX-512 cores seen hold these weights in their
+  // 1-2 MB of L2, and a block of 16 vectors is 16 lines a row (a prefetch per load). It changes
+  // no arithmetic.
   constexpr std::size_t line = 64 / sizeof(T), lines = (V * W + line - 1) / line;
   constexpr std::size_t ahead = sizeof(B) < 64 && lines <= 4 ? 16 / lines : 0;
   for (std::size_t k = 0; k < K; ++k) {
