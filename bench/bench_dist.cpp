@@ -19,6 +19,7 @@
 #include "core/kernels.h"
 #include "distributed/communicator.h"
 #include "distributed/data_parallel.h"
+#include "nn/models/rotary_decoder.h"
 #include "train_common.h"
 
 using namespace tapegrad;
