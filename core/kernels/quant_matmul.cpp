@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <vector>
 
 #include "core/kernels/level.h"
 #include "core/quant/packed_kernels.h"
@@ -57,6 +58,21 @@ inline void store_sum(float* y, const float t[16], bool accumulate) {
   for (int l = 0; l < 4; ++l) t4[l] = t8[l] + t8[l + 4];
   const float sum = (t4[0] + t4[2]) + (t4[1] + t4[3]);
   *y = accumulate ? *y + sum : sum;
+}
+
+// Runs tile.template operator()<NR, MR>(m0, n) over x's rows from m0 on in tiles of MR (the last
+// few in one tile of fewer) and the weight rows first .. last - 1 in tiles of NR (the last few one
+// at a time). Each output has its own accumulators whatever tile it falls in, so the tiling never
+// changes a bit.
+template <int NR, int MR, class Tile>
+void run_tiles(const Tile& tile, std::size_t rows, std::size_t m0, std::size_t first, std::size_t last) {
+  for (; m0 + MR <= rows; m0 += MR) {
+    std::size_t n = first;
+    for (; n + NR <= last; n += NR) tile.template operator()<NR, MR>(m0, n);
+    for (; n < last; ++n) tile.template operator()<1, MR>(m0, n);
+  }
+  if constexpr (MR > 1)
+    if (m0 < rows) run_tiles<NR, MR - 1>(tile, rows, m0, first, last);
 }
 
 // ---- portable: the definition, in plain loops --------------------------------------------------
@@ -163,7 +179,8 @@ void float_rows_portable(float* y, std::size_t ldy, const ActivationRows& x, con
 
 #if defined(__AVX2__) && !defined(TAPEGRAD_EMULATED_BATCH)
 
-// ---- AVX2: blocks one at a time, integer sums by vpmaddubsw + vpmaddwd --------------------------
+// ---- AVX2: register tiles, a block at a time; integer sums by AVX-VNNI's vpdpbusd where the CPU
+// has it, else by vpmaddubsw + vpmaddwd -----------------------------------------------------------
 
 // y = the tree of lanes lo (0-7) and hi (8-15), as store_sum.
 inline void store_sum256(float* y, __m256 lo, __m256 hi, bool accumulate) {
@@ -174,50 +191,100 @@ inline void store_sum256(float* y, __m256 lo, __m256 hi, bool accumulate) {
   *y = accumulate ? *y + sum : sum;
 }
 
-// The eight group sums L[b][g] of one block (Note [Packed products]).
-template <TensorType type> __m256i group_sums256(const std::byte* block, const std::int8_t* q, const std::int32_t* neg_sums) {
+// A block's 32 codes in element order: Q4's nibbles (unsigned), Q8_0's signed bytes as stored.
+template <TensorType type> __m256i codes256(const std::byte* block) {
   using B = Blocks<type>;
-  const __m256i xq = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q));
-  const __m256i ones = _mm256_set1_epi16(1);
-  if constexpr (!B::nibbles) {  // signed codes: |w| times q with w's sign, pairs below 2 * 128 * 127
-    const __m256i ws = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + B::codes));
-    return _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_abs_epi8(ws), _mm256_sign_epi8(xq, ws)), ones);
+  if constexpr (!B::nibbles) {
+    return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + B::codes));
   } else {
     const __m128i packed = _mm_loadu_si128(reinterpret_cast<const __m128i*>(block + B::codes));
     const __m128i low = _mm_set1_epi8(0xF);
-    const __m256i u = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(packed, 4), low), _mm_and_si128(packed, low));
-    const __m256i sums = _mm256_madd_epi16(_mm256_maddubs_epi16(u, xq), ones);  // pairs below 2 * 15 * 127
-    if constexpr (B::offset == 0) return sums;
-    else return _mm256_add_epi32(sums, _mm256_slli_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(neg_sums)), B::shift));
+    return _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(packed, 4), low), _mm_and_si128(packed, low));
   }
 }
 
-template <TensorType type>
-void block_rows_avx2(float* y, std::size_t ldy, const ActivationRows& x, const PackedMatrix& w, std::size_t first,
-                     std::size_t last, bool accumulate) {
+// The eight group sums L[b][g] of one block (Note [Packed products]) from its codes and x's block.
+// The functions that take vnni as a parameter are compiled for AVX-VNNI in both versions; the one
+// without calls no VNNI intrinsic and holds no loop a compiler could turn into one.
+template <TensorType type, bool vnni>
+[[gnu::target("avxvnni")]] inline __m256i group_sums256(__m256i codes, __m256i xq, const std::int32_t* neg_sums) {
   using B = Blocks<type>;
-  const std::size_t blocks = w.cols / 32;
-  for (std::size_t n = first; n < last; ++n) {
-    const std::byte* row = w.row(n);
-    for (std::size_t m = 0; m < x.rows; ++m) {
-      const std::int8_t* q = x.q + m * x.blocks * 32;
-      const std::int32_t* neg_sums = x.neg_sums + m * x.blocks * 8;
-      const float* d = x.d + m * x.blocks * 8;
-      const float* scaled_sums = x.scaled_sums + m * x.blocks * 8;
-      __m256 acc[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()}, acc2[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
-      for (std::size_t b = 0; b < blocks; ++b) {
-        const std::byte* block = row + b * B::bytes;
-        const __m256i sums = group_sums256<type>(block, q + 32 * b, neg_sums + 8 * b);
-        const __m256 scale = _mm256_mul_ps(_mm256_set1_ps(half_to_float(load_u16(block))), _mm256_loadu_ps(d + 8 * b));
-        acc[b % 2] = _mm256_add_ps(acc[b % 2], _mm256_mul_ps(_mm256_cvtepi32_ps(sums), scale));
-        if constexpr (B::has_min)
-          acc2[b % 2] = _mm256_add_ps(acc2[b % 2], _mm256_mul_ps(_mm256_set1_ps(half_to_float(load_u16(block + 2))),
-                                                                 _mm256_loadu_ps(scaled_sums + 8 * b)));
-      }
-      if constexpr (B::has_min) acc[0] = _mm256_add_ps(acc[0], acc2[0]), acc[1] = _mm256_add_ps(acc[1], acc2[1]);
-      store_sum256(y + m * ldy + n, acc[0], acc[1], accumulate);
+  __m256i bias = _mm256_setzero_si256();
+  if constexpr (B::offset != 0 && (vnni || B::nibbles))
+    bias = _mm256_slli_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(neg_sums)), B::shift);
+  if constexpr (vnni) {  // unsigned codes: Q8_0's offset by 128
+    return _mm256_dpbusd_avx_epi32(bias, B::nibbles ? codes : _mm256_xor_si256(codes, _mm256_set1_epi8(char(0x80))), xq);
+  } else {
+    const __m256i ones = _mm256_set1_epi16(1);
+    if constexpr (!B::nibbles)  // signed codes: |w| times q with w's sign, pairs below 2 * 128 * 127
+      return _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_abs_epi8(codes), _mm256_sign_epi8(xq, codes)), ones);
+    const __m256i sums = _mm256_madd_epi16(_mm256_maddubs_epi16(codes, xq), ones);  // pairs below 2 * 15 * 127
+    return B::offset == 0 ? sums : _mm256_add_epi32(sums, bias);
+  }
+}
+
+// Block b of the tile's NR weight rows against its MR activation rows, into the lanes of b's parity.
+template <TensorType type, bool vnni, int NR, int MR, int parity>
+[[gnu::target("avxvnni,f16c")]] inline void block_step256(const std::byte* rows[NR], const ActivationRows& x,
+                                                          std::size_t m0, std::size_t b, __m256 (&acc)[NR][MR][2],
+                                                          __m256 (&acc2)[NR][MR][2]) {
+  using B = Blocks<type>;
+  __m256i codes[NR];
+  __m256 d[NR], min[NR];
+  for (int r = 0; r < NR; ++r) {
+    const std::byte* block = rows[r] + b * B::bytes;
+    codes[r] = codes256<type>(block);
+    d[r] = _mm256_set1_ps(_cvtsh_ss(load_u16(block)));
+    if constexpr (B::has_min) min[r] = _mm256_set1_ps(_cvtsh_ss(load_u16(block + 2)));
+  }
+  for (int i = 0; i < MR; ++i) {
+    const std::size_t at = (m0 + i) * x.blocks + b;
+    const __m256i xq = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x.q + 32 * at));
+    const __m256 dx = _mm256_loadu_ps(x.d + 8 * at);
+    for (int r = 0; r < NR; ++r) {
+      const __m256 sums = _mm256_cvtepi32_ps(group_sums256<type, vnni>(codes[r], xq, x.neg_sums + 8 * at));
+      acc[r][i][parity] = _mm256_add_ps(acc[r][i][parity], _mm256_mul_ps(sums, _mm256_mul_ps(d[r], dx)));
+      if constexpr (B::has_min)
+        acc2[r][i][parity] =
+            _mm256_add_ps(acc2[r][i][parity], _mm256_mul_ps(min[r], _mm256_loadu_ps(x.scaled_sums + 8 * at)));
     }
   }
+}
+
+// Outputs (m0 .. m0 + MR - 1, n0 .. n0 + NR - 1): weight row n0 at `row`, the next ones `stride` on.
+template <TensorType type, bool vnni, int NR, int MR>
+[[gnu::target("avxvnni,f16c")]] void block_tile_avx2(float* y, std::size_t ldy, const ActivationRows& x, std::size_t m0,
+                                                     const std::byte* row, std::size_t stride, std::size_t blocks,
+                                                     std::size_t n0, bool accumulate) {
+  const std::byte* rows[NR];
+  for (int r = 0; r < NR; ++r) rows[r] = row + r * stride;
+  __m256 acc[NR][MR][2], acc2[NR][MR][2];
+  for (int r = 0; r < NR; ++r)
+    for (int i = 0; i < MR; ++i) acc[r][i][0] = acc[r][i][1] = acc2[r][i][0] = acc2[r][i][1] = _mm256_setzero_ps();
+  std::size_t b = 0;
+  for (; b + 1 < blocks; b += 2) {
+    block_step256<type, vnni, NR, MR, 0>(rows, x, m0, b, acc, acc2);
+    block_step256<type, vnni, NR, MR, 1>(rows, x, m0, b + 1, acc, acc2);
+  }
+  if (b < blocks) block_step256<type, vnni, NR, MR, 0>(rows, x, m0, b, acc, acc2);
+  for (int r = 0; r < NR; ++r)
+    for (int i = 0; i < MR; ++i) {
+      if constexpr (Blocks<type>::has_min)
+        for (int h = 0; h < 2; ++h) acc[r][i][h] = _mm256_add_ps(acc[r][i][h], acc2[r][i][h]);
+      store_sum256(y + (m0 + i) * ldy + n0 + r, acc[r][i][0], acc[r][i][1], accumulate);
+    }
+}
+
+// Sixteen registers: a tile holds at most eight accumulators (two an output, four for Q4_1's).
+template <TensorType type, bool vnni>
+void block_rows_avx2(float* y, std::size_t ldy, const ActivationRows& x, const PackedMatrix& w, std::size_t first,
+                     std::size_t last, bool accumulate) {
+  const std::size_t stride = w.row_bytes(), blocks = w.cols / 32;
+  auto tile = [&]<int NR, int MR>(std::size_t m0, std::size_t n) {
+    block_tile_avx2<type, vnni, NR, MR>(y, ldy, x, m0, w.bytes.data() + n * stride, stride, blocks, n, accumulate);
+  };
+  if (Blocks<type>::has_min || x.rows == 1) return run_tiles<2, 1>(tile, x.rows, 0, first, last);
+  run_tiles<2, 2>(tile, x.rows, 0, first, last);
 }
 
 // Eight BF16 or F16 weights as floats; count < 8 reads only the first count (the rest are zeros).
@@ -351,34 +418,17 @@ template <TensorType type, int NR, int MR>
     }
 }
 
-// x's rows from m0 on in tiles of MR (the last few in one tile of fewer), each against the weight
-// rows first .. last - 1 in tiles of NR (the last few one at a time).
-template <TensorType type, int NR, int MR> struct BlockTiles {
-  static void run(float* y, std::size_t ldy, const ActivationRows& x, std::size_t m0, const PackedMatrix& w,
-                  std::size_t first, std::size_t last, bool accumulate) {
-    const std::size_t stride = w.row_bytes(), blocks = w.cols / 32;
-    for (; m0 + MR <= x.rows; m0 += MR) {
-      std::size_t n = first;
-      for (; n + NR <= last; n += NR)
-        block_tile_vnni<type, NR, MR>(y, ldy, x, m0, w.bytes.data() + n * stride, stride, blocks, n, accumulate);
-      for (; n < last; ++n)
-        block_tile_vnni<type, 1, MR>(y, ldy, x, m0, w.bytes.data() + n * stride, stride, blocks, n, accumulate);
-    }
-    if (m0 < x.rows) BlockTiles<type, NR, MR - 1>::run(y, ldy, x, m0, w, first, last, accumulate);
-  }
-};
-template <TensorType type, int NR> struct BlockTiles<type, NR, 0> {
-  static void run(float*, std::size_t, const ActivationRows&, std::size_t, const PackedMatrix&, std::size_t,
-                  std::size_t, bool) {}
-};
-
 template <TensorType type>
 void block_rows_vnni(float* y, std::size_t ldy, const ActivationRows& x, const PackedMatrix& w, std::size_t first,
                      std::size_t last, bool accumulate) {
   // One activation row: four weight rows share its loads. More: a tile of 2 (Q4_1: two
   // accumulators an output) or 4 weight rows by 4 activation rows, within the 32 registers.
-  if (x.rows == 1) return BlockTiles<type, 4, 1>::run(y, ldy, x, 0, w, first, last, accumulate);
-  BlockTiles<type, Blocks<type>::has_min ? 2 : 4, 4>::run(y, ldy, x, 0, w, first, last, accumulate);
+  const std::size_t stride = w.row_bytes(), blocks = w.cols / 32;
+  auto tile = [&]<int NR, int MR>(std::size_t m0, std::size_t n) {
+    block_tile_vnni<type, NR, MR>(y, ldy, x, m0, w.bytes.data() + n * stride, stride, blocks, n, accumulate);
+  };
+  if (x.rows == 1) return run_tiles<4, 1>(tile, x.rows, 0, first, last);
+  run_tiles<Blocks<type>::has_min ? 2 : 4, 4>(tile, x.rows, 0, first, last);
 }
 
 // quantize_row_portable's operations sixteen lanes at a time: the same bits.
@@ -444,57 +494,52 @@ void float_tile_avx512(float* y, std::size_t ldy, const ActivationRows& x, std::
                    _mm512_extractf32x8_ps(acc[r][i], 1), accumulate);
 }
 
-template <TensorType type, int NR, int MR>
-void float_columns_avx512(float* y, std::size_t ldy, const ActivationRows& x, std::size_t m0, const PackedMatrix& w,
-                          std::size_t first, std::size_t last, bool accumulate) {
-  std::size_t n = first;
-  for (; n + NR <= last; n += NR) float_tile_avx512<type, NR, MR>(y, ldy, x, m0, w.row(n), n, accumulate);
-  for (; n < last; ++n) float_tile_avx512<type, 1, MR>(y, ldy, x, m0, w.row(n), n, accumulate);
-}
-
 template <TensorType type>
 void float_rows_avx512(float* y, std::size_t ldy, const ActivationRows& x, const PackedMatrix& w, std::size_t first,
                        std::size_t last, bool accumulate) {
-  std::size_t m0 = 0;
-  for (; m0 + 4 <= x.rows; m0 += 4) float_columns_avx512<type, 4, 4>(y, ldy, x, m0, w, first, last, accumulate);
-  switch (x.rows - m0) {
-    case 3: return float_columns_avx512<type, 4, 3>(y, ldy, x, m0, w, first, last, accumulate);
-    case 2: return float_columns_avx512<type, 4, 2>(y, ldy, x, m0, w, first, last, accumulate);
-    case 1: return float_columns_avx512<type, 4, 1>(y, ldy, x, m0, w, first, last, accumulate);
-    default: return;
-  }
+  auto tile = [&]<int NR, int MR>(std::size_t m0, std::size_t n) {
+    float_tile_avx512<type, NR, MR>(y, ldy, x, m0, w.row(n), n, accumulate);
+  };
+  run_tiles<4, 4>(tile, x.rows, 0, first, last);
 }
 
 #endif
 
-quant::PackedKernelTable make_table() {
-#if defined(__AVX512F__)
-  __builtin_cpu_init();
-  if (__builtin_cpu_supports("avx512vnni"))
-    return {block_rows_vnni<TensorType::Q4_0>, block_rows_vnni<TensorType::Q4_1>, block_rows_vnni<TensorType::Q8_0>,
-            float_rows_avx512<TensorType::BF16>, float_rows_avx512<TensorType::F16>, quantize_row_avx512,
-            "avx512vnni"};
-#endif
+std::vector<quant::PackedKernelTable> make_tables() {
+  std::vector<quant::PackedKernelTable> tables;
 #if defined(__AVX2__) && !defined(TAPEGRAD_EMULATED_BATCH)
-  return {block_rows_avx2<TensorType::Q4_0>, block_rows_avx2<TensorType::Q4_1>, block_rows_avx2<TensorType::Q8_0>,
+  __builtin_cpu_init();
 #if defined(__AVX512F__)
-          float_rows_avx512<TensorType::BF16>, float_rows_avx512<TensorType::F16>, quantize_row_avx512,
+  if (__builtin_cpu_supports("avx512vnni"))
+    tables.push_back({block_rows_vnni<TensorType::Q4_0>, block_rows_vnni<TensorType::Q4_1>,
+                      block_rows_vnni<TensorType::Q8_0>, float_rows_avx512<TensorType::BF16>,
+                      float_rows_avx512<TensorType::F16>, quantize_row_avx512, "avx512vnni"});
+  const quant::PackedKernelTable floats = {nullptr, nullptr, nullptr, float_rows_avx512<TensorType::BF16>,
+                                           float_rows_avx512<TensorType::F16>, quantize_row_avx512, ""};
 #else
-          float_rows_avx2<TensorType::BF16>, float_rows_avx2<TensorType::F16>, quantize_row_portable,
+  const quant::PackedKernelTable floats = {nullptr, nullptr, nullptr, float_rows_avx2<TensorType::BF16>,
+                                           float_rows_avx2<TensorType::F16>, quantize_row_portable, ""};
 #endif
-          "avx2 vpmaddubsw"};
+  if (__builtin_cpu_supports("avxvnni"))
+    tables.push_back({block_rows_avx2<TensorType::Q4_0, true>, block_rows_avx2<TensorType::Q4_1, true>,
+                      block_rows_avx2<TensorType::Q8_0, true>, floats.bf16, floats.f16, floats.quantize_row,
+                      "avxvnni"});
+  tables.push_back({block_rows_avx2<TensorType::Q4_0, false>, block_rows_avx2<TensorType::Q4_1, false>,
+                    block_rows_avx2<TensorType::Q8_0, false>, floats.bf16, floats.f16, floats.quantize_row,
+                    "avx2 vpmaddubsw"});
 #else
-  return {block_rows_portable<TensorType::Q4_0>, block_rows_portable<TensorType::Q4_1>,
-          block_rows_portable<TensorType::Q8_0>, float_rows_portable<TensorType::BF16>,
-          float_rows_portable<TensorType::F16>, quantize_row_portable, "portable"};
+  tables.push_back({block_rows_portable<TensorType::Q4_0>, block_rows_portable<TensorType::Q4_1>,
+                    block_rows_portable<TensorType::Q8_0>, float_rows_portable<TensorType::BF16>,
+                    float_rows_portable<TensorType::F16>, quantize_row_portable, "portable"});
 #endif
+  return tables;
 }
 
 }  // namespace
 
-const quant::PackedKernelTable& packed_table() {
-  static const quant::PackedKernelTable table = make_table();
-  return table;
+std::span<const quant::PackedKernelTable> packed_tables() {
+  static const std::vector<quant::PackedKernelTable> tables = make_tables();
+  return tables;
 }
 
 }  // namespace tapegrad::kernels::TAPEGRAD_SIMD_LEVEL

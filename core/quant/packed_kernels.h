@@ -6,6 +6,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <span>
 
 #include "core/quant/packed_matrix.h"
 
@@ -70,14 +71,19 @@ struct QuantizedActivations {
 };
 void quantize_activations(const float* x, std::size_t rows, std::size_t cols, QuantizedActivations& out);
 
-/// The table of the level in use.
+/// The table packed_matmul runs: the first of the level in use's packed_tables().
 const PackedKernelTable& active_packed_table();
+
+/// Every table of the level in use that this CPU runs (each level's packed_tables()).
+std::span<const PackedKernelTable> level_packed_tables();
 
 }  // namespace tapegrad::quant
 
+// Each level's tables this CPU runs, the fastest first: AVX-512 with VNNI, then AVX-VNNI's and
+// vpmaddubsw's at the levels with AVX2; the tests run every one.
 namespace tapegrad::kernels {
-namespace sse2 { const quant::PackedKernelTable& packed_table(); }
-namespace avx2 { const quant::PackedKernelTable& packed_table(); }
-namespace avx512 { const quant::PackedKernelTable& packed_table(); }
-namespace emulated16 { const quant::PackedKernelTable& packed_table(); }  // in builds with the tests
+namespace sse2 { std::span<const quant::PackedKernelTable> packed_tables(); }
+namespace avx2 { std::span<const quant::PackedKernelTable> packed_tables(); }
+namespace avx512 { std::span<const quant::PackedKernelTable> packed_tables(); }
+namespace emulated16 { std::span<const quant::PackedKernelTable> packed_tables(); }  // in builds with the tests
 }  // namespace tapegrad::kernels

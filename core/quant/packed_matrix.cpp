@@ -135,19 +135,21 @@ void quantize_activations(const float* x, std::size_t rows, std::size_t cols, Qu
   out.rows = {x, rows, cols, blocks, q, neg_sums, d, scaled_sums};
 }
 
-const PackedKernelTable& active_packed_table() {
+std::span<const PackedKernelTable> level_packed_tables() {
   switch (simd_level()) {
-    case SimdLevel::avx512: return kernels::avx512::packed_table();
-    case SimdLevel::avx2: return kernels::avx2::packed_table();
+    case SimdLevel::avx512: return kernels::avx512::packed_tables();
+    case SimdLevel::avx2: return kernels::avx2::packed_tables();
 #if TAPEGRAD_HAVE_EMULATED16
-    case SimdLevel::emulated16: return kernels::emulated16::packed_table();
+    case SimdLevel::emulated16: return kernels::emulated16::packed_tables();
 #else
     case SimdLevel::emulated16: break;
 #endif
     case SimdLevel::sse2: break;
   }
-  return kernels::sse2::packed_table();
+  return kernels::sse2::packed_tables();
 }
+
+const PackedKernelTable& active_packed_table() { return level_packed_tables().front(); }
 
 void packed_matmul(float* y, const float* x, std::size_t M, const PackedMatrix& w, bool accumulate) {
   const PackedKernelTable& table = active_packed_table();

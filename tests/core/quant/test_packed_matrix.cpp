@@ -100,29 +100,41 @@ std::vector<float> probe_in_batch(const quant::PackedMatrix& w, const std::vecto
   return {y.begin() + position * w.rows, y.begin() + (position + 1) * w.rows};
 }
 
+// The kernel of `type` in `table`.
+quant::PackedKernel kernel_of(const quant::PackedKernelTable& table, TensorType type) {
+  switch (type) {
+    case TensorType::Q4_0: return table.q4_0;
+    case TensorType::Q4_1: return table.q4_1;
+    case TensorType::Q8_0: return table.q8_0;
+    case TensorType::BF16: return table.bf16;
+    default: return table.f16;
+  }
+}
+
 }  // namespace
 
-TEST_CASE("packed_matmul gives Note [Packed products]'s bits for every format at this level") {
-  for (TensorType type : kFormats)
-    for (std::size_t cols : column_counts(type))
-      for (std::size_t M : {1, 2, 5}) {
-        const std::size_t rows = 37;
-        const quant::PackedMatrix w = random_matrix(type, rows, cols, 7 + cols);
-        const std::vector<float> x = test::random_vector(M * cols, 100 + M, 3.0);
-        std::vector<float> y(M * rows);
-        quant::packed_matmul(y.data(), x.data(), M, w, false);
-        quant::QuantizedActivations qx;
-        quant::quantize_activations(x.data(), M, cols, qx);
-        quant::ActivationRows xr = qx.rows;
-        xr.x = x.data();
-        for (std::size_t m = 0; m < M; ++m)
-          for (std::size_t n = 0; n < rows; ++n) {
-            const float expected = reference_output(w, xr, m, n);
-            if (std::bit_cast<std::uint32_t>(y[m * rows + n]) != std::bit_cast<std::uint32_t>(expected))
-              FAIL(fmt::format("{} cols {} M {}: output ({}, {}) is {}, Note [Packed products] gives {}",
-                               w.format().name, cols, M, m, n, y[m * rows + n], expected));
-          }
-      }
+TEST_CASE("every packed kernel table of this level gives Note [Packed products]'s bits for every format") {
+  for (const quant::PackedKernelTable& table : quant::level_packed_tables())
+    for (TensorType type : kFormats)
+      for (std::size_t cols : column_counts(type))
+        for (std::size_t M : {1, 2, 3, 5, 7}) {
+          const std::size_t rows = 37;
+          const quant::PackedMatrix w = random_matrix(type, rows, cols, 7 + cols);
+          const std::vector<float> x = test::random_vector(M * cols, 100 + M, 3.0);
+          quant::QuantizedActivations qx;
+          quant::quantize_activations(x.data(), M, cols, qx);
+          quant::ActivationRows xr = qx.rows;
+          xr.x = x.data();
+          std::vector<float> y(M * rows);
+          kernel_of(table, type)(y.data(), rows, xr, w, 0, rows, false);
+          for (std::size_t m = 0; m < M; ++m)
+            for (std::size_t n = 0; n < rows; ++n) {
+              const float expected = reference_output(w, xr, m, n);
+              if (std::bit_cast<std::uint32_t>(y[m * rows + n]) != std::bit_cast<std::uint32_t>(expected))
+                FAIL(fmt::format("{} ({}) cols {} M {}: output ({}, {}) is {}, Note [Packed products] gives {}",
+                                 w.format().name, table.integer_dot, cols, M, m, n, y[m * rows + n], expected));
+            }
+        }
 }
 
 TEST_CASE("packed_matmul stays within its activation rounding of a double product over the dequantized weights") {
