@@ -7,6 +7,9 @@
 // TAPEGRAD_INSTANTIATE_KERNEL). The includer defines TAPEGRAD_KERNEL; this file undefines it, and
 // has no include guard on purpose. The types it uses are in core/kernels.h.
 //
+// Every kernel follows the position rule (docs/architecture.md, "Position independence"), which
+// tests/core/test_kernel_positions.cpp checks bit for bit.
+//
 // Gradient kernels add (+=) into every gradient they get, a null pointer meaning "not needed";
 // those with an `overwrite` flag write (=) instead when it is set, without reading the buffer's
 // old values (an input's first gradient: its buffer holds no values yet).

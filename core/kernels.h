@@ -1,6 +1,6 @@
 // The math of the model, forward and backward side by side, as plain functions on raw row-major
-// buffers (llm.c style). Training (core/ops) and inference (nn/kv_cache) call these same
-// functions. Templates on T are instantiated for float (the framework) and double (the
+// buffers (llm.c style). Training (the ops of core/ops.h) and decoding (nn/cache_pass.cpp) call
+// these same functions. Templates on T are instantiated for float (the framework) and double (the
 // gradient checks in tests/core). The SIMD kernels are named in one list, core/kernel_list.h;
 // the products composed from them are declared here.
 #pragma once

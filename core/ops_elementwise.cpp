@@ -1,5 +1,6 @@
 // Elementwise ops: unary, binary with numpy broadcasting, scalar forms and Var's operators.
-// Plain portable loops (correctness first); the hot fused ops live in core/ops.cpp.
+// Each runs its SIMD kernel (core/kernel_list.h) over contiguous values; a broadcast input's
+// gradient is reduced to its shape in one place (sum_to).
 #include <fmt/format.h>
 
 #include <cmath>

@@ -1,7 +1,6 @@
 // Elementwise kernels: one formula per kernel, on SIMD batches, and blocks of the array on threads
-// when it is large. The last, partial batch runs the same formula on copies padded with zeros
-// (the rule of core/kernels/simd_helpers.h), so each output element depends only on the same index
-// of the inputs: never on where it falls in the array, the array's length or the thread count.
+// when it is large; the last, partial batch as the position rule has it (docs/architecture.md,
+// "Position independence"): each output element depends only on the same index of the inputs.
 #include <algorithm>
 #include <cmath>
 #include <type_traits>

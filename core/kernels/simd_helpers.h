@@ -5,13 +5,9 @@
 // and each helper against a scalar loop at every level. fma, max, exp and hadd are called
 // unqualified so that a test batch type supplies its own by argument-dependent lookup.
 //
-// The rule every kernel follows: an element (or a row) is computed by the same instructions
-// wherever it falls in a buffer, whatever the buffer's length, its neighbours or the thread count.
-// So a loop's last, partial vector is never a scalar loop with a formula of its own: its elements
-// are loaded into a batch padded with zeros (load_partial), go through the body's vector code, and
-// only the valid lanes are stored (store_partial) or summed (first_lanes). A row-wise kernel takes
-// rows, never rows flattened into one stream. Batching therefore never changes a bit: a sequence
-// decoded alone and with others gets the same logits, at every SIMD width.
+// Every kernel follows the position rule (docs/architecture.md, "Position independence"): a
+// loop's last, partial vector goes through the body's vector code, padded (load_partial), and
+// only its valid lanes are stored (store_partial) or summed (first_lanes).
 #pragma once
 
 #include <xsimd/xsimd.hpp>

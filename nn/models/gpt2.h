@@ -1,4 +1,4 @@
-// gpt2: the pre-LN GPT-2 decoder (Radford et al. 2019), character level, written with the public
+// gpt2: the pre-LN GPT-2 decoder (Radford et al. 2019), for any vocabulary, written with the public
 // API only (modules, and the ops of a pass) to show how a model is built:
 //   x = E[ids] + P[0:T]; per block h = x + Attn(LN1(x)), out = h + MLP(LN2(h));
 //   logits = LN(x) E^T (the head is the tied token embedding, no bias).

@@ -45,7 +45,7 @@ class RotaryDecoderBlock : public LlamaBlock {
   std::size_t n_heads;  ///< attention heads
 };
 
-/// The rotary decoder: token embedding, DecoderBlocks, a final RMSNorm and a biased head.
+/// The rotary decoder: token embedding, RotaryDecoderBlocks, a final RMSNorm and a biased head.
 class RotaryDecoder : public Module, public DecoderModel<RotaryDecoder> {
  public:
   /// Initialisation (seeded by config.seed, in parameter order): embedding and every projection

@@ -1,7 +1,7 @@
 // Position independence, bit for bit, at the SIMD level in use (the suite runs at every level and
 // at emulated16): element i of an n-element call of a map kernel equals a one-element call on the
 // same values, for n = 0 .. 3 * 16 + 1 and at odd offsets; row r of a row kernel equals the kernel
-// on that row alone. This is what makes batching never change a bit (core/kernels/simd_helpers.h).
+// on that row alone: the position rule of docs/architecture.md, which makes batching change no bit.
 #include <doctest/doctest.h>
 
 #include <fmt/format.h>
