@@ -17,18 +17,13 @@
 // random weights) unless --checkpoint names another. At the end its /metrics must count every
 // request sent as answered once, and none running or waiting; its peak memory (VmHWM) is read.
 // Writes bench/results/serve_cpu.json; exits 1 when a check fails.
-#include <arpa/inet.h>
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 #include <httplib.h>
-#include <netinet/in.h>
 #include <pthread.h>
 #include <sched.h>
 #include <nlohmann/json.hpp>
 #include <signal.h>
-#include <spawn.h>
-#include <sys/socket.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -40,6 +35,7 @@
 #include <thread>
 
 #include "bench/bench_common.h"
+#include "bench/serve_client.h"
 #include "core/random.h"
 #include "nn/checkpoint.h"
 #include "nn/generate.h"
@@ -47,219 +43,20 @@
 #include "nn/models/rotary_decoder.h"
 #include "serve/cpus.h"
 
-extern char** environ;
-
 using namespace tapegrad;
+using namespace tapegrad::bench;
 using nlohmann::json;
 namespace fs = std::filesystem;
 
 namespace {
 
-using Clock = std::chrono::steady_clock;
-
-double since(Clock::time_point start) { return std::chrono::duration<double>(Clock::now() - start).count(); }
-
 /// The folder of this program: build/serve and build/bench_kv_cache are its neighbours.
 fs::path own_dir() { return fs::read_symlink("/proc/self/exe").parent_path(); }
-
-/// A loopback port nobody listens on now (bound, read, released).
-int free_port() {
-  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in address{};
-  address.sin_family = AF_INET;
-  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t size = sizeof address;
-  if (fd < 0 || ::bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof address) != 0 ||
-      ::getsockname(fd, reinterpret_cast<sockaddr*>(&address), &size) != 0)
-    throw std::runtime_error("cannot find a free loopback port");
-  ::close(fd);
-  return ntohs(address.sin_port);
-}
-
-/// build/serve as a child process, its log in a file; SIGTERM (then a bounded wait) on destruction.
-class ServerProcess {
- public:
-  ServerProcess(const fs::path& program, const std::vector<std::string>& args, const fs::path& log) {
-    std::vector<std::string> text = {program.string()};
-    text.insert(text.end(), args.begin(), args.end());
-    std::vector<char*> argv;
-    for (auto& a : text) argv.push_back(a.data());
-    argv.push_back(nullptr);
-    posix_spawn_file_actions_t actions;
-    posix_spawn_file_actions_init(&actions);
-    posix_spawn_file_actions_addopen(&actions, 1, log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    posix_spawn_file_actions_adddup2(&actions, 1, 2);
-    const int rc = posix_spawn(&pid_, program.c_str(), &actions, nullptr, argv.data(), environ);
-    posix_spawn_file_actions_destroy(&actions);
-    if (rc != 0) throw std::runtime_error(fmt::format("cannot start {}: {}", program.string(), std::strerror(rc)));
-  }
-  ServerProcess(const ServerProcess&) = delete;
-  ServerProcess& operator=(const ServerProcess&) = delete;
-  ~ServerProcess() { stop(); }
-
-  pid_t pid() const { return pid_; }
-  bool running() { return pid_ > 0 && ::waitpid(pid_, &status_, WNOHANG) == 0; }
-
-  /// SIGTERM, then up to 30 s to drain and exit (SIGKILL after); returns the exit status.
-  int stop() {
-    if (pid_ <= 0) return status_;
-    if (::waitpid(pid_, &status_, WNOHANG) == 0) {
-      ::kill(pid_, SIGTERM);
-      auto start = Clock::now();
-      while (::waitpid(pid_, &status_, WNOHANG) == 0) {
-        if (since(start) > 30) {
-          ::kill(pid_, SIGKILL);
-          ::waitpid(pid_, &status_, 0);
-          break;
-        }
-        std::this_thread::sleep_for(std::chrono::milliseconds(20));
-      }
-    }
-    pid_ = -1;
-    status_ = WIFEXITED(status_) ? WEXITSTATUS(status_) : 128 + WTERMSIG(status_);
-    return status_;
-  }
-
- private:
-  pid_t pid_ = -1;
-  int status_ = -1;
-};
-
-/// A process's peak resident memory in MiB (VmHWM in /proc/PID/status), -1 when unreadable.
-double peak_rss_mib(pid_t pid) {
-  std::ifstream in(fmt::format("/proc/{}/status", pid));
-  std::string line;
-  while (std::getline(in, line))
-    if (line.rfind("VmHWM:", 0) == 0) return std::stod(line.substr(6)) / 1024;
-  return -1;
-}
-
-/// One completion as its client saw it.
-struct Answer {
-  int status = 0;                     // the HTTP status; 0: no answer (the transport failed)
-  std::string error;                  // the transport error or the error body
-  std::string id;                     // the completion's id
-  std::map<std::size_t, std::string> texts;   // by choice index
-  std::map<std::size_t, std::string> finish;  // finish_reason by choice index
-  std::size_t finishes = 0;           // finish_reasons seen: more than the choices is an answer given twice
-  std::size_t done_events = 0;        // "data: [DONE]" lines: a stream has exactly one
-  std::size_t completion_tokens = 0;  // usage.completion_tokens
-  bool hung_up = false;               // the client closed the connection on purpose
-  double ttft = -1, last_token = -1;  // seconds after sending: the first and the last text
-  std::size_t tokens_seen = 0;        // characters received
-};
-
-/// The number of code points of UTF-8 text (a token is a character).
-std::size_t code_points(const std::string& text) {
-  return std::size_t(std::count_if(text.begin(), text.end(), [](char c) { return (c & 0xC0) != 0x80; }));
-}
-
-/// Reads one completion's JSON (a whole answer or one stream chunk) into answer.
-void take_completion(const json& body, Answer& answer, Clock::time_point start) {
-  if (body.contains("error")) {
-    answer.error = body.dump();
-    return;
-  }
-  if (answer.id.empty()) answer.id = body.value("id", "");
-  else if (body.value("id", "") != answer.id) answer.error = "chunks of one stream carry different ids";
-  for (const json& choice : body.value("choices", json::array())) {
-    const std::size_t index = choice.value("index", std::size_t(0));
-    const std::string text = choice.value("text", "");
-    if (!text.empty()) {
-      if (answer.ttft < 0) answer.ttft = since(start);
-      answer.last_token = since(start);
-      answer.tokens_seen += code_points(text);
-      answer.texts[index] += text;
-    }
-    if (choice.contains("finish_reason") && choice["finish_reason"].is_string()) {
-      answer.finish[index] = choice["finish_reason"];
-      ++answer.finishes;
-    }
-  }
-  if (body.contains("usage") && body["usage"].is_object())
-    answer.completion_tokens = body["usage"].value("completion_tokens", std::size_t(0));
-}
-
-/// Sends one completion request and reads its answer: server-sent events when the body asks
-/// for a stream (hanging up after hang_up_after text chunks when that is not 0), else one JSON.
-Answer complete(httplib::Client& client, const json& body, std::size_t hang_up_after = 0) {
-  Answer answer;
-  const auto start = Clock::now();
-  const bool stream = body.value("stream", false);
-  std::string pending, whole;
-  std::size_t text_chunks = 0;
-  httplib::Request request;
-  request.method = "POST";
-  request.path = "/v1/completions";
-  request.body = body.dump();
-  request.set_header("Content-Type", "application/json");
-  request.content_receiver = [&](const char* data, std::size_t size, std::uint64_t, std::uint64_t) {
-    if (!stream || answer.status != 200) {
-      whole.append(data, size);
-      return true;
-    }
-    pending.append(data, size);
-    for (std::size_t end; (end = pending.find("\n\n")) != std::string::npos;) {
-      const std::string event = pending.substr(0, end);
-      pending.erase(0, end + 2);
-      if (event.rfind("data: ", 0) != 0) continue;  // comments and other fields
-      const std::string data = event.substr(6);
-      if (data == "[DONE]") {
-        ++answer.done_events;
-        continue;
-      }
-      const std::size_t before = answer.tokens_seen;
-      take_completion(json::parse(data), answer, start);
-      if (answer.tokens_seen > before && hang_up_after && ++text_chunks >= hang_up_after) {
-        answer.hung_up = true;
-        return false;  // httplib closes the connection
-      }
-    }
-    return true;
-  };
-  httplib::Response response;
-  httplib::Error error = httplib::Error::Success;
-  // The status is known before the body's first byte reaches the receiver.
-  request.response_handler = [&](const httplib::Response& r) {
-    answer.status = r.status;
-    return true;
-  };
-  try {
-    if (!client.send(request, response, error) && !answer.hung_up) {
-      answer.error = "transport: " + httplib::to_string(error);
-      return answer;
-    }
-    answer.status = response.status ? response.status : answer.status;
-    if (answer.status != 200) answer.error = whole.empty() ? response.body : whole;
-    else if (!stream) take_completion(json::parse(whole.empty() ? response.body : whole), answer, start);
-  } catch (const std::exception& e) {
-    answer.error = std::string("bad answer: ") + e.what();
-  }
-  return answer;
-}
 
 double percentile(std::vector<double> values, double p) {
   if (values.empty()) return 0;
   std::sort(values.begin(), values.end());
   return values[std::min(values.size() - 1, std::size_t(p / 100 * double(values.size())))];
-}
-
-/// The metrics lines that are not histogram buckets, as {"name{labels}": value}.
-json metrics_of(httplib::Client& client) {
-  json out = json::object();
-  auto result = client.Get("/metrics");
-  if (!result || result->status != 200) return out;
-  std::istringstream in(result->body);
-  for (std::string line; std::getline(in, line);) {
-    if (line.empty() || line[0] == '#' || line.find("_bucket") != std::string::npos) continue;
-    const std::size_t space = line.rfind(' ');
-    if (space == std::string::npos) continue;
-    try {
-      out[line.substr(0, space)] = std::stod(line.substr(space + 1));
-    } catch (const std::exception&) {
-    }
-  }
-  return out;
 }
 
 /// What the load rounds and the mixed run share: the server's address and the checkpoint.
@@ -281,15 +78,6 @@ void idle_priority_client(const std::vector<int>& cpus) {
       !warned.exchange(true))
     fmt::print(stderr, "bench_serve: could not put the client threads under SCHED_IDLE on CPUs {}; they compete "
                        "with the server\n", fmt::join(cpus, ","));
-}
-
-httplib::Client make_client(const Target& target) {
-  httplib::Client client(target.host, target.port);
-  client.set_keep_alive(true);
-  client.set_tcp_nodelay(true);
-  client.set_read_timeout(120, 0);
-  client.set_connection_timeout(10, 0);
-  return client;
 }
 
 /// n random characters of the checkpoint's vocabulary.
@@ -324,7 +112,7 @@ json load_round(const Target& target, int clients, int requests, std::size_t new
   for (int c = 0; c < clients; ++c)
     threads.emplace_back([&] {
       idle_priority_client(target.client_cpus);
-      httplib::Client client = make_client(target);
+      httplib::Client client = make_client(target.host, target.port);
       for (int i = next++; i < requests; i = next++) {
         json body = {{"prompt", prompts[std::size_t(i)]}, {"max_tokens", request_tokens(std::size_t(i), new_tokens)},
                      {"temperature", 0}, {"stream", true}, {"stream_options", {{"include_usage", true}}}};
@@ -440,7 +228,7 @@ json mixed_run(const Target& target, std::size_t total, int clients, bool& ok) {
   for (int c = 0; c < clients; ++c)
     threads.emplace_back([&] {
       idle_priority_client(target.client_cpus);
-      httplib::Client client = make_client(target);
+      httplib::Client client = make_client(target.host, target.port);
       for (std::size_t i; (i = next++) < total;) {
         json body = cases[sent[i].case_index].body;
         if (sent[i].stream) body["stream"] = true;
@@ -501,7 +289,7 @@ json mixed_run(const Target& target, std::size_t total, int clients, bool& ok) {
       tokens += code_points(text);
     }
   }
-  httplib::Client client = make_client(target);
+  httplib::Client client = make_client(target.host, target.port);
   json metrics = metrics_of(client);
   if (errors || lost || twice || mismatched) {
     ok = false;
@@ -622,7 +410,7 @@ int main(int argc, char** argv) try {
                         std::to_string(std::max(most_clients, 64) * 2)},
                        work / "serve.log");
   {
-    httplib::Client probe = make_client(target);
+    httplib::Client probe = make_client(target.host, target.port);
     const auto start = Clock::now();
     for (;;) {
       auto health = probe.Get("/health");
@@ -655,7 +443,7 @@ int main(int argc, char** argv) try {
     fmt::print("  pair {}: bench_kv_cache S=64, {} thread{}: {:9.0f} tokens/s; serve at C=64 {:.0f}% of it\n", p + 1,
                threads, threads > 1 ? "s" : "", kv_samples.back(), shares.back() * 100);
   }
-  httplib::Client client = make_client(target);
+  httplib::Client client = make_client(target.host, target.port);
   json metrics = metrics_of(client);
   // The server's own count: every request answered once (the warm-up's too), none left behind.
   std::size_t sent = 1 + std::size_t(mixed);

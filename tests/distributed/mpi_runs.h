@@ -5,11 +5,7 @@
 #pragma once
 
 #include <doctest/doctest.h>
-#include <fcntl.h>
 #include <signal.h>
-#include <spawn.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
 #include <chrono>
 #include <cstdlib>
@@ -103,35 +99,15 @@ inline std::vector<std::string> mpirun_command(int ranks, const std::vector<std:
 /// end the launcher and every rank), with the environment MPI needs, stdout and stderr to files.
 inline pid_t start_job(std::vector<std::string> argv_text, const std::filesystem::path& out,
                        const std::filesystem::path& err, const std::vector<std::string>& env = {}) {
-  std::vector<char*> argv;
-  for (auto& a : argv_text) argv.push_back(a.data());
-  argv.push_back(nullptr);
-  std::vector<std::string> env_text = mpi_environment();
-  env_text.insert(env_text.end(), env.begin(), env.end());
-  for (char** e = environ; *e; ++e) {
-    std::string_view entry(*e);
-    if (entry.starts_with("DATA=") || entry.starts_with("TAPEGRAD_TEST_") || entry.starts_with("OMPI_") ||
-        entry.starts_with("ASAN_OPTIONS="))
-      continue;
-    env_text.emplace_back(entry);
-  }
-  std::vector<char*> envp;
-  for (auto& e : env_text) envp.push_back(e.data());
-  envp.push_back(nullptr);
-  posix_spawn_file_actions_t actions;
-  posix_spawn_file_actions_init(&actions);
-  posix_spawn_file_actions_addopen(&actions, 1, out.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-  posix_spawn_file_actions_addopen(&actions, 2, err.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-  posix_spawnattr_t attributes;
-  posix_spawnattr_init(&attributes);
-  posix_spawnattr_setflags(&attributes, POSIX_SPAWN_SETPGROUP);
-  posix_spawnattr_setpgroup(&attributes, 0);
-  pid_t pid = -1;
-  const int rc = posix_spawnp(&pid, argv_text[0].c_str(), &actions, &attributes, argv.data(), envp.data());
-  posix_spawn_file_actions_destroy(&actions);
-  posix_spawnattr_destroy(&attributes);
-  REQUIRE_MESSAGE(rc == 0, "posix_spawn " << argv_text[0] << " failed: " << rc);
-  return pid;
+  std::vector<std::string> environment = mpi_environment();
+  environment.insert(environment.end(), env.begin(), env.end());
+  for (std::string& entry : environment_without({"DATA=", "TAPEGRAD_TEST_", "OMPI_", "ASAN_OPTIONS="}))
+    environment.push_back(std::move(entry));
+  return start_process(std::move(argv_text), {.out = out,
+                                              .err = err,
+                                              .environment = std::move(environment),
+                                              .own_process_group = true,
+                                              .search_path = true});
 }
 
 /// Starts `mpirun -np ranks [mpirun_args] train_char args` (start_job).
@@ -144,32 +120,18 @@ inline pid_t start_mpirun(int ranks, const std::vector<std::string>& args, const
 /// Ends a job (start_job) if it still runs: SIGTERM to its launcher, which ends what it started
 /// (mpirun its ranks; scripts/netns_hosts.sh its hosts, namespaces and links), then after 10 s
 /// SIGKILL to its whole process group.
-inline void end_job(pid_t pid) {
-  if (::waitpid(pid, nullptr, WNOHANG) != 0) return;
-  ::kill(pid, SIGTERM);
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
-  while (::waitpid(pid, nullptr, WNOHANG) == 0) {
-    if (std::chrono::steady_clock::now() > deadline) {
-      ::kill(-pid, SIGKILL);
-      ::waitpid(pid, nullptr, 0);
-      return;
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  }
-}
+inline void end_job(pid_t pid) { end_process(pid, std::chrono::seconds(10), SIGTERM, /*whole_group=*/true); }
 
 /// Waits for a job started by start_job; past the deadline, ends it (end_job) and fails.
 inline int wait_within(pid_t pid, std::chrono::seconds limit, const std::filesystem::path& err) {
-  const auto deadline = std::chrono::steady_clock::now() + limit;
-  int raw = 0;
-  while (::waitpid(pid, &raw, WNOHANG) == 0) {
+  for (const auto deadline = std::chrono::steady_clock::now() + limit;;) {
+    if (auto status = exited(pid)) return *status;
     if (std::chrono::steady_clock::now() > deadline) {
       end_job(pid);
       FAIL("the job did not finish within " << limit.count() << " s: " << read_bytes(err));
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
-  return WIFEXITED(raw) ? WEXITSTATUS(raw) : 128 + WTERMSIG(raw);
 }
 
 /// Runs train_char under mpirun to its end (at most 90 s).

@@ -1,14 +1,10 @@
 // Helpers for the tests that run the built example programs (tests/examples/): start a program
-// with its output in files, wait for it, a small generated corpus, the tiny training run, and
-// checks on checkpoint files and temporary files.
+// with its output in files (support/child_process.h), wait for it, a small generated corpus, the
+// tiny training run, and checks on checkpoint files and temporary files.
 #pragma once
 
 #include <doctest/doctest.h>
-#include <fcntl.h>
 #include <fmt/format.h>
-#include <spawn.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <cstring>
@@ -20,9 +16,8 @@
 
 #include "core/random.h"
 #include "io/safetensors.h"
+#include "support/child_process.h"
 #include "support/helpers.h"
-
-extern char** environ;
 
 namespace tapegrad::test {
 
@@ -99,35 +94,11 @@ inline pid_t start(const std::string& program, const std::vector<std::string>& a
                    const std::filesystem::path& err, const std::vector<std::string>& env = {}) {
   const std::string path = (std::filesystem::path(TAPEGRAD_BINARY_DIR) / program).string();
   REQUIRE_MESSAGE(std::filesystem::exists(path), path << " is not built (configure with TAPEGRAD_BUILD_EXAMPLES=ON)");
-  std::vector<std::string> argv_text = {path};
-  argv_text.insert(argv_text.end(), args.begin(), args.end());
-  std::vector<char*> argv;
-  for (auto& a : argv_text) argv.push_back(a.data());
-  argv.push_back(nullptr);
-  std::vector<std::string> env_text(env);
-  for (char** e = environ; *e; ++e) {
-    std::string_view entry(*e);
-    if (entry.starts_with("DATA=") || entry.starts_with("TAPEGRAD_TEST_")) continue;
-    env_text.emplace_back(entry);
-  }
-  std::vector<char*> envp;
-  for (auto& e : env_text) envp.push_back(e.data());
-  envp.push_back(nullptr);
-  posix_spawn_file_actions_t actions;
-  posix_spawn_file_actions_init(&actions);
-  posix_spawn_file_actions_addopen(&actions, 1, out.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-  posix_spawn_file_actions_addopen(&actions, 2, err.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-  pid_t pid = -1;
-  const int rc = posix_spawn(&pid, path.c_str(), &actions, nullptr, argv.data(), envp.data());
-  posix_spawn_file_actions_destroy(&actions);
-  REQUIRE_MESSAGE(rc == 0, "posix_spawn " << path << " failed: " << rc);
-  return pid;
-}
-
-inline int wait_for(pid_t pid) {
-  int raw = 0;
-  REQUIRE(::waitpid(pid, &raw, 0) == pid);
-  return WIFEXITED(raw) ? WEXITSTATUS(raw) : 128 + WTERMSIG(raw);
+  std::vector<std::string> argv = {path};
+  argv.insert(argv.end(), args.begin(), args.end());
+  std::vector<std::string> environment = env;
+  for (std::string& entry : environment_without({"DATA=", "TAPEGRAD_TEST_"})) environment.push_back(std::move(entry));
+  return start_process(std::move(argv), {.out = out, .err = err, .environment = std::move(environment)});
 }
 
 /// Runs a built program to its end.
