@@ -20,6 +20,8 @@
 using namespace tapegrad;
 using namespace tapegrad::nn;
 
+using test::values;
+
 namespace {
 
 /// The sizes of a OneBlock decoder (the fields of ModelShape, so the default shape conversions apply).
@@ -117,8 +119,6 @@ const bool one_block_registered =
 std::string temp_path(const std::string& name) { return test::process_path("architecture_registry_" + name); }
 
 std::vector<float> values(std::span<const float> s) { return {s.begin(), s.end()}; }
-std::vector<float> values(const Tensor& t) { return {t.data(), t.data() + t.size()}; }
-
 std::string file_bytes(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};

@@ -8,6 +8,8 @@
 using namespace tapegrad;
 using namespace tapegrad::nn;
 
+using test::values;
+
 namespace {
 
 // Each KV head's columns repeated for its query heads: (B, T, KVH*Dh) -> (B, T, H*Dh).
@@ -19,8 +21,6 @@ Tensor repeat_heads(const Tensor& x, std::size_t H, std::size_t KVH, std::size_t
       std::copy_n(x.data() + (r * KVH + h / (H / KVH)) * Dh, Dh, out.data() + (r * H + h) * Dh);
   return out;
 }
-
-std::vector<float> values(const Tensor& t) { return {t.data(), t.data() + t.size()}; }
 
 }  // namespace
 

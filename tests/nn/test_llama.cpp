@@ -14,21 +14,14 @@
 #include "nn/tokenizer.h"
 #include "optim/adamw.h"
 #include "support/checks.h"
+#include "support/small_llama.h"
 
 using namespace tapegrad;
 using namespace tapegrad::nn;
 using test::random_ids;
+using test::values;
 
 namespace {
-
-// vocab 11, d_model 16, 4 heads of 4 on 2 KV heads, 2 blocks, d_ff 24.
-LlamaConfig small_config(bool tied = false, std::size_t kv_heads = 2) {
-  LlamaConfig c{.vocab = 11, .d_model = 16, .n_heads = 4, .n_blocks = 2, .max_len = 24};
-  c.n_kv_heads = kv_heads, c.d_ff = 24, c.tied_head = tied, c.seed = 3;
-  return c;
-}
-
-std::vector<float> values(const Tensor& t) { return {t.data(), t.data() + t.size()}; }
 
 std::vector<Tensor> gradients(const Llama& model, std::span<const std::int32_t> ids,
                               std::span<const std::int32_t> targets, std::size_t batch, std::size_t seq) {
@@ -47,7 +40,7 @@ std::vector<Tensor> gradients(const Llama& model, std::span<const std::int32_t> 
 }  // namespace
 
 TEST_CASE("llama has the shared parameter names, (D, H*Dh) q and (D, KVH*Dh) k and v, and counts tied and untied") {
-  LlamaConfig c = small_config();
+  LlamaConfig c = test::small_llama_config();
   c.head_dim = 6;  // not d_model / n_heads: q (16, 24), k and v (16, 12), o (24, 16)
   Llama model(c);
   std::vector<std::string> names;
@@ -80,21 +73,21 @@ TEST_CASE("llama has the shared parameter names, (D, H*Dh) q and (D, KVH*Dh) k a
 
 TEST_CASE("llama refuses impossible configurations naming the values") {
   auto error = [](LlamaConfig c) { return test::error_of([&] { Llama model(c); }); };
-  LlamaConfig c = small_config();
+  LlamaConfig c = test::small_llama_config();
   c.n_kv_heads = 3;
   CHECK(error(c) == "llama(vocab=11, d_model=16, n_heads=4, n_kv_heads=3, head_dim=4, n_blocks=2, max_len=24, "
                     "d_ff=24): n_kv_heads 3 does not divide n_heads 4");
-  c = small_config(), c.head_dim = 5;
+  c = test::small_llama_config(), c.head_dim = 5;
   CHECK(test::contains(error(c), "head_dim 5 must be even for RoPE"));
-  c = small_config(), c.d_model = 18;
+  c = test::small_llama_config(), c.d_model = 18;
   CHECK(test::contains(error(c), "d_model 18 is not divisible by n_heads 4 (give head_dim)"));
-  c = small_config(), c.n_kv_heads = 0;
+  c = test::small_llama_config(), c.n_kv_heads = 0;
   CHECK(test::contains(error(c), "every size must be positive"));
-  c = small_config(), c.max_len = std::size_t(1) << 21;
+  c = test::small_llama_config(), c.max_len = std::size_t(1) << 21;
   CHECK(test::contains(error(c), "max_len 2097152 exceeds the supported 1048576"));
-  c = small_config(), c.dropout = 1;
+  c = test::small_llama_config(), c.dropout = 1;
   CHECK(test::contains(error(c), "dropout 1 must be in [0, 1)"));
-  c = small_config(), c.rope_theta = 0;
+  c = test::small_llama_config(), c.rope_theta = 0;
   CHECK(test::contains(error(c), "rope_theta 0 must be positive"));
 }
 
@@ -102,9 +95,7 @@ TEST_CASE("llama's gradient passes gradcheck, tied and untied, on grouped and sh
   for (auto [tied, kv_heads] : {std::pair{false, std::size_t(2)}, std::pair{true, std::size_t(1)}}) {
     CAPTURE(tied);
     CAPTURE(kv_heads);
-    LlamaConfig c{.vocab = 7, .d_model = 8, .n_heads = 2, .n_blocks = 2, .max_len = 5};
-    c.n_kv_heads = kv_heads, c.d_ff = 12, c.tied_head = tied;
-    Llama model(c);
+    Llama model(test::gradcheck_llama_config(kv_heads, tied));
     // Larger than the default init, so that every path carries signal above the float noise; the
     // tied embedding at 0.3, as it enters twice (its loss is more curved: at 0.5 the central
     // differences' truncation error at eps 1e-2 reached the tolerance).
@@ -135,7 +126,7 @@ TEST_CASE("llama's gradient passes gradcheck, tied and untied, on grouped and sh
 }
 
 TEST_CASE("llama trains: a few AdamW steps lower the loss of one batch") {
-  Llama model(small_config(true));
+  Llama model(test::small_llama_config(true));
   auto ids = random_ids(2 * 16, 11, 1), targets = random_ids(2 * 16, 11, 2);
   ParameterList params = model.params();
   optim::AdamW optimizer(params, {.lr = 1e-2f});
@@ -153,7 +144,7 @@ TEST_CASE("llama trains: a few AdamW steps lower the loss of one batch") {
 }
 
 TEST_CASE("llama with remat gives bit-identical gradients") {
-  LlamaConfig c = small_config();
+  LlamaConfig c = test::small_llama_config();
   Llama plain(c);
   c.remat = true;
   Llama remat(c);
@@ -164,7 +155,7 @@ TEST_CASE("llama with remat gives bit-identical gradients") {
 }
 
 TEST_CASE("llama's forward, prefill and steps agree, and a cache shorter than max_len decodes the same") {
-  Llama model(small_config());
+  Llama model(test::small_llama_config());
   Rng rng(5);
   for (auto& p : model.params())
     if (p.var.shape().size() == 2) rng.fill_normal(p.var.mutable_value(), 0.3f);
@@ -194,7 +185,7 @@ TEST_CASE("llama's forward, prefill and steps agree, and a cache shorter than ma
 }
 
 TEST_CASE("llama is registered: checkpoints save and load through its name with every config field") {
-  LlamaConfig c = small_config(true, 1);
+  LlamaConfig c = test::small_llama_config(true, 1);
   c.head_dim = 6, c.norm_eps = 1e-6f, c.rope_theta = 50000.0;
   LanguageModel model(Llama{c});
   const CharTokenizer tokenizer = CharTokenizer::from_text("abcdefghijk");
@@ -330,7 +321,7 @@ void check_round_trip(const M& model, const Config& config, std::span<const Fore
 TEST_CASE("llama's foreign tensor table names every parameter once, in order, and loads Hugging Face and GGUF layouts") {
   for (bool tied : {false, true}) {
     CAPTURE(tied);
-    LlamaConfig c = small_config(tied);
+    LlamaConfig c = test::small_llama_config(tied);
     Llama model(c);
     const auto map = llama_foreign_tensors(c);
     const ParameterList params = model.params();
@@ -365,7 +356,7 @@ TEST_CASE("gpt2's foreign tensor table splits the fused attention and loads Hugg
 }
 
 TEST_CASE("load_foreign_tensors names both tensors and both shapes when one does not fit") {
-  LlamaConfig c = small_config();
+  LlamaConfig c = test::small_llama_config();
   Llama model(c);
   const auto map = llama_foreign_tensors(c);
   auto fetch = [](const ForeignTensor& e) {

@@ -20,34 +20,24 @@
 #include "optim/adamw.h"
 #include "optim/clip.h"
 #include "support/checks.h"
+#include "support/small_llama.h"
 
 using namespace tapegrad;
 using namespace tapegrad::nn;
 using test::random_ids;
+using test::values;
 
 namespace {
 
 const std::string tiny_llama_folder = std::string(TAPEGRAD_SOURCE_DIR) + "/tests/data/models/tiny_llama";
 
-// vocab 11, d_model 16, 4 heads of 4 on 2 KV heads, 2 blocks, d_ff 24 (test_llama.cpp's).
 LanguageModel small_llama(std::uint64_t seed = 3) {
-  LlamaConfig c{.vocab = 11, .d_model = 16, .n_heads = 4, .n_blocks = 2, .max_len = 24};
-  c.n_kv_heads = 2, c.d_ff = 24, c.seed = seed;
-  return LanguageModel(Llama(c));
+  return LanguageModel(Llama(test::small_llama_config(false, 2, seed)));
 }
-
-std::vector<float> values(const Tensor& t) { return {t.data(), t.data() + t.size()}; }
 
 Tensor logits_of(const LanguageModel& model, std::span<const std::int32_t> ids) {
   NoGradScope no_grad;
   return model.forward(ids, 1, ids.size()).value();
-}
-
-float max_difference(const Tensor& a, const Tensor& b) {
-  REQUIRE(a.shape() == b.shape());
-  float worst = 0;
-  for (std::size_t i = 0; i < a.size(); ++i) worst = std::max(worst, std::fabs(a[i] - b[i]));
-  return worst;
 }
 
 // B is zero after add_lora: gives every adapter matrix values, so that the adapters change the output.
@@ -122,9 +112,7 @@ TEST_CASE("a LoRA adapter's gradients pass a finite-difference check, on a Linea
       },
       {test::random_tensor({3, 5}, 1), test::random_tensor({5, 2}, 2, 0.5f), test::random_tensor({2, 4}, 3, 0.5f)});
   // The model: every adapter of every target, on a frozen Llama.
-  LlamaConfig c{.vocab = 7, .d_model = 8, .n_heads = 2, .n_blocks = 2, .max_len = 5};
-  c.n_kv_heads = 1, c.d_ff = 12;
-  LanguageModel model((Llama(c)));
+  LanguageModel model(Llama(test::gradcheck_llama_config(1)));
   Rng rng(3);
   for (auto& p : model.params())
     if (p.var.shape().size() == 2) rng.fill_normal(p.var.mutable_value(), 0.5f);
@@ -225,8 +213,8 @@ TEST_CASE("merge_lora folds the adapters into the weights: the logits equal the 
   CHECK(!lora_of(model));
   CHECK(trainable(model.params()).empty());  // the merged weights stay frozen
   const Tensor merged = logits_of(model, ids);
-  CHECK(max_difference(merged, adapted) <= 1e-5f);
-  CHECK(max_difference(merged, base_logits) > 1e-2f);  // the adapters did change the model
+  CHECK(max_abs_diff(merged, adapted) <= 1e-5f);
+  CHECK(max_abs_diff(merged, base_logits) > 1e-2f);  // the adapters did change the model
 }
 
 TEST_CASE("a checkpoint of a LoRA model holds the base and the adapters and loads to bit-identical logits") {

@@ -51,6 +51,9 @@ inline Tensor random_tensor(Shape shape, std::uint64_t seed, float scale = 1.0f)
   return t;
 }
 
+/// A tensor's values, to compare with CHECK.
+inline std::vector<float> values(const Tensor& t) { return {t.data(), t.data() + t.size()}; }
+
 /// n token ids uniform in [0, vocab) from a fixed seed.
 inline std::vector<std::int32_t> random_ids(std::size_t n, std::size_t vocab, std::uint64_t seed) {
   Rng rng(seed);
