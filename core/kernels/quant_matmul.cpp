@@ -1,8 +1,8 @@
-// This level's packed_matmul kernels (core/quant/packed_kernels.h): y = x W^T for W in a block
-// format (integer dot products on 8-bit activation blocks) or in BF16 / F16 (float products), each
-// output computed as Note [Packed products] fixes it. Every level has a portable version (plain
-// loops: SSE2 and emulated16 run it); AVX2 forms the integer sums with vpmaddubsw, AVX-512 with
-// VNNI's vpdpbusd two blocks at a time (AVX2's kernels where the CPU lacks VNNI).
+// This level's packed_matmul kernels (core/quant/packed_kernels.h) and the activation quantizer
+// they read: y = x W^T for W in a block format (integer dot products on 8-bit activation blocks) or
+// in BF16 / F16 (float products), each output computed as Note [Packed products] fixes it, in
+// register tiles of weight rows by activation rows. The portable loops run at SSE2 and emulated16;
+// AVX2 forms the integer sums with AVX-VNNI or vpmaddubsw, AVX-512 with VNNI two blocks at a time.
 #include <algorithm>
 #include <bit>
 #include <cmath>
