@@ -81,7 +81,7 @@ void idle_priority_client(const std::vector<int>& cpus) {
 }
 
 /// n random characters of the checkpoint's vocabulary.
-std::string random_prompt(const nn::CharTokenizer& tokenizer, std::size_t n, Rng& rng) {
+std::string random_prompt(const tokenizers::CharTokenizer& tokenizer, std::size_t n, Rng& rng) {
   std::vector<std::int32_t> ids;
   for (std::size_t i = 0; i < n; ++i) ids.push_back(std::int32_t(rng.below(tokenizer.size())));
   return tokenizer.decode(ids);
@@ -331,7 +331,7 @@ json kv_cache_figure(int threads) {
 void write_bench_checkpoint(const fs::path& path) {
   const std::string vocab = "\n !$&',-.3:;?ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz";
   nn::save_model_checkpoint(path.string(), nn::LanguageModel(nn::rotary_decoder(65, 64, 4, 2, 256)),
-                            nn::CharTokenizer::from_vocab(vocab));
+                            tokenizers::CharTokenizer::from_vocab(vocab));
 }
 
 }  // namespace

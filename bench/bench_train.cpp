@@ -20,7 +20,7 @@
 #include "core/kernels.h"
 #include "nn/checkpoint.h"
 #include "nn/generate.h"
-#include "nn/tokenizer.h"
+#include "tokenizers/char_tokenizer.h"
 
 using namespace tapegrad;
 
@@ -120,7 +120,7 @@ const char* kVocab = "\n !$&',-.3:;?ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqr
 void write_agreement(const std::string& dir, const std::vector<std::string>& names) {
   std::filesystem::create_directories(dir);
   set_num_threads(1);
-  nn::CharTokenizer tokenizer = nn::CharTokenizer::from_vocab(kVocab);
+  tokenizers::CharTokenizer tokenizer = tokenizers::CharTokenizer::from_vocab(kVocab);
   for (const std::string& name : names) {
     bench::TrainConfig config = bench::train_config(name);
     bench::Trainer trainer(config);

@@ -9,8 +9,8 @@
 #include "core/tape.h"
 #include "nn/generate.h"
 #include "nn/models/rotary_decoder.h"
-#include "nn/tokenizer.h"
 #include "optim/adamw.h"
+#include "tokenizers/char_tokenizer.h"
 
 using namespace tapegrad;
 
@@ -19,7 +19,7 @@ int main() {
   std::string corpus;
   for (int i = 0; i < 20; ++i) corpus += text;
 
-  nn::CharTokenizer tokenizer = nn::CharTokenizer::from_text(corpus);
+  tokenizers::CharTokenizer tokenizer = tokenizers::CharTokenizer::from_text(corpus);
   std::vector<std::int32_t> ids = tokenizer.encode(corpus);
   nn::RotaryDecoder model(
       {.vocab = tokenizer.size(), .d_model = 32, .n_heads = 2, .n_blocks = 2, .max_len = 64, .seed = 0});

@@ -78,8 +78,8 @@ void write_checkpoint_file(const std::string& path, const ParameterList& params,
   write_safetensors(path, tensors, metadata);
 }
 
-const CharTokenizer& LoadedModelCheckpoint::char_tokenizer() const {
-  const auto* chars = dynamic_cast<const CharTokenizer*>(tokenizer.get());
+const tokenizers::CharTokenizer& LoadedModelCheckpoint::char_tokenizer() const {
+  const auto* chars = dynamic_cast<const tokenizers::CharTokenizer*>(tokenizer.get());
   if (!chars)
     throw std::runtime_error(
         fmt::format("the checkpoint's tokenizer is '{}', not a character vocabulary", tokenizer->kind()));
@@ -114,7 +114,8 @@ LoadedModelCheckpoint load_model_checkpoint(const std::string& path, bool remat)
     std::shared_ptr<const tokenizers::Tokenizer> tokenizer;
     auto kind = meta.find("tokenizer");  // absent in the files of the time before BPE: characters
     if (kind == meta.end() || kind->second == "char") {
-      auto chars = std::make_shared<const CharTokenizer>(CharTokenizer::from_vocab(metadata_text(meta, "vocab")));
+      auto chars = std::make_shared<const tokenizers::CharTokenizer>(
+          tokenizers::CharTokenizer::from_vocab(metadata_text(meta, "vocab")));
       if (chars->size() != model.config().vocab)
         throw std::runtime_error(fmt::format("the vocabulary has {} characters but vocab_size is {}", chars->size(),
                                              model.config().vocab));

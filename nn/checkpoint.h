@@ -16,7 +16,7 @@
 #include "nn/architecture.h"
 #include "nn/language_model.h"
 #include "nn/models/rotary_decoder.h"
-#include "nn/tokenizer.h"
+#include "tokenizers/char_tokenizer.h"
 #include "tokenizers/tokenizer.h"
 
 namespace tapegrad::nn {
@@ -58,7 +58,7 @@ struct LoadedModelCheckpoint {
   std::map<std::string, std::string> metadata;             ///< the file's metadata, every key
   /// The tokenizer as a character vocabulary (what train_char writes); throws
   /// std::runtime_error naming its kind when it is another.
-  const CharTokenizer& char_tokenizer() const;
+  const tokenizers::CharTokenizer& char_tokenizer() const;
 };
 
 /// Reads and checks a checkpoint of any registered architecture, by the file's "arch" (absent:
@@ -70,14 +70,14 @@ LoadedModelCheckpoint load_model_checkpoint(const std::string& path, bool remat 
 /// A rotary decoder checkpoint as load_checkpoint read it.
 struct [[deprecated("use LoadedModelCheckpoint (load_model_checkpoint)")]] LoadedCheckpoint {
   RotaryDecoder model;                                 ///< the model, its weights loaded
-  CharTokenizer tokenizer;                             ///< the vocabulary it was trained with
+  tokenizers::CharTokenizer tokenizer;                 ///< the vocabulary it was trained with
   std::map<std::string, Tensor> extra_tensors;         ///< the "optim." tensors
   std::map<std::string, std::string> metadata;         ///< everything in "__metadata__"
 };
 
 /// The file save_model_checkpoint writes of a rotary decoder (arch = "rotary" included).
 [[deprecated("use save_model_checkpoint(path, LanguageModel(model), tokenizer, extras)")]] inline void save_checkpoint(
-    const std::string& path, const RotaryDecoder& model, const CharTokenizer& tokenizer,
+    const std::string& path, const RotaryDecoder& model, const tokenizers::CharTokenizer& tokenizer,
     const CheckpointExtras& extras = {}) {
   Metadata metadata = rotary_decoder_config_metadata(model.config());
   metadata["arch"] = find_architecture(typeid(RotaryDecoder))->name;

@@ -7,6 +7,7 @@
 
 #include "common/program.h"
 #include "core/fnv1a.h"
+#include "tokenizers/utf8.h"
 
 namespace tapegrad::examples {
 
@@ -14,7 +15,7 @@ namespace {
 std::u32string decode_file(const std::string& path, const std::string& bytes) {
   if (bytes.empty()) throw std::runtime_error(fmt::format("{}: the file is empty; a text to read is needed", path));
   try {
-    return nn::decode_utf8(bytes);
+    return tokenizers::decode_utf8(bytes);
   } catch (const std::exception& e) {
     throw std::runtime_error(fmt::format("{}: {}", path, e.what()));
   }
@@ -22,7 +23,7 @@ std::u32string decode_file(const std::string& path, const std::string& bytes) {
 
 std::string encode_utf8(std::u32string_view chars) {
   std::string out;
-  for (char32_t c : chars) nn::append_utf8(out, c);
+  for (char32_t c : chars) tokenizers::append_utf8(out, c);
   return out;
 }
 }  // namespace
@@ -38,7 +39,7 @@ Corpus corpus_of_ids(const std::string& path, std::shared_ptr<const tokenizers::
 
 Corpus corpus_of_characters(const std::string& path, const std::string& bytes) {
   decode_file(path, bytes);  // checks before the tokenizer sees it, so errors name the file
-  auto chars = std::make_shared<const nn::CharTokenizer>(nn::CharTokenizer::from_text(bytes));
+  auto chars = std::make_shared<const tokenizers::CharTokenizer>(tokenizers::CharTokenizer::from_text(bytes));
   std::vector<std::int32_t> ids = chars->encode(bytes);
   return corpus_of_ids(path, std::move(chars), std::move(ids), fnv1a64(bytes));
 }

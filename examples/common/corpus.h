@@ -1,5 +1,5 @@
 // A training text as the example programs use it: read, checked as UTF-8, tokenized (by its own
-// characters, nn::CharTokenizer, or by a model's tokenizer), and split into the first 90%
+// characters, tokenizers::CharTokenizer, or by a model's tokenizer), and split into the first 90%
 // (training) and the last 10% (validation) of its ids.
 #pragma once
 
@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-#include "nn/tokenizer.h"
+#include "tokenizers/char_tokenizer.h"
 #include "tokenizers/tokenizer.h"
 
 namespace tapegrad::examples {

@@ -259,7 +259,7 @@ void prepare_leader_run(const TrainOptions& o, std::int64_t decay_steps, const M
     check_resume_flags(o, *ckpt);
     corpus.emplace(ckpt->tokenizer->kind() == "char" ? corpus_of_characters(o.data, text)
                                                       : corpus_of_tokens(o.data, text, ckpt->tokenizer));
-    if (auto* chars = dynamic_cast<const nn::CharTokenizer*>(corpus->tokenizer.get());
+    if (auto* chars = dynamic_cast<const tokenizers::CharTokenizer*>(corpus->tokenizer.get());
         chars && chars->vocab() != ckpt->char_tokenizer().vocab())
       throw std::runtime_error(
           fmt::format("--resume {}: its vocabulary ({} characters) differs from that of {} ({} "

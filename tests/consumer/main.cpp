@@ -8,13 +8,13 @@
 #include "custom_op.h"
 #include "nn/generate.h"
 #include "nn/models/rotary_decoder.h"
-#include "nn/tokenizer.h"
 #include "optim/adamw.h"
+#include "tokenizers/char_tokenizer.h"
 
 using namespace tapegrad;
 
 int main() {
-  nn::CharTokenizer tokenizer = nn::CharTokenizer::from_text("hello, installed tapegrad");
+  tokenizers::CharTokenizer tokenizer = tokenizers::CharTokenizer::from_text("hello, installed tapegrad");
   nn::RotaryDecoder model = nn::rotary_decoder(tokenizer.size(), 16, 2, 1, 16);
   optim::AdamW optimizer(model.params());
   std::vector<std::int32_t> ids = tokenizer.encode("hello, installed");

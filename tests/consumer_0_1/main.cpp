@@ -1,15 +1,20 @@
 // A program written against tapegrad 0.1, unchanged: every spelling that 0.2 renamed or moved, as
 // a user of 0.1 wrote it (old header paths, nn::CharTokenizer, a module that lists its parameters
-// in collect_params, an architecture whose tied head is p.matmul_transposed). Its deprecation
-// warnings are expected; if it stops compiling, a forwarder was removed before its time (README.md,
-// "Versions"). Prints "ok" and exits 0 when every result is what 0.1 gave.
+// in collect_params, an architecture whose tied head is p.matmul_transposed, save_checkpoint and
+// load_checkpoint). Its deprecation warnings are expected; if it stops compiling, a forwarder was
+// removed before its time (README.md, "Versions"). Prints "ok" and exits 0 when every result is
+// what 0.1 gave.
+#include <unistd.h>
+
 #include <cmath>
 #include <cstdio>
+#include <filesystem>
 #include <string>
 #include <vector>
 
 #include "core/safetensors.h"
 #include "core/tape.h"
+#include "nn/checkpoint.h"
 #include "nn/generate.h"
 #include "nn/gpt2.h"
 #include "nn/module_io.h"
@@ -122,6 +127,17 @@ void check_rotary_decoder_and_char_tokenizer() {
   expect(text == "h\xC3\xA9", "nn::decode_utf8 and nn::append_utf8 round trip");
   nn::Gpt2 gpt2({.vocab = tokenizer.size(), .d_model = 16, .n_heads = 2, .n_blocks = 1, .max_len = 16});
   expect(gpt2.num_params() > 0, "a GPT-2 of nn/gpt2.h");
+
+  // 0.1's rotary-only checkpoint functions.
+  const std::string path = (std::filesystem::temp_directory_path() /
+                            ("tapegrad_consumer_0_1_" + std::to_string(::getpid()) + ".safetensors"))
+                               .string();
+  nn::save_checkpoint(path, model, tokenizer);
+  nn::LoadedCheckpoint loaded = nn::load_checkpoint(path);
+  std::filesystem::remove(path);
+  expect(loaded.tokenizer.decode(loaded.tokenizer.encode("hello")) == "hello", "load_checkpoint's vocabulary");
+  expect(max_abs_diff(loaded.model.params()[0].var.value(), model.params()[0].var.value()) == 0.0f,
+         "load_checkpoint gives the saved weights");
 }
 
 }  // namespace

@@ -8,9 +8,10 @@
 #include "io/safetensors.h"
 #include "nn/checkpoint.h"
 #include "nn/language_model.h"
-#include "nn/tokenizer.h"
 #include "support/helpers.h"
 #include "support/programs.h"
+#include "tokenizers/char_tokenizer.h"
+#include "tokenizers/utf8.h"
 
 using namespace tapegrad;
 using namespace tapegrad::test;
@@ -58,7 +59,7 @@ TEST_CASE("generate (cached, uncached, batched) and evaluate read a gpt2 checkpo
   Result g = run("generate", args);
   REQUIRE_MESSAGE(g.status == 0, g.err);
   CHECK(g.out.starts_with("The"));
-  CHECK(nn::decode_utf8(g.out).size() == 13);
+  CHECK(tokenizers::decode_utf8(g.out).size() == 13);
   CHECK(run("generate", args).out == g.out);  // dropout is off in generation: the same text
   CHECK(run("generate", args + std::vector<std::string>{"--no-cache"}).out == g.out);  // the cache gives the same text
   Result two = run("generate", args + std::vector<std::string>{"--num-samples", "2"});

@@ -20,6 +20,7 @@
 #include "nn/checkpoint.h"
 #include "support/helpers.h"
 #include "support/programs.h"
+#include "tokenizers/utf8.h"
 
 using namespace tapegrad;
 using namespace tapegrad::test;
@@ -136,7 +137,7 @@ TEST_CASE("generate streams exactly the prompt and the new characters, the same 
   REQUIRE_MESSAGE(cached.status == 0, cached.err);
   CHECK(cached.err.empty());
   CHECK(cached.out.starts_with("The café"));
-  CHECK(nn::decode_utf8(cached.out).size() == 8 + 20);
+  CHECK(tokenizers::decode_utf8(cached.out).size() == 8 + 20);
   Result uncached = run("generate", args + std::vector<std::string>{"--no-cache"});
   REQUIRE(uncached.status == 0);
   CHECK(uncached.out == cached.out);
@@ -172,12 +173,12 @@ TEST_CASE("generate streams exactly the prompt and the new characters, the same 
     Result r = run("generate", {"--checkpoint", ckpt.string(), "--max-new", "5"});
     REQUIRE(r.status == 0);
     CHECK(r.out.starts_with("\n"));
-    CHECK(nn::decode_utf8(r.out).size() == 6);
+    CHECK(tokenizers::decode_utf8(r.out).size() == 6);
   }
   SUBCASE("reaching max_len stops early with a note on stderr only") {
     Result r = run("generate", {"--checkpoint", ckpt.string(), "--prompt", "The", "--max-new", "100"});
     REQUIRE(r.status == 0);
-    CHECK(nn::decode_utf8(r.out).size() == 32);
+    CHECK(tokenizers::decode_utf8(r.out).size() == 32);
     CHECK(test::contains(r.err, "stopped at max_len 32"));
   }
 }
@@ -200,9 +201,9 @@ TEST_CASE("evaluate prints one JSON line whose loss matches a direct windowed co
   // time, weighted by length. The program batches full windows, so float32 means may round
   // differently: 1e-5 relative is far above that rounding (~1e-7) and far below any real error.
   nn::LoadedModelCheckpoint loaded = nn::load_model_checkpoint(ckpt.string());
-  std::u32string chars = nn::decode_utf8(read_bytes(data)).substr(0, 1000);
+  std::u32string chars = tokenizers::decode_utf8(read_bytes(data)).substr(0, 1000);
   std::string text;
-  for (char32_t c : chars) nn::append_utf8(text, c);
+  for (char32_t c : chars) tokenizers::append_utf8(text, c);
   std::vector<std::int32_t> ids = loaded.tokenizer->encode(text);
   double sum = 0;
   std::size_t tokens = 0;

@@ -128,7 +128,7 @@ std::string file_bytes(const std::string& path) {
 
 TEST_CASE("an architecture defined in a test trains, saves, loads by its name and decodes like the built-in ones") {
   REQUIRE(one_block_registered);
-  const CharTokenizer tokenizer = CharTokenizer::from_text("abcabd dcba");
+  const tokenizers::CharTokenizer tokenizer = tokenizers::CharTokenizer::from_text("abcabd dcba");
   LanguageModel model = find_architecture("one_block").make(
       {.vocab = tokenizer.size(), .d_model = 8, .n_heads = 2, .max_len = 16, .d_ff = 12, .seed = 7});
   CHECK(model.arch() == "one_block");
@@ -204,7 +204,7 @@ TEST_CASE("an unknown architecture, in a checkpoint or by name, is an error nami
   REQUIRE(one_block_registered);
   CHECK(test::error_of([] { find_architecture("mlp", "--arch"); }) ==
         "--arch 'mlp' is not a registered architecture (registered: rotary, gpt2, llama, one_block)");
-  const CharTokenizer tokenizer = CharTokenizer::from_text("abcd");
+  const tokenizers::CharTokenizer tokenizer = tokenizers::CharTokenizer::from_text("abcd");
   const std::string good = temp_path("rotary.safetensors"), bad = temp_path("unknown_arch.safetensors");
   save_model_checkpoint(good, rotary_decoder(4, 8, 2, 1, 8), tokenizer);
   SafetensorsFile file = read_safetensors(good);

@@ -29,7 +29,7 @@ void rewrite(const std::string& from, const std::string& to,
 }  // namespace
 
 TEST_CASE("a checkpoint round-trips the model, its vocabulary and its hyperparameters") {
-  CharTokenizer tok = CharTokenizer::from_text("hello wörld");
+  tokenizers::CharTokenizer tok = tokenizers::CharTokenizer::from_text("hello wörld");
   RotaryDecoder model = rotary_decoder(tok.size(), 16, 2, 2, 24, 40, false, 3);
   std::string path = temp_path("round_trip.safetensors");
   save_model_checkpoint(path, LanguageModel(model), tok);
@@ -52,7 +52,7 @@ TEST_CASE("a checkpoint round-trips the model, its vocabulary and its hyperparam
 }
 
 TEST_CASE("training extras travel under optim. names and in the metadata") {
-  CharTokenizer tok = CharTokenizer::from_text("abc");
+  tokenizers::CharTokenizer tok = tokenizers::CharTokenizer::from_text("abc");
   RotaryDecoder model = rotary_decoder(3, 8, 2, 1, 8);
   Tensor m({8, 8}, 0.5f);
   std::string path = temp_path("extras.safetensors");
@@ -68,7 +68,7 @@ TEST_CASE("training extras travel under optim. names and in the metadata") {
 }
 
 TEST_CASE("checkpoints whose content disagrees with their metadata are refused, naming the file") {
-  CharTokenizer tok = CharTokenizer::from_text("abcd");
+  tokenizers::CharTokenizer tok = tokenizers::CharTokenizer::from_text("abcd");
   RotaryDecoder model = rotary_decoder(4, 8, 2, 1, 8);
   std::string good = temp_path("good.safetensors"), bad = temp_path("bad.safetensors");
   save_model_checkpoint(good, LanguageModel(model), tok);
@@ -100,7 +100,7 @@ TEST_CASE("checkpoints whose content disagrees with their metadata are refused, 
 }
 
 TEST_CASE("a file without the arch key, as written before gpt2 and by 0.1's save_checkpoint, loads as the rotary decoder") {
-  CharTokenizer tok = CharTokenizer::from_text("abcd");
+  tokenizers::CharTokenizer tok = tokenizers::CharTokenizer::from_text("abcd");
   RotaryDecoder model = rotary_decoder(4, 8, 2, 1, 8);
   std::string with_arch = temp_path("with_arch.safetensors"), without = temp_path("without_arch.safetensors");
   save_model_checkpoint(with_arch, LanguageModel(model), tok);
@@ -119,7 +119,7 @@ TEST_CASE("a file without the arch key, as written before gpt2 and by 0.1's save
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wdeprecated-declarations"
 TEST_CASE("the deprecated save_checkpoint and load_checkpoint write and read the files of save_model_checkpoint") {
-  CharTokenizer tok = CharTokenizer::from_text("abcd");
+  tokenizers::CharTokenizer tok = tokenizers::CharTokenizer::from_text("abcd");
   RotaryDecoder model = rotary_decoder(4, 8, 2, 1, 8);
   std::string old_api = temp_path("old_api.safetensors"), general = temp_path("general_api.safetensors");
   save_checkpoint(old_api, model, tok);
@@ -136,7 +136,7 @@ TEST_CASE("the deprecated save_checkpoint and load_checkpoint write and read the
 #pragma GCC diagnostic pop
 
 TEST_CASE("a checkpoint holding NaN or infinity, in a weight or the optimizer state, is refused naming the tensor and element") {
-  CharTokenizer tok = CharTokenizer::from_text("abcd");
+  tokenizers::CharTokenizer tok = tokenizers::CharTokenizer::from_text("abcd");
   RotaryDecoder model = rotary_decoder(4, 8, 2, 1, 8);
   std::string good = temp_path("finite.safetensors"), bad = temp_path("nonfinite.safetensors");
   Tensor moment({4}, 0.5f);
@@ -157,7 +157,7 @@ TEST_CASE("a checkpoint holding NaN or infinity, in a weight or the optimizer st
 }
 
 TEST_CASE("a gpt2 checkpoint round-trips through load_model_checkpoint, and its bad metadata is refused naming the file") {
-  CharTokenizer tok = CharTokenizer::from_text("abcd");
+  tokenizers::CharTokenizer tok = tokenizers::CharTokenizer::from_text("abcd");
   std::string good = temp_path("gpt2.safetensors"), bad = temp_path("gpt2_bad.safetensors");
   save_model_checkpoint(good, LanguageModel(gpt2(4, 8, 2, 1, 8)), tok);  // dropout 0 is written as "0"
   LoadedModelCheckpoint loaded = load_model_checkpoint(good);
@@ -178,7 +178,7 @@ TEST_CASE("a gpt2 checkpoint round-trips through load_model_checkpoint, and its 
 }
 
 TEST_CASE("a model with dropout keeps its seed, the root of its dropout streams, through a checkpoint") {
-  CharTokenizer tok = CharTokenizer::from_text("abcd");
+  tokenizers::CharTokenizer tok = tokenizers::CharTokenizer::from_text("abcd");
   const std::string path = temp_path("dropout_seed.safetensors"), bad = temp_path("dropout_seed_bad.safetensors");
   Gpt2Config config{.vocab = 4, .d_model = 8, .n_heads = 2, .n_blocks = 1, .max_len = 8};
   config.dropout = 0.1f;

@@ -11,10 +11,10 @@
 #include "nn/language_model.h"
 #include "nn/models/gpt2.h"
 #include "nn/models/llama.h"
-#include "nn/tokenizer.h"
 #include "optim/adamw.h"
 #include "support/checks.h"
 #include "support/small_llama.h"
+#include "tokenizers/char_tokenizer.h"
 
 using namespace tapegrad;
 using namespace tapegrad::nn;
@@ -188,7 +188,7 @@ TEST_CASE("llama is registered: checkpoints save and load through its name with 
   LlamaConfig c = test::small_llama_config(true, 1);
   c.head_dim = 6, c.norm_eps = 1e-6f, c.rope_theta = 50000.0;
   LanguageModel model(Llama{c});
-  const CharTokenizer tokenizer = CharTokenizer::from_text("abcdefghijk");
+  const tokenizers::CharTokenizer tokenizer = tokenizers::CharTokenizer::from_text("abcdefghijk");
   const std::string path = test::process_path("llama.safetensors");
   save_model_checkpoint(path, model, tokenizer);
   LoadedModelCheckpoint loaded = load_model_checkpoint(path);

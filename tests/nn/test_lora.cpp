@@ -16,11 +16,11 @@
 #include "nn/lora.h"
 #include "nn/models/llama.h"
 #include "nn/pretrained.h"
-#include "nn/tokenizer.h"
 #include "optim/adamw.h"
 #include "optim/clip.h"
 #include "support/checks.h"
 #include "support/small_llama.h"
+#include "tokenizers/char_tokenizer.h"
 
 using namespace tapegrad;
 using namespace tapegrad::nn;
@@ -222,7 +222,7 @@ TEST_CASE("a checkpoint of a LoRA model holds the base and the adapters and load
   add_lora(model, {.rank = 2, .alpha = 3, .targets = {"v", "up"}, .seed = 1});
   randomise_adapters(model, 0.3f, 2);
   const std::string path = test::process_path("lora_checkpoint.safetensors");
-  save_model_checkpoint(path, model, CharTokenizer::from_vocab("abcdefghijk"));
+  save_model_checkpoint(path, model, tokenizers::CharTokenizer::from_vocab("abcdefghijk"));
   const SafetensorsFile file = read_safetensors(path);
   CHECK(file.metadata.at("lora.rank") == "2");
   CHECK(file.metadata.at("lora.alpha") == "3");

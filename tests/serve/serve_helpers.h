@@ -53,7 +53,7 @@ struct ServeDir {
 /// with metadata step = step; max_len 64; the characters of vocab.
 inline void write_tiny_checkpoint(const fs::path& path, std::uint64_t seed, const std::string& arch = "rotary",
                                   std::uint64_t step = 0, const std::string& vocab = kServeVocab) {
-  const nn::CharTokenizer tokenizer = nn::CharTokenizer::from_text(vocab);
+  const tokenizers::CharTokenizer tokenizer = tokenizers::CharTokenizer::from_text(vocab);
   const nn::ModelShape shape{.vocab = tokenizer.size(), .d_model = 16, .n_heads = 2, .n_blocks = 1, .max_len = 64,
                              .seed = seed};
   const nn::LanguageModel model = nn::find_architecture(arch).make(shape);

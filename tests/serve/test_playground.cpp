@@ -37,8 +37,8 @@ TEST_CASE("the playground in headless Chromium streams generate's text for a see
   const std::filesystem::path dir = work_dir("playground");
   // Random weights, large enough that a long generation lasts seconds (Stop must find it
   // running), with characters of two and three UTF-8 bytes in the vocabulary.
-  const nn::CharTokenizer tokenizer =
-      nn::CharTokenizer::from_text("abcdefghijklmnopqrstuvwxyz ABCDEFGHIJKLMNOPQRSTUVWXYZ,.!?\n\u00e9\u00f6\u20ac");
+  const tokenizers::CharTokenizer tokenizer =
+      tokenizers::CharTokenizer::from_text("abcdefghijklmnopqrstuvwxyz ABCDEFGHIJKLMNOPQRSTUVWXYZ,.!?\n\u00e9\u00f6\u20ac");
   const std::string checkpoint = (dir / "model.safetensors").string();
   nn::save_model_checkpoint(checkpoint, nn::LanguageModel(nn::rotary_decoder(tokenizer.size(), 128, 4, 4, 2048)),
                             tokenizer);

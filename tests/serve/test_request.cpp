@@ -3,9 +3,9 @@
 
 #include <nlohmann/json.hpp>
 
-#include "nn/tokenizer.h"
 #include "serve/request.h"
 #include "support/helpers.h"
+#include "tokenizers/char_tokenizer.h"
 
 using namespace tapegrad;
 using namespace tapegrad::serve;
@@ -121,7 +121,7 @@ TEST_CASE("OpenAI's error body has message, type, param and code, null where abs
 }
 
 TEST_CASE("a request is checked against the model: unknown characters, max_len, the max_tokens cap, n") {
-  const nn::CharTokenizer tokenizer = nn::CharTokenizer::from_text("abc \xc3\xa9");
+  const tokenizers::CharTokenizer tokenizer = tokenizers::CharTokenizer::from_text("abc \xc3\xa9");
   const ModelLimits limits{.max_len = 10, .max_tokens = 8, .parallel = 2};
   auto check = [&](const std::string& body) {
     return check_against_model(parsed(body), tokenizer, limits);
@@ -244,7 +244,8 @@ TEST_CASE("every chat request error is a 400 naming its field, a message's by it
 }
 
 TEST_CASE("a chat request becomes a completion of its rendered messages, or a 400 naming --chat-template") {
-  const nn::CharTokenizer tokenizer = nn::CharTokenizer::from_text("abcdefghijklmnopqrstuvwxyz<|>_\n .");
+  const tokenizers::CharTokenizer tokenizer =
+      tokenizers::CharTokenizer::from_text("abcdefghijklmnopqrstuvwxyz<|>_\n .");
   const ModelLimits limits{.max_len = 100, .max_tokens = 60, .parallel = 2};
   const ChatRequest request = parsed_chat(R"({"messages": [{"role": "user", "content": "hi"}], "seed": 3})");
   const auto refused =

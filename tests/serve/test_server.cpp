@@ -8,12 +8,13 @@
 #include <fstream>
 #include <future>
 
-#include "nn/tokenizer.h"
 #include "core/kernels.h"
 #include "serve/cpus.h"
 #include "serve/server.h"
 #include "serve_helpers.h"
 #include "support/helpers.h"
+#include "tokenizers/char_tokenizer.h"
+#include "tokenizers/utf8.h"
 
 using namespace tapegrad;
 using namespace tapegrad::test;
@@ -66,7 +67,7 @@ TEST_CASE("serve answers /health, /v1/models, /metrics and the playground page")
   CHECK(model["id"] == "tiny");
   CHECK(model["object"] == "model");
   CHECK(model["arch"] == "rotary");
-  CHECK(model["vocab_size"] == nn::CharTokenizer::from_text(kServeVocab).size());
+  CHECK(model["vocab_size"] == tokenizers::CharTokenizer::from_text(kServeVocab).size());
   CHECK(model["max_len"] == 64);
   CHECK(model["d_model"] == 16);
   CHECK(model["n_blocks"] == 1);
@@ -349,7 +350,7 @@ TEST_CASE("a stream sends the text as server-sent events, never splitting a char
   CHECK(c.usage == json{{"prompt_tokens", 2}, {"completion_tokens", 120}, {"total_tokens", 122}});
   bool multibyte = false;
   for (const std::string& piece : c.pieces) {
-    CHECK_NOTHROW(nn::decode_utf8(piece));  // whole characters in every chunk
+    CHECK_NOTHROW(tokenizers::decode_utf8(piece));  // whole characters in every chunk
     for (char byte : piece) multibyte = multibyte || (byte & 0x80);
   }
   CHECK(multibyte);
