@@ -342,8 +342,11 @@ inline std::uint32_t load_u32(const std::byte* p) {
 }
 
 // The codes of blocks a and b (absent: no second block) as 64 unsigned bytes in the order of
-// x's quantized pair: a's 32 then b's 32 (an absent block's codes count for zero).
-template <TensorType type, bool pair> __m512i codes512(const std::byte* a) {
+// x's quantized pair: a's 32 then b's 32 (an absent block's codes count for zero). With GFNI one
+// affine transform per byte takes the nibbles (a bit matrix per 64-bit lane: the low or the high
+// four bits) where a shift and a mask take two instructions.
+template <TensorType type, bool pair, bool gfni>
+[[gnu::target("gfni")]] inline __m512i codes512(const std::byte* a) {
   using B = Blocks<type>;
   if constexpr (B::nibbles) {
     const __m128i low_a = _mm_loadu_si128(reinterpret_cast<const __m128i*>(a + B::codes));
@@ -352,6 +355,10 @@ template <TensorType type, bool pair> __m512i codes512(const std::byte* a) {
       packed = _mm512_mask_broadcast_i32x4(packed, 0xFF00,
                                            _mm_loadu_si128(reinterpret_cast<const __m128i*>(a + B::bytes + B::codes)));
     // 128-bit lanes a, a, b, b: the second of each keeps the high nibbles
+    if constexpr (gfni) {
+      constexpr long long low = 0x0102040800000000, high = 0x1020408000000000;
+      return _mm512_gf2p8affine_epi64_epi8(packed, _mm512_set_epi64(high, high, low, low, high, high, low, low), 0);
+    }
     const __m512i shifted = _mm512_srlv_epi64(packed, _mm512_set_epi64(4, 4, 0, 0, 4, 4, 0, 0));
     return _mm512_and_si512(shifted, _mm512_set1_epi8(0xF));
   } else {
@@ -374,8 +381,8 @@ template <TensorType type, bool pair> void scales512(const std::byte* a, __m512&
 }
 
 // One pair of blocks (b, b + 1; pair false: b alone, the row's last) of the tile.
-template <TensorType type, int NR, int MR, bool pair>
-[[gnu::target("avx512vnni")]] inline void tile_step(const std::byte* rows[NR], const ActivationRows& x, std::size_t m0,
+template <TensorType type, bool gfni, int NR, int MR, bool pair>
+[[gnu::target("avx512vnni,gfni")]] inline void tile_step(const std::byte* rows[NR], const ActivationRows& x, std::size_t m0,
                                                     std::size_t b, __m512 (&acc)[NR][MR], __m512 (&acc2)[NR][MR]) {
   using B = Blocks<type>;
   __m512i codes[NR];
@@ -384,7 +391,7 @@ template <TensorType type, int NR, int MR, bool pair>
     // NR rows read side by side are NR streams in one page, more than the hardware prefetcher
     // follows: each row asks for its blocks 16 ahead (5-7% on SmolLM2's head streamed from L3).
     _mm_prefetch(reinterpret_cast<const char*>(rows[r] + (b + 16) * B::bytes), _MM_HINT_T0);
-    codes[r] = codes512<type, pair>(rows[r] + b * B::bytes);
+    codes[r] = codes512<type, pair, gfni>(rows[r] + b * B::bytes);
     scales512<type, pair>(rows[r] + b * B::bytes, d[r], min[r]);
   }
   for (int i = 0; i < MR; ++i) {
@@ -403,8 +410,8 @@ template <TensorType type, int NR, int MR, bool pair>
 }
 
 // Outputs (m0 .. m0 + MR - 1, n0 .. n0 + NR - 1): weight row n0 at `row`, the next ones `stride` on.
-template <TensorType type, int NR, int MR>
-[[gnu::target("avx512vnni")]] void block_tile_vnni(float* y, std::size_t ldy, const ActivationRows& x, std::size_t m0,
+template <TensorType type, bool gfni, int NR, int MR>
+[[gnu::target("avx512vnni,gfni")]] void block_tile_vnni(float* y, std::size_t ldy, const ActivationRows& x, std::size_t m0,
                                                    const std::byte* row, std::size_t stride, std::size_t blocks,
                                                    std::size_t n0, bool accumulate) {
   const std::byte* rows[NR];
@@ -413,8 +420,8 @@ template <TensorType type, int NR, int MR>
   for (int r = 0; r < NR; ++r)
     for (int i = 0; i < MR; ++i) acc[r][i] = acc2[r][i] = _mm512_setzero_ps();
   std::size_t b = 0;
-  for (; b + 1 < blocks; b += 2) tile_step<type, NR, MR, true>(rows, x, m0, b, acc, acc2);
-  if (b < blocks) tile_step<type, NR, MR, false>(rows, x, m0, b, acc, acc2);
+  for (; b + 1 < blocks; b += 2) tile_step<type, gfni, NR, MR, true>(rows, x, m0, b, acc, acc2);
+  if (b < blocks) tile_step<type, gfni, NR, MR, false>(rows, x, m0, b, acc, acc2);
   for (int r = 0; r < NR; ++r)
     for (int i = 0; i < MR; ++i) {
       const __m512 t = Blocks<type>::has_min ? _mm512_add_ps(acc[r][i], acc2[r][i]) : acc[r][i];
@@ -422,7 +429,9 @@ template <TensorType type, int NR, int MR>
     }
 }
 
-template <TensorType type>
+// The functions that take gfni as a parameter are compiled for GFNI in both versions: the one
+// without calls no GFNI intrinsic and holds no loop over bytes a compiler could turn into one.
+template <TensorType type, bool gfni>
 void block_rows_vnni(float* y, std::size_t ldy, const ActivationRows& x, const PackedMatrix& w, std::size_t first,
                      std::size_t last, bool accumulate) {
   // One activation row: two weight rows share its loads (four ran up to 18% slower with the
@@ -430,7 +439,7 @@ void block_rows_vnni(float* y, std::size_t ldy, const ActivationRows& x, const P
   // (Q4_1: two accumulators an output) or 4 weight rows by 4 activation rows, in 32 registers.
   const std::size_t stride = w.row_bytes(), blocks = w.cols / 32;
   auto tile = [&]<int NR, int MR>(std::size_t m0, std::size_t n) {
-    block_tile_vnni<type, NR, MR>(y, ldy, x, m0, w.bytes.data() + n * stride, stride, blocks, n, accumulate);
+    block_tile_vnni<type, gfni, NR, MR>(y, ldy, x, m0, w.bytes.data() + n * stride, stride, blocks, n, accumulate);
   };
   if (x.rows == 1) return run_tiles<2, 1>(tile, x.rows, 0, first, last);
   run_tiles<Blocks<type>::has_min ? 2 : 4, 4>(tile, x.rows, 0, first, last);
@@ -519,9 +528,13 @@ std::vector<quant::PackedKernelTable> make_tables() {
 #if defined(__AVX2__) && !defined(TAPEGRAD_EMULATED_BATCH)
   __builtin_cpu_init();
 #if defined(__AVX512F__)
+  if (__builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("gfni"))
+    tables.push_back({block_rows_vnni<TensorType::Q4_0, true>, block_rows_vnni<TensorType::Q4_1, true>,
+                      block_rows_vnni<TensorType::Q8_0, true>, float_rows_avx512<TensorType::BF16>,
+                      float_rows_avx512<TensorType::F16>, quantize_row_avx512, "avx512vnni gfni"});
   if (__builtin_cpu_supports("avx512vnni"))
-    tables.push_back({block_rows_vnni<TensorType::Q4_0>, block_rows_vnni<TensorType::Q4_1>,
-                      block_rows_vnni<TensorType::Q8_0>, float_rows_avx512<TensorType::BF16>,
+    tables.push_back({block_rows_vnni<TensorType::Q4_0, false>, block_rows_vnni<TensorType::Q4_1, false>,
+                      block_rows_vnni<TensorType::Q8_0, false>, float_rows_avx512<TensorType::BF16>,
                       float_rows_avx512<TensorType::F16>, quantize_row_avx512, "avx512vnni"});
   const quant::PackedKernelTable floats = {nullptr, nullptr, nullptr, float_rows_avx512<TensorType::BF16>,
                                            float_rows_avx512<TensorType::F16>, quantize_row_avx512, ""};
