@@ -1,4 +1,4 @@
-// generate: text from a train_char checkpoint (--checkpoint) or a published model (--model: a GGUF
+// generate: text from a train checkpoint (--checkpoint) or a published model (--model: a GGUF
 // file or a Hugging Face folder). One sample streams: standard output carries the prompt and then
 // the generated text as it comes, up to the model's end-of-text token. --chat wraps the prompt
 // in the model's chat template and prints only the reply; with no --prompt on a terminal it is a
@@ -63,7 +63,7 @@ void converse(const LoadedModel& loaded, const tokenizers::ChatTemplate& chat,
 
 int main(int argc, char** argv) {
   CLI::App app{
-      "Generates text from a checkpoint written by train_char or from a published model (GGUF or Hugging Face). "
+      "Generates text from a checkpoint written by train or from a published model (GGUF or Hugging Face). "
       "Standard output carries the prompt followed by the generated text and nothing else (--chat: the reply "
       "only); notes go to standard error.",
       "generate"};

@@ -28,7 +28,7 @@ int main(int argc, char** argv) {
   double drain_seconds = 30;
   bool share_cores = false;
   auto* checkpoint =
-      app.add_option("--checkpoint", options.checkpoint, "A checkpoint from train_char; watched for changes");
+      app.add_option("--checkpoint", options.checkpoint, "A checkpoint from train; watched for changes");
   app.add_option("--model", options.model,
                  "A published model: a .gguf file or a Hugging Face folder; loaded once, never reloaded")
       ->excludes(checkpoint);

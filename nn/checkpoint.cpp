@@ -17,7 +17,7 @@ namespace {
 
 // Checks the file's tensors against the model's parameters and moves them in; the "optim."
 // tensors go to extra. Every value must be finite: NaN or inf can only come from damage or
-// forgery (train_char never saves a diverged model), and would surface later as a NaN loss or a
+// forgery (train never saves a diverged model), and would surface later as a NaN loss or a
 // failed draw that names no file.
 void load_parameters(std::map<std::string, Tensor>& tensors, ParameterList params,
                      std::map<std::string, Tensor>& extra) {

@@ -56,7 +56,7 @@ struct LoadedModelCheckpoint {
   std::shared_ptr<const tokenizers::Tokenizer> tokenizer;  ///< the file's tokenizer
   std::map<std::string, Tensor> extra_tensors;             ///< the "optim." tensors
   std::map<std::string, std::string> metadata;             ///< the file's metadata, every key
-  /// The tokenizer as a character vocabulary (what train_char writes); throws
+  /// The tokenizer as a character vocabulary (what train writes from a text); throws
   /// std::runtime_error naming its kind when it is another.
   const tokenizers::CharTokenizer& char_tokenizer() const;
 };

@@ -76,7 +76,7 @@ class Gpt2 : public Module, public DecoderModel<Gpt2> {
   const Gpt2Config& config() const { return config_; }  ///< The configuration, d_ff filled in.
 
   /// The dropout streams of the next forward derive from (seed, dropout_step, block): set it
-  /// once per training step (train_char sets the step number), so that a resumed run draws
+  /// once per training step (train sets the step number), so that a resumed run draws
   /// the same masks as the uninterrupted one.
   std::uint64_t dropout_step = 0;
 
