@@ -307,22 +307,46 @@ inline __m256 load_x256(const float* x, std::size_t count) {
   return count >= 8 ? _mm256_loadu_ps(x) : _mm256_maskload_ps(x, detail::lanes_below<float>(count));
 }
 
-template <TensorType type>
-[[gnu::target("f16c")]] void float_rows_avx2(float* y, std::size_t ldy, const ActivationRows& x, const PackedMatrix& w, std::size_t first,
-                     std::size_t last, bool accumulate) {
-  for (std::size_t n = first; n < last; ++n)
-    for (std::size_t m = 0; m < x.rows; ++m) {
-      const float* xm = x.x + m * x.cols;
-      const std::byte* row = w.row(n);
-      __m256 lo = _mm256_setzero_ps(), hi = _mm256_setzero_ps();
-      for (std::size_t k = 0; k < w.cols; k += 16) {
-        const std::size_t rest = w.cols - k;
-        lo = _mm256_add_ps(lo, _mm256_mul_ps(weights256<type>(row + 2 * k, rest), load_x256(xm + k, rest)));
-        if (rest > 8)
-          hi = _mm256_add_ps(hi, _mm256_mul_ps(weights256<type>(row + 2 * k + 16, rest - 8), load_x256(xm + k + 8, rest - 8)));
-      }
-      store_sum256(y + m * ldy + n, lo, hi, accumulate);
+// Outputs (m0 .. m0 + MR - 1, n0 .. n0 + NR - 1) of BF16 or F16 weights, lanes 0-7 in lo and 8-15
+// in hi: each weight vector widened once for the MR rows, each x vector loaded once for the NR rows.
+template <TensorType type, int NR, int MR>
+[[gnu::target("f16c")]] void float_tile_avx2(float* y, std::size_t ldy, const ActivationRows& x, std::size_t m0,
+                                             const std::byte* row, std::size_t n0, bool accumulate) {
+  const std::byte* rows[NR];
+  __m256 lo[NR][MR], hi[NR][MR];
+  for (int r = 0; r < NR; ++r) {
+    rows[r] = row + r * 2 * x.cols;
+    for (int i = 0; i < MR; ++i) lo[r][i] = hi[r][i] = _mm256_setzero_ps();
+  }
+  for (std::size_t k = 0; k < x.cols; k += 16) {
+    const std::size_t rest = x.cols - k;
+    __m256 w_lo[NR], w_hi[NR];
+    for (int r = 0; r < NR; ++r) {
+      w_lo[r] = weights256<type>(rows[r] + 2 * k, rest);
+      if (rest > 8) w_hi[r] = weights256<type>(rows[r] + 2 * k + 16, rest - 8);
     }
+    for (int i = 0; i < MR; ++i) {
+      const float* xm = x.x + (m0 + i) * x.cols + k;
+      const __m256 x_lo = load_x256(xm, rest);
+      for (int r = 0; r < NR; ++r) lo[r][i] = _mm256_add_ps(lo[r][i], _mm256_mul_ps(w_lo[r], x_lo));
+      if (rest > 8) {
+        const __m256 x_hi = load_x256(xm + 8, rest - 8);
+        for (int r = 0; r < NR; ++r) hi[r][i] = _mm256_add_ps(hi[r][i], _mm256_mul_ps(w_hi[r], x_hi));
+      }
+    }
+  }
+  for (int r = 0; r < NR; ++r)
+    for (int i = 0; i < MR; ++i) store_sum256(y + (m0 + i) * ldy + n0 + r, lo[r][i], hi[r][i], accumulate);
+}
+
+template <TensorType type>
+void float_rows_avx2(float* y, std::size_t ldy, const ActivationRows& x, const PackedMatrix& w, std::size_t first,
+                     std::size_t last, bool accumulate) {
+  auto tile = [&]<int NR, int MR>(std::size_t m0, std::size_t n) {
+    float_tile_avx2<type, NR, MR>(y, ldy, x, m0, w.row(n), n, accumulate);
+  };
+  if (x.rows == 1) return run_tiles<2, 1>(tile, x.rows, 0, first, last);
+  run_tiles<2, 2>(tile, x.rows, 0, first, last);
 }
 
 #endif
