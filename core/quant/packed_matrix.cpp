@@ -151,55 +151,87 @@ std::span<const PackedKernelTable> level_packed_tables() {
 
 const PackedKernelTable& active_packed_table() { return level_packed_tables().front(); }
 
-void packed_matmul(float* y, const float* x, std::size_t M, const PackedMatrix& w, bool accumulate) {
-  const PackedKernelTable& table = active_packed_table();
-  PackedKernel kernel = nullptr;
+namespace {
+
+PackedKernel kernel_for(const PackedKernelTable& table, const PackedMatrix& w) {
   switch (w.type) {
-    case TensorType::Q4_0: kernel = table.q4_0; break;
-    case TensorType::Q4_1: kernel = table.q4_1; break;
-    case TensorType::Q8_0: kernel = table.q8_0; break;
-    case TensorType::BF16: kernel = table.bf16; break;
-    case TensorType::F16: kernel = table.f16; break;
-    default:
-      throw std::invalid_argument(fmt::format("packed_matmul: no kernels for {}", w.format().name));
+    case TensorType::Q4_0: return table.q4_0;
+    case TensorType::Q4_1: return table.q4_1;
+    case TensorType::Q8_0: return table.q8_0;
+    case TensorType::BF16: return table.bf16;
+    case TensorType::F16: return table.f16;
+    default: break;
   }
-  if (M == 0 || w.rows == 0) return;
+  throw std::invalid_argument(fmt::format("packed_matmul: no kernels for {}", w.format().name));
+}
+
+}  // namespace
+
+void packed_matmul(float* y, const float* x, std::size_t M, const PackedMatrix& w, bool accumulate) {
+  const PackedProduct product{y, &w};
+  packed_matmuls({&product, 1}, x, M, accumulate);
+}
+
+void packed_matmuls(std::span<const PackedProduct> products, const float* x, std::size_t M, bool accumulate) {
+  const PackedKernelTable& table = active_packed_table();
+  std::size_t total_rows = 0, total_bytes = 0;
+  bool blocks = false;
+  for (const PackedProduct& p : products) {
+    kernel_for(table, *p.w);
+    if (p.w->cols != products[0].w->cols)
+      throw std::invalid_argument(fmt::format("packed_matmuls: matrices of {} and {} columns cannot share x",
+                                              products[0].w->cols, p.w->cols));
+    total_rows += p.w->rows, total_bytes += p.w->rows * p.w->row_bytes();
+    blocks = blocks || p.w->format().block_elems == 32;
+  }
+  if (M == 0 || total_rows == 0) return;
+  const std::size_t cols = products[0].w->cols;
   static thread_local QuantizedActivations activations;
-  if (w.format().block_elems == 32) {
-    quantize_activations(x, M, w.cols, activations);
+  if (blocks) {
+    quantize_activations(x, M, cols, activations);  // once for every block format: x's blocks do not depend on W's
   } else {
     activations.rows = {};
-    activations.rows.x = x, activations.rows.rows = M, activations.rows.cols = w.cols;
+    activations.rows.x = x, activations.rows.rows = M, activations.rows.cols = cols;
   }
   const ActivationRows& rows = activations.rows;
-  // x's rows a few at a time, so that they stay in the L1 cache while the weights stream past.
-  // (Panels of 128 KiB of weights kept in L2 while x passed measured within 3% of this, M = 16 to
-  // 512 on SmolLM2's shapes, and were not kept.)
+  // Outputs first .. last - 1 of the products' rows laid end to end, x's rows a few at a time, so
+  // that they stay in the L1 cache while the weights stream past. (Panels of 128 KiB of weights
+  // kept in L2 while x passed measured within 3% of this, M = 16 to 512 on SmolLM2's shapes.)
   auto outputs = [&](std::size_t first, std::size_t last) {
     constexpr std::size_t chunk = 8;
-    for (std::size_t m = 0; m < M; m += chunk) {
-      ActivationRows part = rows;
-      part.rows = std::min(chunk, M - m);
-      part.x = rows.x + m * rows.cols;
-      if (rows.q) {
-        part.q += m * rows.blocks * 32;
-        part.neg_sums += m * rows.blocks * 8, part.d += m * rows.blocks * 8, part.scaled_sums += m * rows.blocks * 8;
+    std::size_t offset = 0;
+    for (const PackedProduct& p : products) {
+      const PackedMatrix& w = *p.w;
+      const std::size_t from = std::clamp(first, offset, offset + w.rows) - offset;
+      const std::size_t to = std::clamp(last, offset, offset + w.rows) - offset;
+      offset += w.rows;
+      if (from == to) continue;
+      const PackedKernel kernel = kernel_for(table, w);
+      for (std::size_t m = 0; m < M; m += chunk) {
+        ActivationRows part = rows;
+        part.rows = std::min(chunk, M - m);
+        part.x = rows.x + m * rows.cols;
+        if (rows.q) {
+          part.q += m * rows.blocks * 32;
+          part.neg_sums += m * rows.blocks * 8, part.d += m * rows.blocks * 8, part.scaled_sums += m * rows.blocks * 8;
+        }
+        kernel(p.y + m * w.rows, w.rows, part, w, from, to, accumulate);
       }
-      kernel(y + m * w.rows, w.rows, part, w, first, last, accumulate);
     }
   };
   // Outputs split into one contiguous share per thread: each output is computed whole by one
   // thread, so the thread count never changes a bit.
   const int threads = num_threads();
   constexpr std::size_t min_parallel_bytes = 1 << 16;
-  if (threads <= 1 || omp_in_parallel() || w.rows < 64 || M * w.rows * w.row_bytes() < min_parallel_bytes) {
-    outputs(0, w.rows);
+  if (threads <= 1 || omp_in_parallel() || total_rows < 64 || M * total_bytes < min_parallel_bytes) {
+    outputs(0, total_rows);
     return;
   }
 #pragma omp parallel num_threads(threads)
   {
     const std::size_t t = std::size_t(omp_get_thread_num()), n = std::size_t(omp_get_num_threads());
-    const std::size_t first = w.rows * t / n / 16 * 16, last = t + 1 == n ? w.rows : w.rows * (t + 1) / n / 16 * 16;
+    const std::size_t first = total_rows * t / n / 16 * 16;
+    const std::size_t last = t + 1 == n ? total_rows : total_rows * (t + 1) / n / 16 * 16;
     outputs(first, last);
   }
 }

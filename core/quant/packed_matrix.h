@@ -51,4 +51,16 @@ void dequantize_rows(const PackedMatrix& w, std::size_t first, std::size_t count
 /// Outputs are split across the kernel threads when the product is large enough.
 void packed_matmul(float* y, const float* x, std::size_t M, const PackedMatrix& w, bool accumulate);
 
+/// One product of packed_matmuls: y (M, w->rows) = x w^T.
+struct PackedProduct {
+  float* y = nullptr;
+  const PackedMatrix* w = nullptr;
+};
+
+/// packed_matmul for matrices that read the same x (a layer's q, k and v; gate and up): x is
+/// quantized once and the products' outputs, laid end to end, are split across the kernel threads
+/// in one parallel region. Every output has the bits packed_matmul gives it. Throws
+/// std::invalid_argument when the matrices' column counts differ or a format has no kernels.
+void packed_matmuls(std::span<const PackedProduct> products, const float* x, std::size_t M, bool accumulate);
+
 }  // namespace tapegrad::quant

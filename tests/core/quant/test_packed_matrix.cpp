@@ -263,6 +263,37 @@ TEST_CASE("quantize_activations gives every level the same blocks, ties, tiny, i
   for (std::size_t n = 0; n < w.rows; ++n) CHECK((std::isnan(y[n]) && std::isnan(y[w.rows + n]) && !std::isnan(y[2 * w.rows + n])));
 }
 
+TEST_CASE("packed_matmuls gives each matrix sharing x packed_matmul's bits, on one and two threads") {
+  // q, k and v of different formats (x quantized once for the block formats, read as is for
+  // BF16), large enough together to split across two threads mid-matrix.
+  const int threads_before = num_threads();
+  const std::size_t cols = 576;
+  const quant::PackedMatrix q = random_matrix(TensorType::Q4_1, 200, cols, 81);
+  const quant::PackedMatrix k = random_matrix(TensorType::BF16, 72, cols, 82);
+  const quant::PackedMatrix v = random_matrix(TensorType::Q8_0, 88, cols, 83);
+  for (std::size_t M : {1, 5}) {
+    const std::vector<float> x = test::random_vector(M * cols, 84 + M);
+    for (int threads : {1, 2}) {
+      set_num_threads(threads);
+      std::vector<float> yq(M * q.rows, 0.25f), yk(M * k.rows, 0.25f), yv(M * v.rows, 0.25f);
+      const quant::PackedProduct products[] = {{yq.data(), &q}, {yk.data(), &k}, {yv.data(), &v}};
+      quant::packed_matmuls(products, x.data(), M, true);
+      for (const auto& [y, w] : {std::pair{&yq, &q}, {&yk, &k}, {&yv, &v}}) {
+        std::vector<float> alone(M * w->rows, 0.25f);
+        quant::packed_matmul(alone.data(), x.data(), M, *w, true);
+        CHECK_MESSAGE(same_bits(*y, alone), fmt::format("{} rows of {} beside the others, M {}, {} threads",
+                                                        w->rows, w->format().name, M, threads));
+      }
+    }
+  }
+  set_num_threads(threads_before);
+  std::vector<float> y(64);
+  const quant::PackedMatrix narrow = random_matrix(TensorType::Q8_0, 2, 64, 85);
+  const quant::PackedProduct mixed[] = {{y.data(), &q}, {y.data(), &narrow}};
+  CHECK_THROWS_WITH(quant::packed_matmuls(mixed, y.data(), 1, false),
+                    "packed_matmuls: matrices of 576 and 64 columns cannot share x");
+}
+
 TEST_CASE("pack_matrix rounds each weight within half a step of its block, and refuses partial blocks") {
   const std::size_t rows = 3, cols = 64;
   const std::vector<float> w = test::random_vector(rows * cols, 21);
