@@ -53,8 +53,8 @@ void packed_matmul(float* y, const float* x, std::size_t M, const PackedMatrix& 
 
 /// One product of packed_matmuls: y (M, w->rows) = x w^T.
 struct PackedProduct {
-  float* y = nullptr;
-  const PackedMatrix* w = nullptr;
+  float* y = nullptr;               ///< (M, w->rows), row-major
+  const PackedMatrix* w = nullptr;  ///< the weights, (out, in) rows
 };
 
 /// packed_matmul for matrices that read the same x (a layer's q, k and v; gate and up): x is
