@@ -397,7 +397,8 @@ template <TensorType type, bool pair, bool gfni>
 template <TensorType type, bool pair> void scales512(const std::byte* a, __m512& d, __m512& min) {
   using B = Blocks<type>;
   // d and m (or d and the first codes) of each block, four halves converted at once
-  const __m128i halves = _mm_insert_epi32(_mm_cvtsi32_si128(int(load_u32(a))), pair ? int(load_u32(a + B::bytes)) : 0, 1);
+  const __m128i halves =
+      _mm_insert_epi32(_mm_cvtsi32_si128(int(load_u32(a))), pair ? int(load_u32(a + B::bytes)) : 0, 1);
   const __m512 both = _mm512_cvtph_ps(_mm256_castsi128_si256(halves));  // d_a, m_a, d_b, m_b, ...
   d = _mm512_permutexvar_ps(_mm512_set_epi32(2, 2, 2, 2, 2, 2, 2, 2, 0, 0, 0, 0, 0, 0, 0, 0), both);
   if constexpr (B::has_min)
@@ -406,8 +407,9 @@ template <TensorType type, bool pair> void scales512(const std::byte* a, __m512&
 
 // One pair of blocks (b, b + 1; pair false: b alone, the row's last) of the tile.
 template <TensorType type, bool gfni, int NR, int MR, bool pair>
-[[gnu::target("avx512vnni,gfni")]] inline void tile_step(const std::byte* rows[NR], const ActivationRows& x, std::size_t m0,
-                                                    std::size_t b, __m512 (&acc)[NR][MR], __m512 (&acc2)[NR][MR]) {
+[[gnu::target("avx512vnni,gfni")]] inline void tile_step(const std::byte* rows[NR], const ActivationRows& x,
+                                                         std::size_t m0, std::size_t b, __m512 (&acc)[NR][MR],
+                                                         __m512 (&acc2)[NR][MR]) {
   using B = Blocks<type>;
   __m512i codes[NR];
   __m512 d[NR], min[NR];
@@ -435,9 +437,9 @@ template <TensorType type, bool gfni, int NR, int MR, bool pair>
 
 // Outputs (m0 .. m0 + MR - 1, n0 .. n0 + NR - 1): weight row n0 at `row`, the next ones `stride` on.
 template <TensorType type, bool gfni, int NR, int MR>
-[[gnu::target("avx512vnni,gfni")]] void block_tile_vnni(float* y, std::size_t ldy, const ActivationRows& x, std::size_t m0,
-                                                   const std::byte* row, std::size_t stride, std::size_t blocks,
-                                                   std::size_t n0, bool accumulate) {
+[[gnu::target("avx512vnni,gfni")]] void block_tile_vnni(float* y, std::size_t ldy, const ActivationRows& x,
+                                                        std::size_t m0, const std::byte* row, std::size_t stride,
+                                                        std::size_t blocks, std::size_t n0, bool accumulate) {
   const std::byte* rows[NR];
   for (int r = 0; r < NR; ++r) rows[r] = row + r * stride;
   __m512 acc[NR][MR], acc2[NR][MR];
@@ -475,19 +477,23 @@ void quantize_row_avx512(const float* x, std::size_t cols, std::size_t blocks, s
   const __m512 sign = _mm512_set1_ps(-0.0f), limit = _mm512_set1_ps(127.0f);
   for (std::size_t b = 0; b < blocks; ++b, q += 32, neg_sums += 8, d += 8, scaled_sums += 8) {
     const std::size_t rest = 32 * b < cols ? cols - 32 * b : 0;
-    const __m512 x0 = rest >= 16 ? _mm512_loadu_ps(x + 32 * b) : _mm512_maskz_loadu_ps(detail::lanes_below(rest), x + 32 * b);
+    const __m512 x0 =
+        rest >= 16 ? _mm512_loadu_ps(x + 32 * b) : _mm512_maskz_loadu_ps(detail::lanes_below(rest), x + 32 * b);
     const __m512 x1 = rest >= 32 ? _mm512_loadu_ps(x + 32 * b + 16)
                       : rest > 16 ? _mm512_maskz_loadu_ps(detail::lanes_below(rest - 16), x + 32 * b + 16)
                                   : _mm512_setzero_ps();
     const __m512 a0 = _mm512_andnot_ps(sign, x0), a1 = _mm512_andnot_ps(sign, x1);
     const __m512 largest = _mm512_set1_ps(std::numeric_limits<float>::max());
-    const bool finite = (_mm512_cmp_ps_mask(a0, largest, _CMP_NLE_UQ) | _mm512_cmp_ps_mask(a1, largest, _CMP_NLE_UQ)) == 0;
+    const bool finite =
+        (_mm512_cmp_ps_mask(a0, largest, _CMP_NLE_UQ) | _mm512_cmp_ps_mask(a1, largest, _CMP_NLE_UQ)) == 0;
     float scale, inverse;
     block_scale(_mm512_reduce_max_ps(_mm512_max_ps(a0, a1)), scale, inverse);
     if (!finite) scale = std::numeric_limits<float>::quiet_NaN(), inverse = 0;
     auto codes = [&](__m512 v) {  // round to nearest even, clamp, to 16 bytes
-      const __m512 r = _mm512_roundscale_ps(_mm512_mul_ps(v, _mm512_set1_ps(inverse)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-      return _mm512_cvtepi32_epi8(_mm512_cvtps_epi32(_mm512_min_ps(_mm512_max_ps(r, _mm512_sub_ps(_mm512_setzero_ps(), limit)), limit)));
+      const __m512 r = _mm512_roundscale_ps(_mm512_mul_ps(v, _mm512_set1_ps(inverse)),
+                                            _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+      const __m512 clamped = _mm512_min_ps(_mm512_max_ps(r, _mm512_sub_ps(_mm512_setzero_ps(), limit)), limit);
+      return _mm512_cvtepi32_epi8(_mm512_cvtps_epi32(clamped));
     };
     const __m256i block = finite ? _mm256_set_m128i(codes(x1), codes(x0)) : _mm256_setzero_si256();
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(q), block);

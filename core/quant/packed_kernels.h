@@ -16,8 +16,9 @@
 //
 // Block formats (Q4_0, Q4_1, Q8_0; as llama.cpp's vec_dot with Q8_0/Q8_1 activations): x's row
 // is cut into blocks of 32, each quantized to q = round_even(x * (1 / d)) clamped to +-127,
-// d = amax / 127 (float32, not rounded to f16; 1 / d taken as 0 when d is below FLT_MIN). The weights' codes u are unsigned (Q4: the nibble 0..15; Q8_0: q + 128) and
-// q_w = u - offset (Q4_0 8, Q8_0 128, Q4_1 0). For block b and group g of four elements,
+// d = amax / 127 (float32, not rounded to f16; 1 / d taken as 0 when d is below FLT_MIN). The
+// weights' codes u are unsigned (Q4: the nibble 0..15; Q8_0: q + 128) and q_w = u - offset (Q4_0
+// 8, Q8_0 128, Q4_1 0). For block b and group g of four elements,
 //   L[b][g] = sum_{4} u * q - offset * sum_{4} q      (int32, exact: q_w . q on the group)
 // and 16 float lanes, lane (b % 2) * 8 + g, accumulate in block order, starting at +0:
 //   acc  += float(L[b][g]) * (d_w[b] * d_x[b])
@@ -29,7 +30,8 @@
 // old value last when accumulating. A block or element past the row's end is no term at all
 // (adding +0 leaves a lane that started at +0 unchanged), so padding never changes a bit.
 // Each level may compute the integer sums with any instructions (VNNI's vpdpbusd, AVX2's
-// vpmaddubsw, plain loops): they are exact.
+// vpmaddubsw, plain loops), and may take the outputs in any tiles: the sums are exact, and each
+// output's float operations are its own.
 
 namespace tapegrad::quant {
 

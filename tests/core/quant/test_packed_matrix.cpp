@@ -245,7 +245,8 @@ TEST_CASE("quantize_activations gives every level the same blocks, ties, tiny, i
     quant::QuantizedActivations got;
     quant::quantize_activations(x.data(), rows, cols, got);
     CHECK_MESSAGE(same(got.rows.q, expected.rows.q, rows * blocks * 32), simd_level_name(level), ": codes differ");
-    CHECK_MESSAGE(same(got.rows.neg_sums, expected.rows.neg_sums, rows * blocks * 32), simd_level_name(level), ": sums differ");
+    CHECK_MESSAGE(same(got.rows.neg_sums, expected.rows.neg_sums, rows * blocks * 32), simd_level_name(level),
+                  ": sums differ");
     CHECK_MESSAGE(same(got.rows.d, expected.rows.d, rows * blocks * 32), simd_level_name(level), ": d differs");
     CHECK_MESSAGE(same(got.rows.scaled_sums, expected.rows.scaled_sums, rows * blocks * 32), simd_level_name(level),
                   ": scaled sums differ");
@@ -260,7 +261,8 @@ TEST_CASE("quantize_activations gives every level the same blocks, ties, tiny, i
   for (std::size_t m = 0; m < rows; ++m) std::copy_n(x.data() + m * cols, cols, padded.data() + m * w.cols);
   std::vector<float> y(rows * w.rows);
   quant::packed_matmul(y.data(), padded.data(), rows, w, false);
-  for (std::size_t n = 0; n < w.rows; ++n) CHECK((std::isnan(y[n]) && std::isnan(y[w.rows + n]) && !std::isnan(y[2 * w.rows + n])));
+  for (std::size_t n = 0; n < w.rows; ++n)  // rows 0 and 1 hold an infinity and a NaN, row 2 neither
+    CHECK((std::isnan(y[n]) && std::isnan(y[w.rows + n]) && !std::isnan(y[2 * w.rows + n])));
 }
 
 TEST_CASE("packed_matmuls gives each matrix sharing x packed_matmul's bits, on one and two threads") {
