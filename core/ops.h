@@ -1,5 +1,5 @@
-// Differentiable ops with PyTorch's names and semantics. Each validates its inputs,
-// runs its forward and records its backward through core/op.h, the API users' own ops use too.
+// Differentiable ops with PyTorch's names and semantics. Each validates its inputs, runs its
+// forward and records its backward through core/op_recording.h, the API users' own ops use too.
 // Two tiers: general primitives (broadcasting elementwise ops, axis reductions, views), from
 // which any layer composes with no backward of its own; and fused ops (rms_norm, layer_norm,
 // attention, cross_entropy, rope, swiglu) that pay for themselves, each tested against its
@@ -15,7 +15,7 @@
 #include <vector>
 
 #include "core/kernels.h"
-#include "core/op.h"
+#include "core/op_recording.h"
 #include "core/tape.h"
 
 namespace tapegrad {
@@ -98,7 +98,8 @@ Var pow(const Var& x, float exponent);       ///< x^p; saves x
 Var square(const Var& x);                    ///< x^2; saves x
 
 // ---- Elementwise, binary with numpy broadcasting; y has broadcast(a, b)'s shape -------------
-// Gradients reach a and b through sum_to (core/op.h), the one place broadcasts are undone.
+// Gradients reach a and b through sum_to (core/op_recording.h), the one place broadcasts are
+// undone.
 Var add(const Var& a, const Var& b);         ///< a + b; keeps a and b (to reach their gradients)
 Var sub(const Var& a, const Var& b);         ///< a - b; keeps a and b (to reach their gradients)
 Var mul(const Var& a, const Var& b);         ///< a * b; saves a and b

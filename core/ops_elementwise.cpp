@@ -1,4 +1,5 @@
-// Elementwise ops: unary, binary with numpy broadcasting, scalar forms and Var's operators.
+// Elementwise ops: unary (silu among them), binary with numpy broadcasting (add_bias: a row
+// added to every row), scalar forms (scale) and Var's operators.
 // Each runs its SIMD kernel (core/kernel_list.h) over contiguous values; a broadcast input's
 // gradient is reduced to its shape in one place (sum_to).
 #include <fmt/format.h>
@@ -113,6 +114,16 @@ Var gelu(const Var& x, bool approximate_tanh) {
                  return float(0.5 * (1 + std::erf(d * inv_sqrt2)) + d * inv_sqrt_2pi * std::exp(-0.5 * d * d));
                });
 }
+Var silu(const Var& x) {
+  Op op("silu", {x});
+  Tensor y = Tensor::uninitialized(x.shape());
+  kernels::silu_forward(y.data(), x.value().data(), x.value().size());
+  // dx += dy * sigmoid(x) (1 + x (1 - sigmoid(x)))
+  return op.finish(std::move(y), [x](const Tensor& dy, const Tensor&) {
+    if (float* dx = grad_ptr(x)) kernels::silu_backward(dx, dy.data(), x.value().data(), dy.size());
+  });
+}
+
 // d x^p = p x^(p-1)
 Var pow(const Var& x, float p) {
   return unary("pow", x, [p](float v) { return std::pow(v, p); },
@@ -133,9 +144,9 @@ static bool repeats_as_rows(const Shape& whole, const Shape& part) {
 
 // a + b where b repeats over a's rows: the bias kernels (db sums the rows in row order, as
 // accumulate_grad's broadcast sum does, so the result is the same to the bit).
-static Var add_rows(const Var& a, const Var& b) {
+static Var add_rows(const char* name, const Var& a, const Var& b) {
   std::size_t cols = b.value().size(), rows = cols == 0 ? 0 : a.value().size() / cols;
-  Op op("add", {a, b});
+  Op op(name, {a, b});
   Tensor y = Tensor::uninitialized(a.shape());
   kernels::add_bias_forward(y.data(), a.value().data(), b.value().data(), rows, cols);
   return op.finish(std::move(y), [a, b, rows, cols](const Tensor& dy, const Tensor&) {
@@ -145,8 +156,8 @@ static Var add_rows(const Var& a, const Var& b) {
 
 Var add(const Var& a, const Var& b) {
   if (a.shape() != b.shape()) {
-    if (repeats_as_rows(a.shape(), b.shape())) return add_rows(a, b);
-    if (repeats_as_rows(b.shape(), a.shape())) return add_rows(b, a);
+    if (repeats_as_rows(a.shape(), b.shape())) return add_rows("add", a, b);
+    if (repeats_as_rows(b.shape(), a.shape())) return add_rows("add", b, a);
   }
   if (a.shape() == b.shape()) {  // the common case, on the vectorised kernel
     Op op("add", {a, b});
@@ -161,6 +172,12 @@ Var add(const Var& a, const Var& b) {
   return binary("add", a, b, [](float u, float v) { return u + v; }, [](float, float, float) { return 1.0f; },
                 [](float, float, float) { return 1.0f; });
 }
+Var add_bias(const Var& x, const Var& bias) {
+  if (x.shape().empty()) throw std::invalid_argument("add_bias: expected at least one axis, got a scalar");
+  expect_shape("add_bias", "bias", bias.shape(), Shape{x.shape().back()});
+  return add_rows("add_bias", x, bias);
+}
+
 Var sub(const Var& a, const Var& b) {
   return binary("sub", a, b, [](float u, float v) { return u - v; }, [](float, float, float) { return 1.0f; },
                 [](float, float, float) { return -1.0f; });
@@ -187,6 +204,16 @@ Var maximum(const Var& a, const Var& b) {
   return binary("maximum", a, b, [](float u, float v) { return u >= v ? u : v; },
                 [](float u, float v, float) { return u >= v ? 1.0f : 0.0f; },
                 [](float u, float v, float) { return u >= v ? 0.0f : 1.0f; });
+}
+
+Var scale(const Var& x, float s) {
+  Op op("scale", {x});
+  Tensor y = Tensor::uninitialized(x.shape());
+  kernels::scale_forward(y.data(), x.value().data(), s, y.size());
+  // dx += s dy
+  return op.finish(std::move(y), [x, s](const Tensor& dy, const Tensor&) {
+    kernels::scale_backward(grad_ptr(x), dy.data(), s, dy.size());
+  });
 }
 
 Var add(const Var& a, float b) {

@@ -1,5 +1,5 @@
-// Row ops of neural nets on general axes: softmax, log_softmax, layer_norm, cross_entropy with
-// an ignored target, dropout and mse_loss. Plain portable loops; rows are (outer, n, inner) views.
+// Row ops of neural nets on general axes: softmax, log_softmax, cross_entropy with an ignored
+// target, dropout and mse_loss. Plain portable loops; rows are (outer, n, inner) views.
 #include <fmt/format.h>
 
 #include <cmath>
@@ -73,27 +73,6 @@ Var log_softmax(const Var& x, int axis) {
         for (std::size_t k = 0; k < n; ++k) dx[at(k)] += dy[at(k)] - std::exp(yv[at(k)]) * float(total);
       }
   });
-}
-
-// xhat = (x - mean) rstd, y = xhat w + b. With g = dy w:
-//   dx = rstd (g - mean(g) - xhat mean(g xhat)); dw += sum_rows dy xhat; db += sum_rows dy
-Var layer_norm(const Var& x, const Var& weight, const Var& bias, float eps) {
-  if (x.shape().empty()) throw std::invalid_argument("layer_norm: expected x (.., D), got a scalar");
-  std::size_t dim = x.shape().back(), rows = x.value().size() / std::max<std::size_t>(dim, 1);
-  if (weight.shape() != Shape{dim} || bias.shape() != Shape{dim})
-    throw std::invalid_argument(fmt::format("layer_norm: expected weight and bias [{}] for x {}, got {} and {}", dim,
-                                            to_string(x.shape()), to_string(weight.shape()), to_string(bias.shape())));
-  Op op("layer_norm", {x, weight, bias});
-  Tensor y = Tensor::uninitialized(x.shape());
-  Tensor mean = Tensor::uninitialized({rows}), rstd = Tensor::uninitialized({rows});  // (rows)
-  kernels::layer_norm_forward(y.data(), mean.data(), rstd.data(), x.value().data(), weight.value().data(),
-                              bias.value().data(), rows, dim, eps);
-  std::size_t bytes = mean.bytes() + rstd.bytes();
-  return op.finish(std::move(y), [x, weight, bias, mean = std::move(mean), rstd = std::move(rstd), rows,
-                                  dim](const Tensor& dy, const Tensor&) {
-    kernels::layer_norm_backward(grad_ptr(x), grad_ptr(weight), grad_ptr(bias), dy.data(), x.value().data(),
-                                 weight.value().data(), mean.data(), rstd.data(), rows, dim);
-  }, bytes);
 }
 
 // loss = (1/C) sum over counted rows r of lse_r - x[r, t_r];  dx[r] += dy/C (softmax(x[r]) - onehot(t_r))

@@ -2,7 +2,7 @@
 #include "core/remat.h"
 
 #include "core/kernels.h"
-#include "core/op.h"
+#include "core/op_recording.h"
 
 namespace tapegrad {
 

@@ -1,7 +1,8 @@
-// A differentiable op defined outside the library with its public API alone (core/op.h), as a
-// user writes one, and the checks that make it trustworthy: gradcheck on every input, one tape
-// entry and none under a NoGradScope, its error message, bit-identical gradients inside a
-// rematerialised block, and training with AdamW. It uses only installed headers: the installed
+// A differentiable op defined outside the library with its public API alone
+// (core/op_recording.h), as a user writes one, and the checks that make it trustworthy:
+// gradcheck on every input, one tape entry and none under a NoGradScope, its error message,
+// bit-identical gradients inside a rematerialised block, and training with AdamW. It uses only
+// installed headers: the installed
 // package builds it (tests/consumer, scripts/check_install.sh), and the suite runs the same checks
 // (tests/core/test_custom_op.cpp). docs/custom-ops.md shows this file's code; the suite fails if
 // the two differ.

@@ -4,7 +4,7 @@
 
 #include <stdexcept>
 
-#include "core/op.h"
+#include "core/op_recording.h"
 #include "core/ops.h"
 #include "core/remat.h"
 #include "support/checks.h"

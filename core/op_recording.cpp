@@ -1,5 +1,5 @@
 // Op recording, gradient helpers and the broadcast machinery (expand_to / sum_to).
-#include "core/op.h"
+#include "core/op_recording.h"
 
 #include <fmt/format.h>
 
