@@ -9,14 +9,9 @@
 #include <cstdint>
 #include <vector>
 
-namespace tapegrad {
+#include "core/threads.h"  // set_num_threads was declared here in 0.1
 
-/// Threads used by the kernels (OpenMP row loops and split matmuls; BLAS itself runs on one
-/// thread, so only one parallel runtime is ever active). n = 0 means OMP_NUM_THREADS when it is
-/// set, as in PyTorch, and otherwise every core the process may use.
-void set_num_threads(int n);
-/// The number of threads the kernels use.
-int num_threads();
+namespace tapegrad {
 
 namespace kernels {
 

@@ -6,7 +6,7 @@
 #include <algorithm>
 #include <cstddef>
 
-#include "core/kernels.h"
+#include "core/threads.h"
 
 namespace tapegrad::detail {
 

@@ -1,9 +1,9 @@
-// The kernel thread setting. BLAS runs single-threaded; large products are split across OpenMP
-// threads by the kernels themselves (core/kernels/matmul.cpp).
+// The kernels' thread count (core/threads.h). BLAS runs single-threaded; large products are
+// split across OpenMP threads by the kernels themselves (core/kernels/matmul.cpp).
 #include <cblas.h>
 #include <omp.h>
 
-#include "core/kernels.h"
+#include "core/threads.h"
 
 namespace tapegrad {
 
