@@ -49,6 +49,16 @@ template <class Config> void read_model_sizes(const Metadata& metadata, Config& 
   config.d_ff = metadata_size(metadata, "d_ff");
 }
 
+/// Writes the sizes read_model_sizes reads (d_ff as the model uses it) into metadata.
+template <class Config> void write_model_sizes(const Config& config, Metadata& metadata) {
+  metadata["vocab_size"] = std::to_string(config.vocab);
+  metadata["d_model"] = std::to_string(config.d_model);
+  metadata["n_heads"] = std::to_string(config.n_heads);
+  metadata["n_blocks"] = std::to_string(config.n_blocks);
+  metadata["max_len"] = std::to_string(config.max_len);
+  metadata["d_ff"] = std::to_string(config.ffn_dim());
+}
+
 /// Records config.seed, the root of the dropout streams, as "dropout_seed" when the model has
 /// dropout: a resumed run's masks then continue the saved run's. Without dropout the seed drew
 /// only the initial weights, which the file holds, and it is not written.

@@ -122,14 +122,8 @@ Gpt2 gpt2(std::size_t vocab, std::size_t d_model, std::size_t n_heads, std::size
 }
 
 Metadata gpt2_config_metadata(const Gpt2Config& c) {
-  Metadata metadata = {{"vocab_size", std::to_string(c.vocab)},
-                       {"d_model", std::to_string(c.d_model)},
-                       {"n_heads", std::to_string(c.n_heads)},
-                       {"n_blocks", std::to_string(c.n_blocks)},
-                       {"max_len", std::to_string(c.max_len)},
-                       {"d_ff", std::to_string(c.ffn_dim())},
-                       {"norm_eps", fmt::format("{}", c.norm_eps)},
-                       {"dropout", fmt::format("{}", c.dropout)}};
+  Metadata metadata = {{"norm_eps", fmt::format("{}", c.norm_eps)}, {"dropout", fmt::format("{}", c.dropout)}};
+  write_model_sizes(c, metadata);
   write_dropout_seed(c, metadata);
   return metadata;
 }

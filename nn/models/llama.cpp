@@ -133,17 +133,12 @@ void Llama::members(Members& m) {
 }
 
 Metadata llama_config_metadata(const LlamaConfig& c) {
-  Metadata metadata = {{"vocab_size", std::to_string(c.vocab)},
-                       {"d_model", std::to_string(c.d_model)},
-                       {"n_heads", std::to_string(c.n_heads)},
-                       {"n_kv_heads", std::to_string(c.kv_heads())},
+  Metadata metadata = {{"n_kv_heads", std::to_string(c.kv_heads())},
                        {"head_dim", std::to_string(c.head_size())},
-                       {"n_blocks", std::to_string(c.n_blocks)},
-                       {"max_len", std::to_string(c.max_len)},
-                       {"d_ff", std::to_string(c.ffn_dim())},
                        {"norm_eps", fmt::format("{}", c.norm_eps)},
                        {"rope_theta", fmt::format("{}", c.rope_theta)},
                        {"tied_head", c.tied_head ? "true" : "false"}};
+  write_model_sizes(c, metadata);
   if (c.dropout > 0) metadata["dropout"] = fmt::format("{}", c.dropout);
   write_dropout_seed(c, metadata);
   return metadata;

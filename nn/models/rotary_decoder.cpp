@@ -99,14 +99,8 @@ RotaryDecoder rotary_decoder(std::size_t vocab, std::size_t d_model, std::size_t
 }
 
 Metadata rotary_decoder_config_metadata(const RotaryDecoderConfig& c) {
-  Metadata metadata = {{"vocab_size", std::to_string(c.vocab)},
-                       {"d_model", std::to_string(c.d_model)},
-                       {"n_heads", std::to_string(c.n_heads)},
-                       {"n_blocks", std::to_string(c.n_blocks)},
-                       {"max_len", std::to_string(c.max_len)},
-                       {"d_ff", std::to_string(c.ffn_dim())},
-                       {"norm_eps", fmt::format("{}", c.norm_eps)},
-                       {"rope_theta", fmt::format("{}", c.rope_theta)}};
+  Metadata metadata = {{"norm_eps", fmt::format("{}", c.norm_eps)}, {"rope_theta", fmt::format("{}", c.rope_theta)}};
+  write_model_sizes(c, metadata);
   if (c.dropout > 0) metadata["dropout"] = fmt::format("{}", c.dropout);  // absent: 0, as in the first files
   write_dropout_seed(c, metadata);
   return metadata;
