@@ -9,7 +9,7 @@ Regenerate (after changing what is computed here, or to check a new torch):
 Every input and weight is drawn here as float32 and stored, so the test starts from the very same numbers; PyTorch
 then computes in float64, so that the stored values are the exact answers for those inputs and the test's tolerance
 measures tapegrad's float32 error alone. An op's gradients are those of loss = sum(op(inputs) * R) for a stored R;
-a model's are those of its mean next-token cross-entropy. The models are torch_reference.py's, imported."""
+a model's are those of its mean next-token cross-entropy. The models are torch_models.py's, imported."""
 
 import json
 import os
@@ -20,7 +20,7 @@ import torch.nn.functional as F
 
 sys.dont_write_bytecode = True
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from torch_reference import Gpt2, RotaryDecoder, rms_norm, rope, rope_table  # noqa: E402
+from torch_models import Gpt2, RotaryDecoder, rms_norm, rope, rope_table  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 OUT = os.path.join(ROOT, "tests", "data", "torch_reference.json")
