@@ -1,9 +1,9 @@
 // A program written against tapegrad 0.1, unchanged: every spelling that 0.2 renamed or moved, as
-// a user of 0.1 wrote it (old header paths, nn::CharTokenizer, a module that lists its parameters
-// in collect_params, an architecture whose tied head is p.matmul_transposed, save_checkpoint and
-// load_checkpoint). Its deprecation warnings are expected; if it stops compiling, a forwarder was
-// removed before its time (README.md, "Versions"). Prints "ok" and exits 0 when every result is
-// what 0.1 gave.
+// a user of 0.1 wrote it (old header paths, core/op.h, nn::CharTokenizer, a module that lists its
+// parameters in collect_params, an architecture whose tied head is p.matmul_transposed,
+// save_checkpoint and load_checkpoint). Its deprecation warnings are expected; if it stops
+// compiling, a forwarder was removed before its time (README.md, "Versions"). Prints "ok" and exits
+// 0 when every result is what 0.1 gave.
 #include <unistd.h>
 
 #include <cmath>
@@ -12,6 +12,8 @@
 #include <string>
 #include <vector>
 
+#include "core/op.h"
+#include "core/ops.h"
 #include "core/safetensors.h"
 #include "core/tape.h"
 #include "nn/checkpoint.h"
@@ -30,6 +32,17 @@ std::vector<std::string> failures;
 
 void expect(bool ok, const std::string& what) {
   if (!ok) failures.push_back(what);
+}
+
+// An op of one's own as 0.1's docs/custom-ops.md wrote one, with core/op.h: y = 2 x.
+Var twice(const Var& x) {
+  Op op("twice", {x});
+  Tensor y(x.shape());
+  for (std::size_t i = 0; i < y.size(); ++i) y[i] = 2 * x.value()[i];
+  return op.finish(std::move(y), [x](const Tensor& dy, const Tensor&) {
+    if (float* dx = grad_ptr(x))
+      for (std::size_t i = 0; i < dy.size(); ++i) dx[i] += 2 * dy[i];
+  });
 }
 
 // A module as 0.1's README wrote one: its parameters listed in collect_params.
@@ -81,6 +94,15 @@ class TiedDecoder : public nn::Module, public nn::DecoderModel<TiedDecoder> {
   nn::Dropout drop;
 };
 
+void check_op_of_core_op_h() {
+  Var x(Tensor({3}, {1.0f, -2.0f, 0.5f}), /*requires_grad=*/true);
+  {
+    Tape tape;
+    tape.backward(sum(twice(x)));
+  }
+  expect(x.grad()[0] == 2.0f && x.grad()[2] == 2.0f, "an op recorded through core/op.h");
+}
+
 void check_module_listed_in_collect_params() {
   Rng rng(1);
   Mlp model(rng);
@@ -115,6 +137,11 @@ void check_tied_head_through_matmul_transposed() {
   Tensor prefilled = model.prefill(inputs, cache);
   expect(max_abs_diff(prefilled.reshaped({1, inputs.size(), tokenizer.size()}), logits.value()) < 1e-5f,
          "prefill through matmul_transposed gives forward's logits");
+  nn::GenerateOptions greedy{.max_new = 4, .sampling = {.temperature = 0.0f}};
+  nn::GenerateOptions uncached = greedy;
+  uncached.use_cache = false;
+  expect(nn::generate(model, inputs, greedy).tokens == nn::generate(model, inputs, uncached).tokens,
+         "generate decodes an architecture of 0.1 through the cache as without it");
 }
 
 void check_rotary_decoder_and_char_tokenizer() {
@@ -143,6 +170,7 @@ void check_rotary_decoder_and_char_tokenizer() {
 }  // namespace
 
 int main() {
+  check_op_of_core_op_h();
   check_module_listed_in_collect_params();
   check_tied_head_through_matmul_transposed();
   check_rotary_decoder_and_char_tokenizer();
