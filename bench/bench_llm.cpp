@@ -83,7 +83,9 @@ nlohmann::json time_tapegrad(const nn::LanguageModel& model, int repeats) {
     std::vector<double> seconds;
     for (int r = 0; r < repeats; ++r) {
       one.reset();
-      seconds.push_back(bench::seconds([&] { model.prefill(std::span(prompt).first(length), one); }));
+      // llama-bench's pp also computes the last token's logits alone.
+      seconds.push_back(bench::seconds(
+          [&] { model.prefill(std::span(prompt).first(length), one, 0, nn::PrefillLogits::last_token); }));
     }
     result[fmt::format("pp{}_tokens_per_s", length)] = median_rate(seconds, double(length));
   }
@@ -103,7 +105,7 @@ nlohmann::json time_tapegrad(const nn::LanguageModel& model, int repeats) {
     seconds.clear();
     for (int r = 0; r < repeats; ++r) {
       cache.reset();
-      model.prefill(prompts, cache);
+      model.prefill(prompts, cache, nn::PrefillLogits::last_token);
       seconds.push_back(bench::seconds([&] {
         for (std::size_t i = 0; i < new_tokens; ++i) model.step(std::span(steps).subspan(i * S, S), cache);
       }));

@@ -10,13 +10,15 @@
 
 namespace tapegrad::nn {
 
-CachePass::CachePass(KVCache& cache, std::span<const Run> runs, KVCache::Scratch& scratch)
-    : cache_(cache), runs_(runs), scratch_(scratch) {
+CachePass::CachePass(KVCache& cache, std::span<const Run> runs, KVCache::Scratch& scratch, PrefillLogits logits)
+    : cache_(cache), runs_(runs), scratch_(scratch), logits_(logits) {
   for (const Run& run : runs_) rows_ += run.count;
   scratch_.rewind();
 }
 
-Rows CachePass::take(std::size_t cols) { return {scratch_.take(rows_ * cols), rows_, cols}; }
+Rows CachePass::take(std::size_t cols) { return take(rows_, cols); }
+
+Rows CachePass::take(std::size_t rows, std::size_t cols) { return {scratch_.take(rows * cols), rows, cols}; }
 
 void CachePass::check_cols(const char* op, const Rows& x, std::size_t cols) const {
   if (x.cols != cols || x.rows != rows_)
@@ -83,41 +85,64 @@ Rows CachePass::layer_norm(const Rows& x, const LayerNorm& norm) {
 
 Rows CachePass::linear(const Rows& x, const Linear& layer) {
   check_cols("linear", x, layer.in());
-  Rows y = take(layer.out());
-  if (layer.packed) quant::packed_matmul(y.data, x.data, rows_, *layer.packed, false);
-  else kernels::row_stable_matmul(y.data, x.data, layer.weight.value().data(), rows_, layer.in(), layer.out(), false);
-  if (layer.bias.defined()) kernels::add_bias_forward(y.data, y.data, layer.bias.value().data(), rows_, y.cols);
+  return product(x, layer);
+}
+
+Rows CachePass::head(const Rows& x, const Linear& layer) {
+  check_cols("head", x, layer.in());
+  return product(head_input(x), layer);
+}
+
+// The products are row-stable, so a row's logits have the same bits whichever rows share them.
+Rows CachePass::head_input(const Rows& x) {
+  if (logits_ == PrefillLogits::every_token) return x;
+  Rows last = take(runs_.size(), x.cols);
+  std::size_t end = 0;
+  for (std::size_t i = 0; i < runs_.size(); ++i) {
+    end += runs_[i].count;
+    std::copy_n(x.row(end - 1), x.cols, last.row(i));
+  }
+  return last;
+}
+
+Rows CachePass::product(const Rows& x, const Linear& layer) {
+  Rows y = take(x.rows, layer.out());
+  if (layer.packed) quant::packed_matmul(y.data, x.data, x.rows, *layer.packed, false);
+  else kernels::row_stable_matmul(y.data, x.data, layer.weight.value().data(), x.rows, layer.in(), layer.out(), false);
+  if (layer.bias.defined()) kernels::add_bias_forward(y.data, y.data, layer.bias.value().data(), x.rows, y.cols);
   if (layer.adapter) add_adapter(y, x, *layer.adapter);
   return y;
 }
 
 void CachePass::add_adapter(Rows& y, const Rows& x, const LoraAdapter& adapter) {
   const std::size_t rank = adapter.a.shape()[1];
-  Rows down = take(rank);  // scale (x A), then y += down B: LoraAdapter::add_to's order
-  kernels::row_stable_matmul(down.data, x.data, adapter.a.value().data(), rows_, x.cols, rank, false);
-  kernels::scale_forward(down.data, down.data, adapter.scale(), rows_ * rank);
-  kernels::row_stable_matmul(y.data, down.data, adapter.b.value().data(), rows_, rank, y.cols, true);
+  Rows down = take(x.rows, rank);  // scale (x A), then y += down B: LoraAdapter::add_to's order
+  kernels::row_stable_matmul(down.data, x.data, adapter.a.value().data(), x.rows, x.cols, rank, false);
+  kernels::scale_forward(down.data, down.data, adapter.scale(), x.rows * rank);
+  kernels::row_stable_matmul(y.data, down.data, adapter.b.value().data(), x.rows, rank, y.cols, true);
 }
 
 Rows CachePass::tied_head(const Rows& x, const Embedding& table) {
   if (table.packed) {  // the table is already (out, in)
     check_cols("tied_head", x, table.packed->cols);
-    Rows y = take(table.packed->rows);
-    quant::packed_matmul(y.data, x.data, rows_, *table.packed, false);
+    const Rows in = head_input(x);
+    Rows y = take(in.rows, table.packed->rows);
+    quant::packed_matmul(y.data, in.data, in.rows, *table.packed, false);
     return y;
   }
-  return transposed_product("tied_head", x, table.weight);
+  check_cols("tied_head", x, table.weight.shape()[1]);
+  return transposed_product(head_input(x), table.weight);
 }
 
 Rows CachePass::matmul_transposed(const Rows& x, const Var& weight) {
-  return transposed_product("matmul_transposed", x, weight);
+  check_cols("matmul_transposed", x, weight.shape()[1]);
+  return transposed_product(x, weight);
 }
 
-Rows CachePass::transposed_product(const char* op, const Rows& x, const Var& weight) {
+Rows CachePass::transposed_product(const Rows& x, const Var& weight) {
   const std::size_t out = weight.shape()[0], in = weight.shape()[1];
-  check_cols(op, x, in);
-  Rows y = take(out);
-  kernels::row_stable_matmul_transposed(y.data, x.data, weight.value().data(), rows_, in, out);
+  Rows y = take(x.rows, out);
+  kernels::row_stable_matmul_transposed(y.data, x.data, weight.value().data(), x.rows, in, out);
   return y;
 }
 
@@ -244,7 +269,7 @@ void run_cache_passes(KVCache& cache, const DecodeRequest& request, const std::f
       omp_in_parallel() ? 1 : std::min<std::size_t>(std::max(1, num_threads()), runs.size());
   if (cache.scratch.size() < threads) cache.scratch.resize(threads);
   auto pass = [&](std::size_t t) {
-    std::size_t begin = 0, end = runs.size(), first_row = 0;
+    std::size_t begin = 0, end = runs.size(), first_row = 0;  // first_row: of the request's tokens
     if (threads > 1) {
       // Run i goes to the thread whose share of the tokens contains the run's first token.
       auto owner = [&](std::size_t row) { return row * threads / total; };
@@ -259,16 +284,17 @@ void run_cache_passes(KVCache& cache, const DecodeRequest& request, const std::f
       }
       if (begin == runs.size()) return;
     }
-    CachePass p(cache, runs.subspan(begin, end - begin), cache.scratch[t]);
+    CachePass p(cache, runs.subspan(begin, end - begin), cache.scratch[t], request.which);
     Rows logits = describe(p);
     if (p.layers_used() != cache.layers())
       throw std::logic_error(fmt::format("CachePass: the model attended {} times per token, but the cache has {} "
                                          "layers; make the cache with the model's make_cache()",
                                          p.layers_used(), cache.layers()));
-    if (logits.rows != p.rows() || logits.cols != request.vocab)
+    if (logits.rows != p.logit_rows() || logits.cols != request.vocab)
       throw std::logic_error(fmt::format("CachePass: the description returned ({}, {}) rows, expected logits ({}, {})",
-                                         logits.rows, logits.cols, p.rows(), request.vocab));
-    std::copy_n(logits.data, logits.rows * logits.cols, request.logits + first_row * request.vocab);
+                                         logits.rows, logits.cols, p.logit_rows(), request.vocab));
+    const std::size_t first_logit_row = request.which == PrefillLogits::every_token ? first_row : begin;
+    std::copy_n(logits.data, logits.rows * logits.cols, request.logits + first_logit_row * request.vocab);
   };
   if (threads == 1) {
     pass(0);

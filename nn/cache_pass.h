@@ -35,8 +35,10 @@ class CachePass {
   using Value = Rows;    ///< What the description's ops take and return.
   using Run = TokenRun;  ///< Tokens appended to one sequence.
 
-  /// A pass over `runs` (checked by check_decode), its buffers taken from `scratch`.
-  CachePass(KVCache& cache, std::span<const Run> runs, KVCache::Scratch& scratch);
+  /// A pass over `runs` (checked by check_decode), its buffers taken from `scratch`; its head ops
+  /// compute the logits of the rows `logits` names.
+  CachePass(KVCache& cache, std::span<const Run> runs, KVCache::Scratch& scratch,
+            PrefillLogits logits = PrefillLogits::every_token);
 
   // The ops of ModelPass (nn/model_pass.h), as kernel calls on rows.
   Rows embed(const Embedding& table);                        ///< The tokens' rows of the table.
@@ -46,7 +48,7 @@ class CachePass {
   Rows rms_norm(const Rows& x, const RMSNorm& norm);         ///< RMSNorm of each row.
   Rows layer_norm(const Rows& x, const LayerNorm& norm);     ///< LayerNorm of each row.
   Rows linear(const Rows& x, const Linear& layer);           ///< x W (+ b).
-  Rows head(const Rows& x, const Linear& layer) { return linear(x, layer); }  ///< The logits x W (+ b).
+  Rows head(const Rows& x, const Linear& layer);          ///< The logits x W (+ b).
   Rows tied_head(const Rows& x, const Embedding& table);  ///< The logits x E^T, E (V, D).
   /// 0.1's tied head: x W^T, W (out, in).
   [[deprecated("use tied_head(x, table)")]] Rows matmul_transposed(const Rows& x, const Var& weight);
@@ -70,19 +72,25 @@ class CachePass {
   }
 
   std::size_t rows() const { return rows_; }  ///< The pass's tokens, every run's added up.
+  /// The rows of logits its head ops return: rows(), or one per run.
+  std::size_t logit_rows() const { return logits_ == PrefillLogits::every_token ? rows_ : runs_.size(); }
   /// Attention layers the pass has used so far.
   std::size_t layers_used() const { return layer_; }
 
  private:
   Rows take(std::size_t cols);
+  Rows take(std::size_t rows, std::size_t cols);
+  Rows head_input(const Rows& x);                  // the rows the head ops compute logits for
+  Rows product(const Rows& x, const Linear& layer);  // x W (+ b) (+ adapter), for x's rows
   void check_cols(const char* op, const Rows& x, std::size_t cols) const;
-  Rows transposed_product(const char* op, const Rows& x, const Var& weight);  // x W^T, W (out, in)
+  Rows transposed_product(const Rows& x, const Var& weight);  // x W^T, W (out, in), for x's rows
   // y += scale (x A) B: a layer's LoRA adapter (nn/linear.h).
   void add_adapter(Rows& y, const Rows& x, const LoraAdapter& adapter);
 
   KVCache& cache_;
   std::span<const Run> runs_;
   KVCache::Scratch& scratch_;
+  PrefillLogits logits_;
   std::size_t rows_ = 0, layer_ = 0;
 };
 static_assert(ModelPass<CachePass>);
@@ -91,7 +99,8 @@ static_assert(ModelPass<CachePass>);
 struct DecodeRequest {
   std::span<const CachePass::Run> runs;  ///< checked by check_decode
   std::size_t vocab = 0;                 ///< the model's vocabulary size
-  float* logits = nullptr;               ///< (total tokens, vocab), the runs' rows in order
+  float* logits = nullptr;               ///< (total tokens or runs, vocab), the runs' rows in order
+  PrefillLogits which = PrefillLogits::every_token;  ///< every token's logits, or each run's last
 };
 
 /// Refuses (with a message naming the values) a request the cache cannot take: a cache made by

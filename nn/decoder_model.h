@@ -69,22 +69,26 @@ class DecoderModel {
     return cache;
   }
 
-  /// Appends tokens to one sequence of the cache in one pass; returns their logits (T, vocab).
-  Tensor prefill(std::span<const std::int32_t> tokens, KVCache& cache, std::size_t sequence = 0) const {
+  /// Appends tokens to one sequence of the cache in one pass; returns their logits (T, vocab), or
+  /// with PrefillLogits::last_token the last token's alone (1, vocab).
+  Tensor prefill(std::span<const std::int32_t> tokens, KVCache& cache, std::size_t sequence = 0,
+                 PrefillLogits which = PrefillLogits::every_token) const {
     CachePass::Run run{sequence, 0, tokens.size(), tokens.data()};
-    return prefill_runs(std::span(&run, 1), cache);
+    return prefill_runs(std::span(&run, 1), cache, which);
   }
   /// Appends prompts[s] to sequence s, for every s with a non-empty prompt, in one pass (the
   /// sequences split across threads). Returns the logits of every appended token, sequence after
-  /// sequence: (total tokens, vocab).
-  Tensor prefill(std::span<const std::vector<std::int32_t>> prompts, KVCache& cache) const {
+  /// sequence: (total tokens, vocab); with PrefillLogits::last_token those of each non-empty
+  /// prompt's last token: (non-empty prompts, vocab).
+  Tensor prefill(std::span<const std::vector<std::int32_t>> prompts, KVCache& cache,
+                 PrefillLogits which = PrefillLogits::every_token) const {
     if (prompts.size() > cache.sequences())
       throw std::invalid_argument(
           fmt::format("prefill: {} prompts for a cache of {} sequences", prompts.size(), cache.sequences()));
     std::vector<CachePass::Run> runs;
     for (std::size_t s = 0; s < prompts.size(); ++s)
       if (!prompts[s].empty()) runs.push_back({s, 0, prompts[s].size(), prompts[s].data()});
-    return prefill_runs(runs, cache);
+    return prefill_runs(runs, cache, which);
   }
 
   /// One token for each sequence of the cache (the tokens of dropped sequences are ignored):
@@ -130,20 +134,22 @@ class DecoderModel {
     return model().run(p);
   }
 
-  Tensor prefill_runs(std::span<CachePass::Run> runs, KVCache& cache) const {
+  Tensor prefill_runs(std::span<CachePass::Run> runs, KVCache& cache, PrefillLogits which) const {
     std::size_t total = 0;
     for (const auto& run : runs) total += run.count;
     if (total == 0) throw std::invalid_argument("prefill: no tokens to write");
-    Tensor logits = Tensor::uninitialized({total, model().config().vocab});
-    decode(runs, cache, logits.data());
+    const std::size_t rows = which == PrefillLogits::every_token ? total : runs.size();
+    Tensor logits = Tensor::uninitialized({rows, model().config().vocab});
+    decode(runs, cache, logits.data(), which);
     return logits;
   }
 
   /// Checks the request against the cache and the model, then runs the description on it.
-  void decode(std::span<CachePass::Run> runs, KVCache& cache, float* logits) const {
+  void decode(std::span<CachePass::Run> runs, KVCache& cache, float* logits,
+              PrefillLogits which = PrefillLogits::every_token) const {
     const auto& c = model().config();
     check_decode(runs, cache, this, c.n_blocks, c.max_len, kv_cache_width(c), c.vocab);
-    run_cache_passes(cache, {runs, c.vocab, logits}, [this](CachePass& p) { return model().run(p); });
+    run_cache_passes(cache, {runs, c.vocab, logits, which}, [this](CachePass& p) { return model().run(p); });
   }
 };
 

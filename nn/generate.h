@@ -16,6 +16,7 @@
 #include <fmt/format.h>
 
 #include "core/ops.h"
+#include "nn/kv_cache.h"
 #include "nn/sampling.h"
 
 namespace tapegrad::nn {
@@ -104,11 +105,17 @@ std::vector<Generation> generate_samples(const M& model, std::span<const std::in
   if constexpr (CachedModel<M>) {
     if (cache) {
       std::vector<std::vector<std::int32_t>> prompts(samples, std::vector<std::int32_t>(prompt.begin(), prompt.end()));
-      Tensor logits = model.prefill(prompts, *cache);  // (samples * prompt, vocab)
+      // The prompts' last rows alone (samples, vocab), where the model can compute just those.
+      constexpr bool last_rows_only = requires { model.prefill(prompts, *cache, PrefillLogits::last_token); };
+      Tensor logits = [&] {
+        if constexpr (last_rows_only) return model.prefill(prompts, *cache, PrefillLogits::last_token);
+        else return model.prefill(prompts, *cache);  // (samples * prompt, vocab)
+      }();
+      const std::size_t rows_per_sample = last_rows_only ? 1 : prompt.size();
       std::vector<std::int32_t> last(samples);
       std::size_t running = 0;
       for (std::size_t i = 0; i < samples; ++i) {
-        if (emit(i, std::span<const float>(logits.data() + ((i + 1) * prompt.size() - 1) * vocab, vocab), last[i]))
+        if (emit(i, std::span<const float>(logits.data() + ((i + 1) * rows_per_sample - 1) * vocab, vocab), last[i]))
           ++running;
         else
           cache->drop(i);

@@ -24,6 +24,12 @@ struct TokenRun {
   const std::int32_t* tokens = nullptr;  ///< count token ids
 };
 
+/// Which logits a decoding pass computes: every token's (evaluation), or only the last token's
+/// of each run (generation and serving, which sample from that row alone: the head, 49,152 x 576
+/// for SmolLM2, then runs on one row per prompt instead of every prompt token). A row gets the
+/// same bits either way.
+enum class PrefillLogits { every_token, last_token };
+
 /// The K and V rows of S sequences for decoding, with each sequence's position and the scratch
 /// buffers of the passes that fill it.
 class KVCache {

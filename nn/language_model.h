@@ -62,13 +62,17 @@ class LanguageModel {
   KVCache make_cache(std::size_t sequences = 1, std::size_t max_len = 0) const {
     return held_->make_cache(sequences, max_len);
   }
-  /// Appends tokens to one sequence of the cache; returns their logits (T, vocab).
-  Tensor prefill(std::span<const std::int32_t> tokens, KVCache& cache, std::size_t sequence = 0) const {
-    return held_->prefill(tokens, cache, sequence);
+  /// Appends tokens to one sequence of the cache; returns their logits (T, vocab), or the last
+  /// token's (1, vocab).
+  Tensor prefill(std::span<const std::int32_t> tokens, KVCache& cache, std::size_t sequence = 0,
+                 PrefillLogits which = PrefillLogits::every_token) const {
+    return held_->prefill(tokens, cache, sequence, which);
   }
-  /// Appends prompts[s] to sequence s in one pass; returns every appended token's logits.
-  Tensor prefill(std::span<const std::vector<std::int32_t>> prompts, KVCache& cache) const {
-    return held_->prefill(prompts, cache);
+  /// Appends prompts[s] to sequence s in one pass; returns every appended token's logits, or each
+  /// non-empty prompt's last token's.
+  Tensor prefill(std::span<const std::vector<std::int32_t>> prompts, KVCache& cache,
+                 PrefillLogits which = PrefillLogits::every_token) const {
+    return held_->prefill(prompts, cache, which);
   }
   /// One token for each sequence; returns the logits (sequences, vocab), dropped sequences' rows NaN.
   std::span<const float> step(std::span<const std::int32_t> tokens, KVCache& cache) const {
@@ -104,8 +108,10 @@ class LanguageModel {
     virtual void set_dropout_step(std::uint64_t step) = 0;
     virtual std::string describe(const LanguageModel& self) const = 0;
     virtual KVCache make_cache(std::size_t sequences, std::size_t max_len) const = 0;
-    virtual Tensor prefill(std::span<const std::int32_t> tokens, KVCache& cache, std::size_t sequence) const = 0;
-    virtual Tensor prefill(std::span<const std::vector<std::int32_t>> prompts, KVCache& cache) const = 0;
+    virtual Tensor prefill(std::span<const std::int32_t> tokens, KVCache& cache, std::size_t sequence,
+                           PrefillLogits which) const = 0;
+    virtual Tensor prefill(std::span<const std::vector<std::int32_t>> prompts, KVCache& cache,
+                           PrefillLogits which) const = 0;
     virtual std::span<const float> step(std::span<const std::int32_t> tokens, KVCache& cache) const = 0;
   };
   template <class Model>
@@ -132,11 +138,13 @@ class LanguageModel {
     KVCache make_cache(std::size_t sequences, std::size_t max_len) const override {
       return model.make_cache(sequences, max_len);
     }
-    Tensor prefill(std::span<const std::int32_t> tokens, KVCache& cache, std::size_t sequence) const override {
-      return model.prefill(tokens, cache, sequence);
+    Tensor prefill(std::span<const std::int32_t> tokens, KVCache& cache, std::size_t sequence,
+                   PrefillLogits which) const override {
+      return model.prefill(tokens, cache, sequence, which);
     }
-    Tensor prefill(std::span<const std::vector<std::int32_t>> prompts, KVCache& cache) const override {
-      return model.prefill(prompts, cache);
+    Tensor prefill(std::span<const std::vector<std::int32_t>> prompts, KVCache& cache,
+                   PrefillLogits which) const override {
+      return model.prefill(prompts, cache, which);
     }
     std::span<const float> step(std::span<const std::int32_t> tokens, KVCache& cache) const override {
       return model.step(tokens, cache);

@@ -419,11 +419,12 @@ void Scheduler::advance(Generation& generation) {
         ++stepped;
       }
     }
-    Tensor logits = model.prefill(runs, generation.cache);  // (every run's tokens, vocab)
+    // Only each run's last row is sampled from: (non-empty runs, vocab).
+    Tensor logits = model.prefill(runs, generation.cache, nn::PrefillLogits::last_token);
     std::size_t row = 0;
     for (std::size_t s = 0; s < sequences; ++s) {
       if (runs[s].empty()) continue;
-      row += runs[s].size();
+      ++row;
       Slot& slot = *generation.slots[s];
       const bool decoding = slot.prefilled == slot.job->prompt_ids.size();
       if (!decoding) slot.prefilled += runs[s].size();

@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
+#include <cstring>
 #include <new>
 #include <set>
 
@@ -245,6 +246,38 @@ TEST_CASE_TEMPLATE("batched decoding gives every sequence the bits it gets alone
   std::vector<std::vector<std::int32_t>> prompts;
   for (std::size_t i = 0; i < lengths.size(); ++i) prompts.push_back(random_ids(lengths[i], 13, 40 + i));
   check_batched_equals_alone(model, prompts, random_ids(lengths.size() * 6, 13, 50));
+}
+
+TEST_CASE_TEMPLATE("a prefill of the last tokens' logits gives each prompt's last row bit for bit, then the same steps", M,
+                   RotaryDecoder, Gpt2, Llama) {
+  M model = small_model<M>(90);
+  sharpen(model, 2);
+  const std::vector<std::size_t> lengths = {1, 3, 8, 65, 7};
+  std::vector<std::vector<std::int32_t>> prompts;
+  for (std::size_t i = 0; i < lengths.size(); ++i) prompts.push_back(random_ids(lengths[i], 13, 60 + i));
+  prompts.insert(prompts.begin() + 2, std::vector<std::int32_t>{});  // no row for an empty prompt
+  const std::vector<std::int32_t> next = random_ids(prompts.size(), 13, 61);
+  for (int threads : {1, 2}) {
+    CAPTURE(threads);
+    set_num_threads(threads);
+    KVCache every = model.make_cache(prompts.size()), last = model.make_cache(prompts.size());
+    const Tensor all_rows = model.prefill(prompts, every);
+    const Tensor last_rows = model.prefill(prompts, last, PrefillLogits::last_token);
+    REQUIRE(last_rows.shape() == Shape{lengths.size(), 13});
+    std::size_t end = 0;
+    for (std::size_t i = 0; i < lengths.size(); ++i) {
+      CAPTURE(i);
+      end += lengths[i];
+      CHECK(std::equal(all(last_rows).begin() + i * 13, all(last_rows).begin() + (i + 1) * 13,
+                       all(all_rows).begin() + (end - 1) * 13));
+    }
+    every.drop(2), last.drop(2);
+    const std::span<const float> after_every = model.step(next, every), after_last = model.step(next, last);
+    CHECK(std::memcmp(after_every.data(), after_last.data(), after_every.size_bytes()) == 0);  // NaN rows too
+  }
+  set_num_threads(0);
+  KVCache one = model.make_cache();
+  CHECK(model.prefill(prompts[1], one, 0, PrefillLogits::last_token).shape() == Shape{1, 13});
 }
 
 TEST_CASE("one sequence decodes to the same bits on 1 and 2 threads where its matrix products split across them") {

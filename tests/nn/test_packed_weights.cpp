@@ -98,6 +98,10 @@ TEST_CASE("a sequence decoded on packed weights gets the same bits alone and bes
     CHECK_MESSAGE(std::memcmp(alone.data(), both.data() + row * vocab, alone.size() * sizeof(float)) == 0,
                   fmt::format("sequence {}'s prefill differs beside the other", s));
     row += prompts[s].size();
+    nn::KVCache last_only = model.make_cache(1, 32);
+    const Tensor last = model.prefill(prompts[s], last_only, 0, nn::PrefillLogits::last_token);
+    CHECK_MESSAGE(std::memcmp(last.data(), both.data() + (row - 1) * vocab, vocab * sizeof(float)) == 0,
+                  fmt::format("sequence {}'s last-token prefill differs from its last row", s));
   }
   const std::vector<std::int32_t> next = {31, 200};
   const std::span<const float> stepped = model.step(next, together);  // (2, vocab)
