@@ -12,7 +12,7 @@
 namespace tapegrad::examples {
 
 void ModelSource::add_options(CLI::App& app) {
-  app.add_option("--checkpoint", checkpoint, "A checkpoint written by train_char (this or --model)");
+  app.add_option("--checkpoint", checkpoint, "A checkpoint written by train (this or --model)");
   app.add_option("--model", model,
                  "A published model: a GGUF file or a Hugging Face folder (config.json, safetensors, tokenizer.json)");
 }

@@ -1,4 +1,4 @@
-// An exclusive advisory lock (flock) on "<checkpoint>.lock", held by train_char for its whole run,
+// An exclusive advisory lock (flock) on "<checkpoint>.lock", held by train for its whole run,
 // so that two runs pointed at the same checkpoint refuse to start instead of interleaving saves.
 #pragma once
 

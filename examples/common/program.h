@@ -31,7 +31,7 @@ void write_file_atomically(const std::string& path, const std::string& text);
 /// Removes the "<path>.tmp.<pid>" files that write_file_atomically and write_safetensors leave
 /// behind when their process is killed mid-write, when no process <pid> exists any more; returns
 /// the names removed. Such files are never read, so one left in place only wastes space; call
-/// this only while no other program may be writing path (train_char holds its OutputLock).
+/// this only while no other program may be writing path (train holds its OutputLock).
 std::vector<std::string> remove_stale_temporaries(const std::string& path);
 /// Creates the folder that will hold path, if any is missing.
 void create_parent_directories(const std::string& path);

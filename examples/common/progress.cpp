@@ -1,4 +1,4 @@
-// The progress line and log lines of train_char.
+// The progress line and log lines of train.
 #include "common/progress.h"
 
 #include <fmt/format.h>
