@@ -211,11 +211,13 @@ TAPEGRAD_KERNEL(void, cross_entropy_backward,
 /// with transpose_w; bias (V) or null. With dx, dw or db, also their gradients of that mean, from
 /// each chunk's g = (softmax - onehot(targets)) / N (cross_entropy_backward's bits): dx = g op(w)^T,
 /// dw += x^T g (or g^T x transposed), db += the column sums of g. Chunks go in row order, so the
-/// sums over rows do not depend on the thread count.
+/// sums over rows do not depend on the thread count. With bf16_products (T = float), every product
+/// is bf16_gemm's, as precision_gemm's under Precision::bf16.
 TAPEGRAD_KERNEL(T, linear_cross_entropy,
                 (T* dx, T* dw, T* db, const T* x, const T* w, const T* bias, const std::int32_t* targets,
                  std::size_t n, std::size_t dim, std::size_t vocab, bool transpose_w, std::size_t chunk_rows,
-                 T* scratch, bool overwrite),
-                (dx, dw, db, x, w, bias, targets, n, dim, vocab, transpose_w, chunk_rows, scratch, overwrite))
+                 T* scratch, bool overwrite, bool bf16_products),
+                (dx, dw, db, x, w, bias, targets, n, dim, vocab, transpose_w, chunk_rows, scratch, overwrite,
+                 bf16_products))
 
 #undef TAPEGRAD_KERNEL

@@ -1,14 +1,16 @@
 // linear_cross_entropy: a language model's head and its loss as one op, whose logits live a chunk
 // of rows at a time (kernels::linear_cross_entropy), never whole: at SmolLM2's vocabulary of 49,152
-// the logits of 1024 rows and their gradient would be 200 MB each.
+// the logits of 1024 rows and their gradient would be 200 MB each. Its products run at the thread's
+// matmul precision (core/precision.h), as matmul's.
 #include <fmt/format.h>
 
 #include <algorithm>
 #include <stdexcept>
 #include <vector>
 
-#include "core/op.h"
+#include "core/op_recording.h"
 #include "core/ops.h"
+#include "core/precision.h"
 
 namespace tapegrad {
 
@@ -61,7 +63,7 @@ Var linear_cross_entropy(const Var& x, const Var& weight, std::span<const std::i
   const float loss = kernels::linear_cross_entropy(
       data(dx), data(dweight), data(dbias), x.value().data(), weight.value().data(),
       bias.defined() ? bias.value().data() : nullptr, targets.data(), rows, dim, vocab, transpose_weight, chunk_rows,
-      scratch.data(), /*overwrite=*/true);
+      scratch.data(), /*overwrite=*/true, /*bf16_products=*/matmul_precision() == Precision::bf16);
   scratch = Tensor();
   const std::size_t bytes = dx.bytes() + dweight.bytes() + dbias.bytes();
   // d input += d result * (d loss / d input), the latter computed above.

@@ -232,12 +232,14 @@ template <class Model, auto config_from_gguf, auto config_from_hf, auto foreign_
 constexpr PublishedArchitecture published(const char* gguf_name, const char* hf_name) {
   return {gguf_name, hf_name,
           [](const io::GgufFile& file, std::size_t vocab, const LoadOptions& options) {
-            const auto config = config_from_gguf(file, vocab);
+            auto config = config_from_gguf(file, vocab);
+            config.remat = options.remat;
             return load_weights<Model>(config, foreign_tensors(config), gguf_fetch(file), false, options,
                                        gguf_matrix(file));
           },
           [](const json& config, const std::string& path, io::HfFolder& folder, const LoadOptions& options) {
-            const auto model_config = config_from_hf(config, path);
+            auto model_config = config_from_hf(config, path);
+            model_config.remat = options.remat;
             return load_weights<Model>(model_config, foreign_tensors(model_config), hf_fetch(folder), true, options,
                                        no_file_matrix());
           }};

@@ -1,8 +1,10 @@
 // The vocabulary projection fused with its cross-entropy: logits = x op(w) (+ b) made a chunk of
 // rows at a time, turned into their gradient in place (softmax minus the one-hot target, as
 // Liger-Kernel's fused linear cross-entropy does), and multiplied back into dx, dw and db, so
-// that the (rows, vocab) logits and their gradient are never held whole.
+// that the (rows, vocab) logits and their gradient are never held whole. Its products are float32
+// or, under bf16 mixed precision, bf16_gemm's, as the matmul ops' (core/precision.h).
 #include <cmath>
+#include <type_traits>
 
 #include "core/kernels/level.h"
 
@@ -32,7 +34,14 @@ static double loss_and_gradient_row(T* row, std::size_t vocab, std::int32_t targ
 template <class T>
 T linear_cross_entropy(T* dx, T* dw, T* db, const T* x, const T* w, const T* bias, const std::int32_t* targets,
                        std::size_t n, std::size_t dim, std::size_t vocab, bool transpose_w, std::size_t chunk_rows,
-                       T* scratch, bool overwrite) {
+                       T* scratch, bool overwrite, bool bf16_products) {
+  // C = op(A) op(B) (+ C with accumulate), as kernels::precision_gemm at this level.
+  auto product = [bf16_products](bool trans_a, bool trans_b, std::size_t M, std::size_t N, std::size_t K, const T* A,
+                                 std::size_t lda, const T* B, std::size_t ldb, bool accumulate, T* C, std::size_t ldc) {
+    if constexpr (std::is_same_v<T, float>)
+      if (bf16_products) return bf16_gemm<float>(trans_a, trans_b, M, N, K, A, lda, B, ldb, accumulate, C, ldc);
+    gemm<T>(trans_a, trans_b, M, N, K, T(1), A, lda, B, ldb, accumulate ? T(1) : T(0), C, ldc);
+  };
   const bool gradients = dx || dw || db;
   const T scale = gradients ? T(1) / T(n) : T(0);  // d mean / d term
   std::vector<double> terms(chunk_rows);
@@ -43,7 +52,7 @@ T linear_cross_entropy(T* dx, T* dw, T* db, const T* x, const T* w, const T* bia
     const T* xc = x + r0 * dim;
     T* logits = scratch;  // (rows, V), then their gradient
     // logits = x_c op(w): w (V, D) transposed, or w (D, V)
-    gemm<T>(false, transpose_w, rows, vocab, dim, T(1), xc, dim, w, transpose_w ? dim : vocab, T(0), logits, vocab);
+    product(false, transpose_w, rows, vocab, dim, xc, dim, w, transpose_w ? dim : vocab, false, logits, vocab);
     if (bias) add_bias_forward<T>(logits, logits, bias, rows, vocab);
     detail::parallel_for(rows, vocab * 8, [&](std::size_t r) {
       terms[r] = loss_and_gradient_row(logits + r * vocab, vocab, targets[r0 + r], scale);
@@ -51,12 +60,12 @@ T linear_cross_entropy(T* dx, T* dw, T* db, const T* x, const T* w, const T* bia
     for (std::size_t r = 0; r < rows; ++r) total += terms[r];  // in row order: the same for any threads
     if (!gradients) continue;
     // dlogits = g: dx_c = g op(w)^T; dw += x_c^T g (w (D, V)) or g^T x_c (w (V, D)); db += column sums of g.
-    const T beta_x = overwrite ? T(0) : T(1), beta_w = overwrite && r0 == 0 ? T(0) : T(1);
+    const bool add_x = !overwrite, add_w = !overwrite || r0 > 0;
     if (dx)
-      gemm<T>(false, !transpose_w, rows, dim, vocab, T(1), logits, vocab, w, transpose_w ? dim : vocab, beta_x,
-              dx + r0 * dim, dim);
-    if (dw && transpose_w) gemm<T>(true, false, vocab, dim, rows, T(1), logits, vocab, xc, dim, beta_w, dw, dim);
-    if (dw && !transpose_w) gemm<T>(true, false, dim, vocab, rows, T(1), xc, dim, logits, vocab, beta_w, dw, vocab);
+      product(false, !transpose_w, rows, dim, vocab, logits, vocab, w, transpose_w ? dim : vocab, add_x, dx + r0 * dim,
+              dim);
+    if (dw && transpose_w) product(true, false, vocab, dim, rows, logits, vocab, xc, dim, add_w, dw, dim);
+    if (dw && !transpose_w) product(true, false, dim, vocab, rows, xc, dim, logits, vocab, add_w, dw, vocab);
     if (db) detail::column_sums(db, rows, vocab, 1, [&](std::size_t r, std::size_t j) { return logits[r * vocab + j]; });
   }
   return T(total / double(n));

@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include "core/ops.h"
+#include "core/precision.h"
 #include "support/checks.h"
 
 using namespace tapegrad;
@@ -25,7 +26,8 @@ DoubleRun run_double(const std::vector<double>& x, const std::vector<double>& w,
   auto ptr = [&](std::vector<double>& v) { return gradients ? v.data() : nullptr; };
   r.loss = kernels::linear_cross_entropy<double>(ptr(r.dx), ptr(r.dw), bias ? ptr(r.db) : nullptr, x.data(), w.data(),
                                                  bias ? bias->data() : nullptr, targets.data(), n, dim, vocab,
-                                                 transpose_w, chunk_rows, scratch.data(), /*overwrite=*/true);
+                                                 transpose_w, chunk_rows, scratch.data(), /*overwrite=*/true,
+                                                 /*bf16_products=*/false);
   return r;
 }
 
@@ -92,6 +94,32 @@ TEST_CASE("linear_cross_entropy equals matmul then cross_entropy, values and gra
     }
 }
 
+TEST_CASE("under bf16 precision linear_cross_entropy is the bf16 matmul then cross_entropy, bit for bit") {
+  const std::vector<std::int32_t> targets = {4, 0, 12, 7, 7, 1};
+  for (bool transpose_w : {false, true}) {
+    CAPTURE(transpose_w);
+    const Tensor x = test::random_tensor({2, 3, 6}, 1, 2.0f);
+    const Tensor w = test::random_tensor(transpose_w ? Shape{13, 6} : Shape{6, 13}, 2);
+    auto run = [&](bool fused, Precision precision) {
+      PrecisionScope scope(precision);
+      Var xv(x, true), wv(w, true);
+      Tape tape;
+      Var loss = fused ? linear_cross_entropy(xv, wv, targets, transpose_w)
+                       : cross_entropy(matmul(xv, wv, false, transpose_w), targets);
+      tape.backward(loss);
+      return std::vector<Tensor>{loss.value(), xv.grad(), wv.grad()};
+    };
+    const std::vector<Tensor> fused = run(true, Precision::bf16), composed = run(false, Precision::bf16);
+    for (std::size_t k = 0; k < fused.size(); ++k) {
+      CAPTURE(k);  // 0: the loss, then dx, dw
+      REQUIRE(fused[k].shape() == composed[k].shape());
+      CHECK(std::memcmp(fused[k].data(), composed[k].data(), fused[k].bytes()) == 0);
+    }
+    // The products were rounded: float32's loss differs.
+    CHECK(run(true, Precision::f32)[0].item() != fused[0].item());
+  }
+}
+
 TEST_CASE("linear_cross_entropy's rows are cross_entropy's arithmetic, bit for bit (an identity projection)") {
   // x I is x exactly, so the loss and dx = g I^T must be cross_entropy_forward's and _backward's bits.
   const std::size_t n = 9, vocab = 37, chunk_rows = 4;
@@ -101,7 +129,7 @@ TEST_CASE("linear_cross_entropy's rows are cross_entropy's arithmetic, bit for b
   for (std::size_t i = 0; i < vocab; ++i) identity[i * vocab + i] = 1.0f;
   const float fused = kernels::linear_cross_entropy<float>(dx.data(), dw.data(), nullptr, x.data(), identity.data(),
                                                            nullptr, targets.data(), n, vocab, vocab, false, chunk_rows,
-                                                           scratch.data(), true);
+                                                           scratch.data(), true, false);
   std::vector<float> lse(n), dlogits(n * vocab, 0.0f);
   const float plain = kernels::cross_entropy_forward<float>(lse.data(), x.data(), targets.data(), n, vocab);
   kernels::cross_entropy_backward<float>(dlogits.data(), 1.0f, x.data(), lse.data(), targets.data(), n, vocab);
