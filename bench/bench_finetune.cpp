@@ -1,9 +1,10 @@
 // bench_finetune: fine-tuning a published model (SmolLM2-135M from its GGUF, dequantized to float32
 // master weights) on Shakespeare, tapegrad beside PyTorch + transformers (bench/finetune_reference.py:
-// eager, torch.compile, bf16 autocast) on the same batches, file and threads, in one run. Per thread
-// count: tapegrad's step (forward, backward, clip_grad_norm 1.0, AdamW, zero_grad) with and without
-// remat, tokens/s, model FLOP/s as a fraction of the FMA peak (bench/fma_peak.h), then the reference;
-// and the peak memory of each, a fresh process apiece. Writes bench/results/finetune_cpu.json.
+// eager, torch.compile, bf16 autocast) on the same batches, file and threads, in one run. Each run
+// (tapegrad float32, float32 with remat, bf16 mixed precision; each PyTorch mode) at each thread count
+// is a fresh process: tokens/s, model FLOP/s as a fraction of the measured FMA peak of the level in
+// use (bench/fma_peak.h), its own peak resident memory; then the targets of issue 41, met or not.
+// Writes bench/results/finetune_cpu.json.
 #include <fmt/format.h>
 
 #include <nlohmann/json.hpp>
@@ -19,7 +20,7 @@
 #include "bench/bench_common.h"
 #include "bench/fma_peak.h"
 #include "bench/train_common.h"
-#include "core/kernels.h"
+#include "core/precision.h"
 #include "core/tape.h"
 #include "nn/models/llama.h"
 #include "nn/pretrained.h"
@@ -35,8 +36,26 @@ constexpr float kClipNorm = 1.0f;
 const optim::AdamWOptions kAdamW{.lr = 1e-4f, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f, .weight_decay = 0.1f};
 constexpr std::array<const char*, 5> kPhases = {"forward", "backward", "clip", "adamw", "zero_grad"};
 
+/// A tapegrad run: its name in flags and results, the matmul precision, remat or not.
+struct Mode {
+  const char* name;
+  Precision precision;
+  bool remat;
+  const char* label;
+};
+constexpr std::array<Mode, 3> kModes = {{{"f32", Precision::f32, false, "tapegrad f32"},
+                                         {"f32_remat", Precision::f32, true, "tapegrad f32 + remat"},
+                                         {"bf16", Precision::bf16, false, "tapegrad bf16"}}};
+
+const Mode& mode_named(const std::string& name) {
+  for (const Mode& m : kModes)
+    if (name == m.name) return m;
+  throw std::invalid_argument(fmt::format("--modes: unknown '{}' (modes: f32, f32_remat, bf16)", name));
+}
+
 struct Options {
   std::string model, data = bench::default_shakespeare_path(), python, reference_modes = "eager,compile,bf16";
+  std::string modes = "f32,f32_remat,bf16";
   std::string out = std::string(TAPEGRAD_SOURCE_DIR) + "/bench/results/finetune_cpu.json";
   std::size_t batch = 4, seq_len = 256;
   std::vector<int> threads = {1, 2};
@@ -66,20 +85,35 @@ std::vector<Batch> shakespeare_batches(const tokenizers::Tokenizer& tokenizer, c
   return batches;
 }
 
-/// The file's model; with remat, the same weights in a Llama whose blocks rematerialise (its
-/// config decides, and a loaded model's says no).
-nn::PretrainedModel load(const std::string& path, bool remat) {
-  nn::PretrainedModel loaded = nn::load_pretrained(path);
-  if (!remat) return loaded;
-  const nn::Llama* llama = loaded.model.as<nn::Llama>();
-  if (!llama) throw std::runtime_error(fmt::format("{}: --remat needs a Llama; this is {}", path, loaded.model.arch()));
-  nn::LlamaConfig config = llama->config();
-  config.remat = true;
-  nn::Llama with_remat(config);
-  ParameterList from = loaded.model.params(), to = with_remat.params();
-  for (std::size_t i = 0; i < from.size(); ++i) std::swap(to[i].var.mutable_value(), from[i].var.mutable_value());
-  loaded.model = nn::LanguageModel(std::move(with_remat));
-  return loaded;
+/// The batches file every run reads (finetune_reference.py's --batches format): per batch, B rows
+/// of T inputs and of T targets.
+void write_batches(const std::string& path, const std::vector<Batch>& batches, const Options& o) {
+  nlohmann::json j = {{"batch", o.batch}, {"seq_len", o.seq_len}, {"batches", nlohmann::json::array()}};
+  for (const Batch& b : batches) {
+    nlohmann::json inputs = nlohmann::json::array(), targets = nlohmann::json::array();
+    for (std::size_t r = 0; r < o.batch; ++r) {
+      const auto at = std::ptrdiff_t(r * o.seq_len), end = std::ptrdiff_t((r + 1) * o.seq_len);
+      inputs.push_back(std::vector<std::int32_t>(b.inputs.begin() + at, b.inputs.begin() + end));
+      targets.push_back(std::vector<std::int32_t>(b.targets.begin() + at, b.targets.begin() + end));
+    }
+    j["batches"].push_back({{"inputs", inputs}, {"targets", targets}});
+  }
+  std::ofstream(path) << j.dump() << "\n";
+}
+
+std::vector<Batch> read_batches(const std::string& path, const Options& o) {
+  std::ifstream in(path);
+  const nlohmann::json j = nlohmann::json::parse(in, nullptr, false);
+  if (j.is_discarded() || j.value("batch", 0u) != o.batch || j.value("seq_len", 0u) != o.seq_len)
+    throw std::runtime_error(fmt::format("{}: not a batches file of B {} x T {}", path, o.batch, o.seq_len));
+  std::vector<Batch> batches;
+  for (const auto& b : j["batches"]) {
+    Batch batch;
+    for (const auto& row : b["inputs"]) for (std::int32_t id : row) batch.inputs.push_back(id);
+    for (const auto& row : b["targets"]) for (std::int32_t id : row) batch.targets.push_back(id);
+    batches.push_back(std::move(batch));
+  }
+  return batches;
 }
 
 /// A model, its AdamW, and the step of the benchmark.
@@ -87,16 +121,13 @@ struct FineTune {
   nn::PretrainedModel loaded;
   ParameterList params;
   optim::AdamW optimizer;
+  Precision precision;
   std::array<double, 5> phase_ms{};
 
-  FineTune(const std::string& path, bool remat)
-      : loaded(load(path, remat)), params(loaded.model.params()), optimizer(params, kAdamW) {}
+  FineTune(const std::string& path, const Mode& mode)
+      : loaded(nn::load_pretrained(path, {.remat = mode.remat})), params(loaded.model.params()), optimizer(params, kAdamW),
+        precision(mode.precision) {}
 
-  /// The loss of the batch with no tape.
-  float loss(const Batch& b, const Options& o) const {
-    NoGradScope no_grad;
-    return loaded.model.loss(b.inputs, b.targets, o.batch, o.seq_len).value().item();
-  }
   /// Forward, backward, clip, AdamW, zero_grad; returns the loss before the step.
   float step(const Batch& b, const Options& o) {
     using Clock = std::chrono::steady_clock;
@@ -104,6 +135,7 @@ struct FineTune {
     float loss_value;
     Clock::time_point t1;
     {
+      PrecisionScope scope(precision);  // around backward too: remat re-runs forwards there
       Tape tape;
       Var loss = loaded.model.loss(b.inputs, b.targets, o.batch, o.seq_len);
       loss_value = loss.value().item();
@@ -133,51 +165,45 @@ double step_flops(const nn::LlamaConfig& c, std::size_t batch, std::size_t seq_l
   return 6.0 * matmul_params * double(batch * seq_len) + attention;
 }
 
-struct Timing {
-  bench::Stats ms;
-  std::array<double, 5> phase_ms{};  // medians
+/// One run in this process (a child of the main run): load, one warm-up step, then `steps` timed
+/// steps over the batches in turn; the JSON of its times, losses and peak memory (VmHWM).
+nlohmann::json run_here(const Options& o, const Mode& mode, const std::string& batches_file) {
+  const std::vector<Batch> batches = read_batches(batches_file, o);
+  set_num_threads(o.threads.front());
+  FineTune run(o.model, mode);
   std::vector<float> losses;
-};
-
-/// A fresh model at `threads`: one warm-up step, then `steps` timed steps over the batches in turn.
-Timing time_tapegrad(const Options& o, const std::vector<Batch>& batches, int threads, bool remat) {
-  set_num_threads(threads);
-  FineTune run(o.model, remat);
-  Timing t;
   std::vector<double> ms;
   std::array<std::vector<double>, 5> phases;
   for (int s = 0; s <= o.steps; ++s) {
-    const double seconds = bench::seconds([&] { t.losses.push_back(run.step(batches[std::size_t(s) % batches.size()], o)); });
+    const double seconds = bench::seconds([&] { losses.push_back(run.step(batches[std::size_t(s) % batches.size()], o)); });
     if (s == 0) continue;  // the warm-up
     ms.push_back(1e3 * seconds);
     for (std::size_t p = 0; p < phases.size(); ++p) phases[p].push_back(run.phase_ms[p]);
   }
-  t.ms = bench::stats_of(ms);
-  for (std::size_t p = 0; p < phases.size(); ++p) t.phase_ms[p] = bench::stats_of(phases[p]).median;
-  return t;
+  const bench::Stats t = bench::stats_of(ms);
+  nlohmann::json j = {{"mode", mode.name}, {"threads", o.threads.front()}, {"ms_per_step_median", t.median},
+                      {"ms_per_step_min_max", {t.min, t.max}}, {"tokens_per_s", double(o.batch * o.seq_len) / t.median * 1e3},
+                      {"losses", losses}, {"peak_memory_mib", double(bench::proc_status_kib("VmHWM")) / 1024.0}};
+  for (std::size_t p = 0; p < kPhases.size(); ++p) j["phase_ms_median"][kPhases[p]] = bench::stats_of(phases[p]).median;
+  return j;
 }
 
 std::string self_path() { return std::filesystem::read_symlink("/proc/self/exe").string(); }
 
-/// Peak memory (MiB) of a fresh `bench_finetune --peak-memory` process: load, two steps at 1 thread.
-double measure_peak_memory(const Options& o, bool remat) {
-  const std::string command = fmt::format("'{}' --peak-memory --model '{}' --data '{}' --batch {} --seq {}{}", self_path(),
-                                          o.model, o.data, o.batch, o.seq_len, remat ? " --remat" : "");
+/// The last line of a command's output that is a JSON object; throws naming the command otherwise.
+nlohmann::json json_line_of(const std::string& command) {
   const std::string output = bench::command_output(command);
-  try {
-    return std::stod(output);
-  } catch (const std::exception&) {
-    throw std::runtime_error(fmt::format("peak memory: `{}` printed '{}'", command, output));
-  }
+  const std::size_t at = output.rfind("\n{");
+  const nlohmann::json j =
+      nlohmann::json::parse(at == std::string::npos ? output : output.substr(at + 1), nullptr, false);
+  if (j.is_discarded() || !j.is_object()) throw std::runtime_error(fmt::format("`{}` printed '{}'", command, output));
+  return j;
 }
 
-double peak_memory_here(const Options& o, bool remat) {
-  set_num_threads(1);
-  FineTune run(o.model, remat);
-  const std::vector<Batch> batches = shakespeare_batches(*run.loaded.tokenizer, o, 2);
-  run.step(batches[0], o);
-  run.step(batches[1], o);
-  return double(bench::proc_status_kib("VmHWM")) / 1024.0;
+/// `mode` at `threads` in a fresh process (run_here), so that its peak memory is its own.
+nlohmann::json run_tapegrad(const Options& o, const Mode& mode, int threads, const std::string& batches_file) {
+  return json_line_of(fmt::format("'{}' --run {} --model '{}' --batches '{}' --batch {} --seq {} --threads {} --steps {}",
+                                  self_path(), mode.name, o.model, batches_file, o.batch, o.seq_len, threads, o.steps));
 }
 
 /// finetune_reference.py at `threads`, every mode, on the batches file; its JSON.
@@ -196,11 +222,46 @@ nlohmann::json run_reference(const Options& o, const std::string& batches_file, 
   return result;
 }
 
+/// A run's row of the table: tokens/s, ms per step, % of the FMA peak, peak memory.
+void print_row(const std::string& label, int threads, const nlohmann::json& r, double flops, double fma_peak) {
+  const double seconds = r["ms_per_step_median"].get<double>() * 1e-3;
+  fmt::print("  {:>7}  {:<24} {:>8.1f} {:>9.0f} {:>9.0f}% {:>9.0f}\n", threads, label, r["tokens_per_s"].get<double>(),
+             1e3 * seconds, 100 * flops / seconds * 1e-9 / fma_peak, r["peak_memory_mib"].get<double>());
+}
+
+/// Issue 41's targets at one thread count, from the run's rows: each ratio and whether it is met.
+nlohmann::json targets_of(const nlohmann::json& run) {
+  nlohmann::json out = nlohmann::json::object();
+  const nlohmann::json& ours = run["tapegrad"];
+  double best_f32 = 0, autocast = 0, eager_memory = 0;
+  if (run.contains("pytorch"))
+    for (const auto& r : run["pytorch"]["runs"]) {
+      if (r.contains("error")) continue;
+      const std::string mode = r["mode"];
+      if (mode == "bf16") autocast = r["tokens_per_s"];
+      else best_f32 = std::max(best_f32, r["tokens_per_s"].get<double>());
+      if (mode == "eager") eager_memory = r["peak_memory_mib"];
+    }
+  auto target = [&](const char* name, double value, double goal, bool at_most) {
+    out[name] = {{"value", value}, {"goal", goal}, {"met", at_most ? value <= goal : value >= goal}};
+  };
+  if (ours.contains("f32")) target("f32_fraction_of_fma_peak", ours["f32"]["fraction_of_fma_peak"], 0.6, false);
+  if (ours.contains("f32") && best_f32 > 0)
+    target("f32_vs_pytorch_best_f32", ours["f32"]["tokens_per_s"].get<double>() / best_f32, 1.3, false);
+  if (ours.contains("bf16") && autocast > 0)
+    target("bf16_vs_pytorch_autocast", ours["bf16"]["tokens_per_s"].get<double>() / autocast, 1.5, false);
+  if (ours.contains("f32_remat") && eager_memory > 0)
+    target("remat_memory_vs_pytorch_eager", ours["f32_remat"]["peak_memory_mib"].get<double>() / eager_memory, 0.5,
+           true);
+  return out;
+}
+
 std::string usage() {
   return "usage: bench_finetune --model FILE.gguf [--data TEXT] [--batch B] [--seq T] [--threads 1,2] [--steps N]\n"
-         "                      [--python PATH (bench/.venv/bin/python)] [--reference-modes eager,compile,bf16|none]\n"
-         "                      [--out PATH]\n"
-         "       bench_finetune --peak-memory --model FILE.gguf [--remat]   (prints MiB; run by bench_finetune itself)\n" +
+         "                      [--modes f32,f32_remat,bf16] [--python PATH (bench/.venv/bin/python)]\n"
+         "                      [--reference-modes eager,compile,bf16|none] [--out PATH]\n"
+         "       bench_finetune --run MODE --batches FILE --model FILE.gguf --threads T [--batch B --seq T --steps N]\n"
+         "                      (one run in this process, one JSON line; run by bench_finetune itself)\n" +
          bench::simd_usage_line();
 }
 
@@ -209,20 +270,12 @@ std::string usage() {
 int main(int argc, char** argv) try {
   Options o;
   o.python = std::string(TAPEGRAD_SOURCE_DIR) + "/bench/.venv/bin/python";
-  bool peak_memory = false, remat = false;
+  std::string run_mode, batches_file;
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
     if (arg == "--help") {
       fmt::print("{}", usage());
       return 0;
-    }
-    if (arg == "--peak-memory") {
-      peak_memory = true;
-      continue;
-    }
-    if (arg == "--remat") {
-      remat = true;
-      continue;
     }
     if (i + 1 >= argc) throw std::invalid_argument(fmt::format("{} needs a value\n{}", arg, usage()));
     const std::string value = argv[++i];
@@ -232,16 +285,22 @@ int main(int argc, char** argv) try {
     else if (arg == "--seq") o.seq_len = std::size_t(bench::positive_int(arg, value));
     else if (arg == "--threads") o.threads = bench::positive_list(arg, value);
     else if (arg == "--steps") o.steps = bench::positive_int(arg, value);
+    else if (arg == "--modes") o.modes = value;
     else if (arg == "--python") o.python = value;
     else if (arg == "--reference-modes") o.reference_modes = value;
     else if (arg == "--out") o.out = value;
+    else if (arg == "--run") run_mode = value;
+    else if (arg == "--batches") batches_file = value;
     else throw std::invalid_argument(fmt::format("unknown argument '{}'\n{}", arg, usage()));
   }
   if (o.model.empty()) throw std::invalid_argument("--model is required\n" + usage());
-  if (peak_memory) {
-    fmt::print("{:.1f}\n", peak_memory_here(o, remat));
+  if (!run_mode.empty()) {
+    if (batches_file.empty()) throw std::invalid_argument("--run needs --batches\n" + usage());
+    fmt::print("{}\n", run_here(o, mode_named(run_mode), batches_file).dump());
     return 0;
   }
+  std::vector<const Mode*> modes;
+  for (const std::string& name : bench::split_list(o.modes)) modes.push_back(&mode_named(name));
   const bool with_reference = o.reference_modes != "none";
 
   fmt::print("bench_finetune: {} on {}, OpenBLAS core {}, commit {}\n", o.model, bench::machine(),
@@ -249,40 +308,28 @@ int main(int argc, char** argv) try {
   bench::print_blas_warning();
   nlohmann::json results = bench::run_header();
 
-  // The batches, tokenized by tapegrad, are the reference's too (a file it reads).
-  std::optional<FineTune> probe;
-  probe.emplace(o.model, false);
-  const nn::Llama* llama = probe->loaded.model.as<nn::Llama>();
-  if (!llama) throw std::runtime_error(fmt::format("{}: a Llama is needed, this is {}", o.model, probe->loaded.model.arch()));
-  const nn::LlamaConfig config = llama->config();
-  const std::string arch = probe->loaded.model.arch();
-  const std::vector<Batch> batches = shakespeare_batches(*probe->loaded.tokenizer, o, 4);
-  const float first_loss = probe->loss(batches[0], o);
-  probe.reset();
-  const std::string batches_file =
-      fmt::format("{}/finetune_batches_{}.json", std::filesystem::temp_directory_path().string(), ::getpid());
+  // The batches, tokenized by tapegrad, are every run's (a file they read).
+  nn::LlamaConfig config;
+  std::vector<Batch> batches;
   {
-    nlohmann::json j = {{"batch", o.batch}, {"seq_len", o.seq_len}, {"batches", nlohmann::json::array()}};
-    for (const Batch& b : batches) {
-      nlohmann::json inputs = nlohmann::json::array(), targets = nlohmann::json::array();
-      for (std::size_t r = 0; r < o.batch; ++r) {
-        const auto at = std::ptrdiff_t(r * o.seq_len), end = std::ptrdiff_t((r + 1) * o.seq_len);
-        inputs.push_back(std::vector<std::int32_t>(b.inputs.begin() + at, b.inputs.begin() + end));
-        targets.push_back(std::vector<std::int32_t>(b.targets.begin() + at, b.targets.begin() + end));
-      }
-      j["batches"].push_back({{"inputs", inputs}, {"targets", targets}});
-    }
-    std::ofstream(batches_file) << j.dump() << "\n";
+    const nn::PretrainedModel probe = nn::load_pretrained(o.model);
+    const nn::Llama* llama = probe.model.as<nn::Llama>();
+    if (!llama) throw std::runtime_error(fmt::format("{}: a Llama is needed, this is {}", o.model, probe.model.arch()));
+    config = llama->config();
+    batches = shakespeare_batches(*probe.tokenizer, o, 4);
   }
+  batches_file = fmt::format("{}/finetune_batches_{}.json", std::filesystem::temp_directory_path().string(), ::getpid());
+  write_batches(batches_file, batches, o);
   const double flops = step_flops(config, o.batch, o.seq_len);
-  fmt::print("  {} (d {}, d_ff {}, {} blocks, {} heads / {} KV heads, vocab {}); B {} x T {}; {:.1f} GFLOP/step; "
-             "first loss {:.5f}\n  step = forward + backward + clip_grad_norm(1.0) + AdamW + zero_grad; 1 warm-up, {} "
-             "timed steps\n",
-             arch, config.d_model, config.ffn_dim(), config.n_blocks, config.n_heads, config.kv_heads(),
-             config.vocab, o.batch, o.seq_len, flops * 1e-9, first_loss, o.steps);
+  fmt::print("  llama (d {}, d_ff {}, {} blocks, {} heads / {} KV heads, vocab {}); B {} x T {}; {:.1f} GFLOP/step\n"
+             "  step = forward + backward + clip_grad_norm(1.0) + AdamW + zero_grad; each run a fresh process: load, 1 "
+             "warm-up step, {} timed steps\n",
+             config.d_model, config.ffn_dim(), config.n_blocks, config.n_heads, config.kv_heads(), config.vocab,
+             o.batch, o.seq_len, flops * 1e-9, o.steps);
   std::fflush(stdout);
 
-  const SimdLevel fma_level = supported_simd_levels().back();
+  // The peak of the level in use (emulated16 and sse2: the SSE2 loop), best before and after the runs.
+  const SimdLevel fma_level = simd_level();
   std::map<int, double> fma_peak;
   auto measure_fma = [&] {
     for (int t : o.threads) fma_peak[t] = std::max(fma_peak[t], bench::measure_fma_peak(fma_level, t).best_gflops);
@@ -294,28 +341,27 @@ int main(int argc, char** argv) try {
                       {"n_heads", config.n_heads}, {"n_kv_heads", config.kv_heads()}, {"vocab", config.vocab},
                       {"batch", o.batch},          {"seq_len", o.seq_len}};
   results["flops_per_step"] = flops;
-  results["first_loss"] = first_loss;
   results["steps"] = o.steps;
   results["runs"] = nlohmann::json::array();
+  std::optional<double> first_loss;  // float32's, which every float32 run must match
   for (int threads : o.threads) {
     nlohmann::json run = {{"threads", threads}};
-    for (bool with_remat : {false, true}) {
-      const Timing t = time_tapegrad(o, batches, threads, with_remat);
-      if (!(t.losses[0] == first_loss))
-        throw std::runtime_error(fmt::format("tapegrad's first step at {} thread(s){} has loss {}, not {}", threads,
-                                             with_remat ? " with remat" : "", t.losses[0], first_loss));
-      const double seconds = t.ms.median * 1e-3;
-      nlohmann::json& j = run[with_remat ? "tapegrad_remat" : "tapegrad"];
-      j = {{"ms_per_step_median", t.ms.median}, {"ms_per_step_min_max", {t.ms.min, t.ms.max}},
-           {"tokens_per_s", double(o.batch * o.seq_len) / seconds}, {"model_gflops", flops / seconds * 1e-9},
-           {"losses", t.losses}};
-      for (std::size_t p = 0; p < kPhases.size(); ++p) j["phase_ms_median"][kPhases[p]] = t.phase_ms[p];
-      fmt::print("  tapegrad{} at {} thread(s): {:.0f} ms/step ({:.0f}-{:.0f}), {:.1f} tokens/s, {:.1f} GFLOP/s; "
-                 "forward {:.0f}, backward {:.0f}, clip {:.0f}, AdamW {:.0f}, zero_grad {:.0f} ms\n",
-                 with_remat ? " (remat)" : "", threads, t.ms.median, t.ms.min, t.ms.max,
-                 double(o.batch * o.seq_len) / seconds, flops / seconds * 1e-9, t.phase_ms[0], t.phase_ms[1],
-                 t.phase_ms[2], t.phase_ms[3], t.phase_ms[4]);
+    for (const Mode* mode : modes) {
+      nlohmann::json r = run_tapegrad(o, *mode, threads, batches_file);
+      const double loss = r["losses"][0].get<double>();
+      if (mode->precision == Precision::f32 && first_loss && loss != *first_loss)
+        throw std::runtime_error(fmt::format("{} at {} thread(s): first loss {}, not {}", mode->label, threads, loss,
+                                             *first_loss));
+      if (mode->precision == Precision::f32) first_loss = loss;
+      const nlohmann::json& p = r["phase_ms_median"];
+      fmt::print("  {} at {} thread(s): {:.0f} ms/step, {:.1f} tokens/s, peak {:.0f} MiB, first loss {:.5f}; forward "
+                 "{:.0f}, backward {:.0f}, clip {:.0f}, AdamW {:.0f}, zero_grad {:.0f} ms\n",
+                 mode->label, threads, r["ms_per_step_median"].get<double>(), r["tokens_per_s"].get<double>(),
+                 r["peak_memory_mib"].get<double>(), loss, p["forward"].get<double>(), p["backward"].get<double>(),
+                 p["clip"].get<double>(), p["adamw"].get<double>(), p["zero_grad"].get<double>());
       std::fflush(stdout);
+      r["model_gflops"] = flops / (r["ms_per_step_median"].get<double>() * 1e-3) * 1e-9;
+      run["tapegrad"][mode->name] = r;
     }
     if (with_reference) {
       run["pytorch"] = run_reference(o, batches_file, threads);
@@ -325,12 +371,12 @@ int main(int argc, char** argv) try {
           continue;
         }
         const double loss = r["losses"][0].get<double>();
-        if (std::abs(loss - first_loss) > 2e-3 * std::abs(first_loss))
+        if (first_loss && std::abs(loss - *first_loss) > 2e-3 * std::abs(*first_loss))
           throw std::runtime_error(fmt::format("PyTorch {}'s first loss {} is not tapegrad's {}",
-                                               r["mode"].get<std::string>(), loss, first_loss));
-        fmt::print("  PyTorch {} at {} thread(s): {:.0f} ms/step, {:.1f} tokens/s, first loss {:.5f}, peak {:.0f} MiB\n",
+                                               r["mode"].get<std::string>(), loss, *first_loss));
+        fmt::print("  PyTorch {} at {} thread(s): {:.0f} ms/step, {:.1f} tokens/s, peak {:.0f} MiB, first loss {:.5f}\n",
                    r["mode"].get<std::string>(), threads, 1e3 * r["seconds_per_step_median"].get<double>(),
-                   r["tokens_per_s"].get<double>(), loss, r["peak_memory_mib"].get<double>());
+                   r["tokens_per_s"].get<double>(), r["peak_memory_mib"].get<double>(), loss);
       }
       std::fflush(stdout);
     }
@@ -338,27 +384,34 @@ int main(int argc, char** argv) try {
   }
   std::filesystem::remove(batches_file);
   measure_fma();
+
+  fmt::print("\n  {:>7}  {:<24} {:>8} {:>9} {:>10} {:>9}\n", "threads", "run", "tokens/s", "ms/step", "FMA peak",
+             "peak MiB");
   for (auto& run : results["runs"]) {
     const int t = run["threads"].get<int>();
     run["fma_peak_gflops"] = fma_peak[t];
-    for (const char* key : {"tapegrad", "tapegrad_remat"})
-      run[key]["fraction_of_fma_peak"] = run[key]["model_gflops"].get<double>() / fma_peak[t];
+    for (const Mode* mode : modes) {
+      nlohmann::json& r = run["tapegrad"][mode->name];
+      r["fraction_of_fma_peak"] = r["model_gflops"].get<double>() / fma_peak[t];
+      print_row(mode->label, t, r, flops, fma_peak[t]);
+    }
+    if (run.contains("pytorch"))
+      for (auto& r : run["pytorch"]["runs"]) {
+        if (r.contains("error")) continue;
+        r["ms_per_step_median"] = 1e3 * r["seconds_per_step_median"].get<double>();
+        print_row("PyTorch " + r["mode"].get<std::string>(), t, r, flops, fma_peak[t]);
+      }
+    run["targets"] = targets_of(run);
+    for (const auto& [name, target] : run["targets"].items())
+      fmt::print("  {:>7}  target {}: {:.2f} ({} {}): {}\n", t, name, target["value"].get<double>(),
+                 name.find("memory") != std::string::npos ? "at most" : "at least", target["goal"].get<double>(),
+                 target["met"].get<bool>() ? "met" : "NOT met");
   }
   results["fma"] = {{"level", simd_level_name(fma_level)},
-                    {"peak_is", "best sample before and after the runs (bench/fma_peak.h), flops of every thread"}};
-  results["peak_memory_mib"] = {{"tapegrad", measure_peak_memory(o, false)},
-                                {"tapegrad_remat", measure_peak_memory(o, true)}};
-  results["peak_memory_is"] = "VmHWM of a fresh process: load, then two steps at 1 thread (tapegrad); PyTorch's runs "
-                              "report their own processes' VmHWM";
+                    {"peak_is", "best sample before and after the runs (bench/fma_peak.h), flops of every thread; "
+                                "bf16 runs are measured against the float32 FMA peak too"}};
+  results["peak_memory_is"] = "VmHWM of each run's fresh process (load, warm-up, timed steps), tapegrad's and PyTorch's";
   results["loadavg_after"] = bench::command_output("cat /proc/loadavg");
-  fmt::print("  peak memory: tapegrad {:.0f} MiB, with remat {:.0f} MiB\n",
-             results["peak_memory_mib"]["tapegrad"].get<double>(), results["peak_memory_mib"]["tapegrad_remat"].get<double>());
-  for (const auto& run : results["runs"]) {
-    const int t = run["threads"].get<int>();
-    fmt::print("  {} thread(s): FMA peak {:.1f} GFLOP/s; tapegrad {:.0f}% of it, with remat {:.0f}%\n", t, fma_peak[t],
-               100 * run["tapegrad"]["fraction_of_fma_peak"].get<double>(),
-               100 * run["tapegrad_remat"]["fraction_of_fma_peak"].get<double>());
-  }
   bench::write_results(o.out, results);
   return 0;
 } catch (const std::exception& e) {

@@ -31,6 +31,9 @@ struct LoadOptions {
   /// "q4_0", "q4_1": inference only, every matrix converted (nn/packed_weights.h). The float32
   /// copies of packed matrices are freed once loaded.
   std::string weights = "f32";
+  /// Rematerialise each block in backward (Note [Remat]), as the config's remat: set here, a
+  /// model for training with remat is built once, not rebuilt beside the loaded copy.
+  bool remat = false;
 };
 
 /// Whether path names something load_pretrained reads: a folder, or a file that starts with GGUF's magic.

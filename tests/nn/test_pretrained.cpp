@@ -15,6 +15,8 @@
 #include "io/gguf.h"
 #include "nn/checkpoint.h"
 #include "nn/generate.h"
+#include "nn/models/gpt2.h"
+#include "nn/models/llama.h"
 #include "nn/pretrained.h"
 #include "support/helpers.h"
 #include "support/real_model.h"
@@ -281,4 +283,29 @@ TEST_CASE("a published model saved as a tapegrad checkpoint keeps its byte-level
   const Tensor before = tiny.model.forward(ids, 1, ids.size()).value();
   const Tensor after = loaded.model.forward(ids, 1, ids.size()).value();
   CHECK(std::equal(before.data(), before.data() + before.size(), after.data()));
+}
+
+TEST_CASE("LoadOptions::remat loads a model whose blocks rematerialise, with the plain load's loss and gradients") {
+  for (const char* name : {"tiny_llama", "tiny_llama.f32.gguf", "tiny_gpt2"}) {
+    CAPTURE(name);
+    nn::PretrainedModel plain = nn::load_pretrained(model_path(name).string());
+    nn::PretrainedModel remat = nn::load_pretrained(model_path(name).string(), {.remat = true});
+    if (const nn::Llama* llama = remat.model.as<nn::Llama>()) CHECK(llama->config().remat);
+    if (const nn::Gpt2* gpt2 = remat.model.as<nn::Gpt2>()) CHECK(gpt2->config().remat);
+    const std::vector<std::int32_t> ids = plain.tokenizer->encode("To be, or not to be: that is the question.");
+    REQUIRE(ids.size() > 2);
+    const std::vector<std::int32_t> inputs(ids.begin(), ids.end() - 1), targets(ids.begin() + 1, ids.end());
+    auto loss_and_gradients = [&](nn::PretrainedModel& loaded) {
+      Tape tape;
+      Var loss = loaded.model.loss(inputs, targets, 1, inputs.size());
+      tape.backward(loss);
+      std::vector<float> out = {loss.value().item()};
+      for (const auto& p : loaded.model.params()) {
+        const Tensor& grad = p.var.grad();
+        out.insert(out.end(), grad.data(), grad.data() + grad.size());
+      }
+      return out;
+    };
+    CHECK(loss_and_gradients(plain) == loss_and_gradients(remat));
+  }
 }
