@@ -290,11 +290,19 @@ void run_cache_passes(KVCache& cache, const DecodeRequest& request, const std::f
       throw std::logic_error(fmt::format("CachePass: the model attended {} times per token, but the cache has {} "
                                          "layers; make the cache with the model's make_cache()",
                                          p.layers_used(), cache.layers()));
-    if (logits.rows != p.logit_rows() || logits.cols != request.vocab)
+    // A description whose logits come from no head op returns every token's: each run's last is kept.
+    const bool every_row = logits.rows == p.rows();
+    if (!(every_row || logits.rows == p.logit_rows()) || logits.cols != request.vocab)
       throw std::logic_error(fmt::format("CachePass: the description returned ({}, {}) rows, expected logits ({}, {})",
                                          logits.rows, logits.cols, p.logit_rows(), request.vocab));
-    const std::size_t first_logit_row = request.which == PrefillLogits::every_token ? first_row : begin;
-    std::copy_n(logits.data, logits.rows * logits.cols, request.logits + first_logit_row * request.vocab);
+    if (request.which == PrefillLogits::every_token) {
+      std::copy_n(logits.data, logits.rows * logits.cols, request.logits + first_row * request.vocab);
+    } else {
+      for (std::size_t i = begin, row = 0; i < end; ++i) {
+        row += every_row ? runs[i].count : 1;
+        std::copy_n(logits.row(row - 1), request.vocab, request.logits + i * request.vocab);
+      }
+    }
   };
   if (threads == 1) {
     pass(0);
