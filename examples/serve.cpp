@@ -10,6 +10,7 @@
 #include <cstdlib>
 #include <thread>
 
+#include "common/loaded_model.h"
 #include "common/program.h"
 #include "core/kernels.h"
 #include "serve/server.h"
@@ -32,6 +33,8 @@ int main(int argc, char** argv) {
   app.add_option("--model", options.model,
                  "A published model: a .gguf file or a Hugging Face folder; loaded once, never reloaded")
       ->excludes(checkpoint);
+  ModelSource weights_option;  // --weights, as generate and evaluate have it
+  weights_option.add_weights_option(app);
   app.add_option("--lora", options.lora,
                  "A PEFT LoRA adapter folder (adapter_config.json, adapter_model.safetensors) applied on top of the "
                  "model");
@@ -72,6 +75,7 @@ int main(int argc, char** argv) {
   return run_program(app, argc, argv, [&] {
     if (options.checkpoint.empty() && options.model.empty())
       throw UsageError("give a checkpoint (--checkpoint FILE) or a published model (--model PATH)");
+    options.weights = weights_option.weights;
     options.drain_timeout = std::chrono::milliseconds(std::int64_t(drain_seconds * 1000));
     options.pin_cpus = !share_cores;
     set_num_threads(threads);

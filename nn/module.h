@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "core/parameter.h"
+#include "core/random.h"
 
 namespace tapegrad::nn {
 
@@ -65,7 +66,12 @@ class Module {
   bool training_ = true;
 };
 
-/// A trainable leaf of the given shape, zero-filled (modules initialise it).
-inline Var parameter(Shape shape) { return Var(Tensor(std::move(shape)), /*requires_grad=*/true); }
+/// A trainable leaf of the given shape, zero-filled (modules initialise it); inside a
+/// SkipInitScope left unfilled, for a loader that assigns every value.
+inline Var parameter(Shape shape) {
+  // Untouched, the pages of a matrix that a loader replaces by packed blocks never become resident.
+  return Var(SkipInitScope::active() ? Tensor::uninitialized(std::move(shape)) : Tensor(std::move(shape)),
+             /*requires_grad=*/true);
+}
 
 }  // namespace tapegrad::nn

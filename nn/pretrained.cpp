@@ -9,7 +9,9 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <set>
 #include <stdexcept>
+#include <vector>
 
 #include "core/random.h"
 #include "io/gguf.h"
@@ -170,10 +172,21 @@ LanguageModel load_weights(const Config& config, std::span<const ForeignTensor> 
     SkipInitScope skip;  // every parameter is assigned below
     return Model(config);
   }();
-  load_foreign_tensors(model, map, fetch, from_hf);
   if (options.weights == "file") {
+    // The file's blocks first, then float32 for the rest alone: the packed matrices' float32
+    // copies are never filled (untouched, their pages never become resident), so a load holds
+    // about the file's size, not the float32 model's.
     pack_matrices(model, map, file_matrix, std::nullopt);
-  } else if (options.weights != "f32") {
+    std::set<std::string> unpacked;
+    for (const auto& p : model.params()) unpacked.insert(p.name);
+    std::vector<ForeignTensor> rest;
+    for (const ForeignTensor& entry : map)
+      if (unpacked.contains(entry.param)) rest.push_back(entry);
+    load_foreign_tensors(model, rest, fetch, from_hf);
+    return LanguageModel(std::move(model));
+  }
+  load_foreign_tensors(model, map, fetch, from_hf);
+  if (options.weights != "f32") {
     const quant::BlockFormat* format = quant::find_conversion(options.weights);
     if (!format)
       throw std::invalid_argument(fmt::format("load_pretrained: weights '{}' is not one of f32, file, bf16, f16, q8_0, "

@@ -155,6 +155,10 @@ struct Server::Impl {
     if (options.checkpoint.empty() == options.model.empty())
       throw std::invalid_argument(options.model.empty() ? "serve: give a checkpoint (--checkpoint) or a model (--model)"
                                                          : "serve: give --checkpoint or --model, not both");
+    if (!options.checkpoint.empty() && options.weights != "f32")
+      throw std::invalid_argument(fmt::format("serve: --weights {} applies to a published model (--model), not to "
+                                              "--checkpoint",
+                                              options.weights));
     return options.model.empty() ? options.checkpoint : options.model;
   }
 
@@ -171,8 +175,9 @@ struct Server::Impl {
     if (!cpus.empty()) scheduler.cpus = std::move(cpus);
     if (!options.model.empty()) {
       scheduler.watch = false;
-      scheduler.load = [name = options.chat_template, lora = options.lora](const std::string& path) {
-        return load_pretrained_weights(path, name, lora);
+      scheduler.load = [name = options.chat_template, lora = options.lora,
+                        weights = options.weights](const std::string& path) {
+        return load_pretrained_weights(path, name, lora, weights);
       };
     } else if (!options.chat_template.empty() || !options.lora.empty()) {
       scheduler.load = [name = options.chat_template, lora = options.lora](const std::string& path) {

@@ -25,6 +25,7 @@ struct ServerOptions {
   /// With it, or with a model, scheduler.load is load_weights or load_pretrained_weights.
   std::string chat_template;
   std::string lora;                    ///< a PEFT LoRA adapter folder applied on top of the model (nn/lora.h)
+  std::string weights = "f32";         ///< how a model's matrices are held: nn::LoadOptions::weights
   std::string host = "127.0.0.1";      ///< the address to bind: loopback unless told otherwise
   int port = 8080;                     ///< 0: any free port (see Server::port())
   SchedulerOptions scheduler;          ///< sequences, queue, max_tokens cap

@@ -86,9 +86,9 @@ std::shared_ptr<const Weights> load_weights(const std::string& path, const std::
 }
 
 std::shared_ptr<const Weights> load_pretrained_weights(const std::string& path, const std::string& chat_template,
-                                                       const std::string& lora) {
+                                                       const std::string& lora, const std::string& weights_format) {
   std::uint64_t hash = content_hash(path);
-  nn::PretrainedModel loaded = nn::load_pretrained(path);
+  nn::PretrainedModel loaded = nn::load_pretrained(path, {.weights = weights_format});
   apply_lora(loaded.model, lora, hash);
   loaded.model.set_training(false);
   std::shared_ptr<const tokenizers::Tokenizer> tokenizer = std::move(loaded.tokenizer);

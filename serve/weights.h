@@ -42,8 +42,9 @@ std::shared_ptr<const Weights> load_weights(const std::string& path, const std::
 
 /// Reads a published model, a .gguf file or a Hugging Face folder (nn::load_pretrained), with its
 /// own chat template when it has one the server recognises, or chat_template as load_weights; lora
-/// as load_weights.
+/// as load_weights; its matrices held as `weights` says (nn::LoadOptions::weights: f32, file, bf16,
+/// f16, q8_0, q4_0, q4_1).
 std::shared_ptr<const Weights> load_pretrained_weights(const std::string& path, const std::string& chat_template = "",
-                                                       const std::string& lora = "");
+                                                       const std::string& lora = "", const std::string& weights = "f32");
 
 }  // namespace tapegrad::serve

@@ -89,7 +89,7 @@ void load_foreign_tensors(Module& model, std::span<const ForeignTensor> map,
     std::copy_n(t.data(), t.size(), param.mutable_value().data());
     params.erase(found);
   }
-  // A model built under SkipInitScope holds zeros where no entry wrote: a silent wrong model.
+  // A model built under SkipInitScope holds whatever memory held where no entry wrote: a silent wrong model.
   if (!params.empty())
     throw std::invalid_argument(fmt::format("load_foreign_tensors: the map names no tensor for parameter '{}' ({} "
                                             "parameters left unassigned)",

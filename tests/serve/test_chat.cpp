@@ -197,6 +197,32 @@ TEST_CASE("serve --model: a chat completion of the tiny Llama in OpenAI's shape,
   CHECK(from_gguf["usage"]["prompt_tokens"] == prompt.size());
 }
 
+TEST_CASE("serve --weights file decodes a GGUF's own blocks, each reply the packed model's alone; a checkpoint refuses it") {
+  serve::ServerOptions options = model_options(kTinyLlama + "/tiny_llama.q4_1.gguf");
+  options.weights = "file";
+  TestServer s(options);
+  const std::shared_ptr<const serve::Weights> served = s.server.scheduler().weights();
+  REQUIRE(served);
+  const std::vector<std::int32_t> ids = {1, 2, 3};
+  CHECK_THROWS_WITH(served->model.forward(ids, 1, 3), doctest::Contains("packed for inference"));  // not float32
+  const std::shared_ptr<const serve::Weights> alone =
+      serve::load_pretrained_weights(kTinyLlama + "/tiny_llama.q4_1.gguf", "", "", "file");
+  const std::vector<tokenizers::ChatMessage> messages = {{"user", "Hello there"}};
+  const json answer = post(s, "/v1/chat/completions",
+                           {{"messages", {{{"role", "user"}, {"content", "Hello there"}}}},
+                            {"max_tokens", 12}, {"temperature", 0.8}, {"seed", 5}, {"n", 3}});
+  REQUIRE(answer["choices"].size() == 3);
+  for (std::size_t i = 0; i < 3; ++i) {
+    const Reply expected = reference_reply(*alone, chat_prompt(*alone, messages), {.temperature = 0.8f}, 12, 5 + i);
+    CHECK(answer["choices"][i]["message"]["content"] == expected.text);
+  }
+
+  serve::ServerOptions checkpoint = test_options("");
+  checkpoint.checkpoint = kTinyLlama;
+  checkpoint.weights = "q8_0";
+  CHECK_THROWS_WITH(serve::Server{checkpoint}, doctest::Contains("--weights q8_0 applies to a published model"));
+}
+
 TEST_CASE("a chat stream: the role first, content deltas, an empty delta with finish_reason, usage, [DONE]") {
   TestServer s(model_options(kTinyLlama));
   const std::shared_ptr<const serve::Weights> weights = s.server.scheduler().weights();
@@ -428,11 +454,14 @@ TEST_CASE("the serve program: --model with --ctx and --chat-template chats; --mo
   Result unknown_template = run("serve", {"--model", kTinyLlama, "--port", "0", "--chat-template", "vicuna"});
   CHECK(unknown_template.status == 1);
   CHECK(contains(unknown_template.err, "neither chatml, llama3 nor a file"));
+  Result unknown_weights = run("serve", {"--model", kTinyLlama, "--port", "0", "--weights", "q5_0"});
+  CHECK(unknown_weights.status == 2);
+  CHECK(contains(unknown_weights.err, "--weights"));
 
   const fs::path out = dir / "serve.out", err = dir / "serve.err";
   const pid_t pid = start("serve",
-                          {"--model", kTinyLlama + "/tiny_llama.q8_0.gguf", "--port", "0", "--ctx", "100",
-                           "--chat-template", "chatml", "--threads", "1"},
+                          {"--model", kTinyLlama + "/tiny_llama.q8_0.gguf", "--weights", "file", "--port", "0", "--ctx",
+                           "100", "--chat-template", "chatml", "--threads", "1"},
                           out, err);
   httplib::Client client("127.0.0.1", port_of(err));
   client.set_read_timeout(20);
@@ -449,7 +478,7 @@ TEST_CASE("the serve program: --model with --ctx and --chat-template chats; --mo
   CHECK(r->status == 200);
   const json answer = json::parse(r->body);
   const std::shared_ptr<const serve::Weights> weights =
-      serve::load_pretrained_weights(kTinyLlama + "/tiny_llama.q8_0.gguf", "chatml");
+      serve::load_pretrained_weights(kTinyLlama + "/tiny_llama.q8_0.gguf", "chatml", "", "file");
   const std::vector<std::int32_t> prompt = chat_prompt(*weights, {{"user", "Hi"}});
   CHECK(answer["usage"]["prompt_tokens"] == prompt.size());
   // Without max_tokens the reply may fill the context.
