@@ -78,6 +78,12 @@ void write_checkpoint_file(const std::string& path, const ParameterList& params,
   write_safetensors(path, tensors, metadata);
 }
 
+std::optional<std::string> LoadedModelCheckpoint::chat_template() const {
+  const auto it = metadata.find(kChatTemplateKey);
+  if (it == metadata.end()) return std::nullopt;
+  return it->second;
+}
+
 const tokenizers::CharTokenizer& LoadedModelCheckpoint::char_tokenizer() const {
   const auto* chars = dynamic_cast<const tokenizers::CharTokenizer*>(tokenizer.get());
   if (!chars)

@@ -6,6 +6,7 @@
 
 #include <map>
 #include <memory>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <typeinfo>
@@ -50,12 +51,18 @@ void write_checkpoint_file(const std::string& path, const ParameterList& params,
 void save_model_checkpoint(const std::string& path, const LanguageModel& model, const tokenizers::Tokenizer& tokenizer,
                            const CheckpointExtras& extras = {});
 
+/// The metadata key of a checkpoint's chat template (a CheckpointExtras key; optional).
+inline constexpr const char* kChatTemplateKey = "chat_template";
+
 /// What load_model_checkpoint returns.
 struct LoadedModelCheckpoint {
   LanguageModel model;                                     ///< the model, its weights loaded
   std::shared_ptr<const tokenizers::Tokenizer> tokenizer;  ///< the file's tokenizer
   std::map<std::string, Tensor> extra_tensors;             ///< the "optim." tensors
   std::map<std::string, std::string> metadata;             ///< the file's metadata, every key
+  /// The chat template's Jinja source kept under kChatTemplateKey (train keeps the --init file's,
+  /// so a model fine-tuned from a chat model still chats), or nothing.
+  std::optional<std::string> chat_template() const;
   /// The tokenizer as a character vocabulary (what train writes from a text); throws
   /// std::runtime_error naming its kind when it is another.
   const tokenizers::CharTokenizer& char_tokenizer() const;

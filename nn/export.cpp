@@ -168,6 +168,11 @@ quant::TensorType tensor_type_of(GgufExportType type, const Tensor& t) {
 
 }  // namespace
 
+void check_exportable(const ExportSource& source, const std::string& target) {
+  llama_of(source.model, target);
+  bpe_of(source.tokenizer, target);
+}
+
 GgufExportType parse_gguf_export_type(std::string_view name) {
   if (name == "f32") return GgufExportType::F32;
   if (name == "bf16") return GgufExportType::BF16;

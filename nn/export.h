@@ -20,6 +20,10 @@ struct ExportSource {
   const std::optional<std::string>& chat_template;  ///< the template text, if the model has one
 };
 
+/// Throws what export_hf and export_gguf would for a model that is not a Llama or a tokenizer that
+/// is not a byte-level BPE, naming `target`; lets a program refuse an export before it trains.
+void check_exportable(const ExportSource& source, const std::string& target);
+
 /// The tensor type of a GGUF export's matrices; vectors (the norms) stay f32, and a matrix whose
 /// rows are not a whole number of q8_0 blocks (32) stays f32 too.
 enum class GgufExportType { F32, BF16, Q8_0 };

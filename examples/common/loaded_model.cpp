@@ -41,7 +41,9 @@ LoadedModel ModelSource::load() const {
     }
     if (weights != "f32") throw UsageError("--weights applies to a published model (--model), not to --checkpoint");
     nn::LoadedModelCheckpoint checkpoint_file = nn::load_model_checkpoint(checkpoint);  // any registered arch
-    return {std::move(checkpoint_file.model), std::move(checkpoint_file.tokenizer), std::nullopt, checkpoint};
+    std::optional<std::string> chat_template = checkpoint_file.chat_template();
+    return {std::move(checkpoint_file.model), std::move(checkpoint_file.tokenizer), std::move(chat_template),
+            checkpoint};
   }();
   if (!lora.empty()) nn::load_peft_adapter(lora, loaded.model);
   return loaded;

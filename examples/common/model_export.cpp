@@ -1,13 +1,29 @@
-// export_final_model: the run's model, tokenizer and chat template to nn::export_hf and export_gguf.
+// export_final_model: the run's model, tokenizer and chat template to nn::export_hf and export_gguf;
+// check_final_model_exportable: the same exports refused before the run trains.
 #include "common/model_export.h"
 
 #include <fmt/format.h>
 
 #include <cstdio>
+#include <utility>
 
+#include "common/program.h"
 #include "nn/export.h"
 
 namespace tapegrad::examples {
+
+void check_final_model_exportable(const TrainOptions& o, const Run& run) {
+  const nn::ExportSource source{run.model, *run.corpus.tokenizer, run.chat_template};
+  for (const auto& [flag, target] :
+       {std::pair{"--export-hf", o.export_hf}, std::pair{"--export-gguf", o.export_gguf}}) {
+    if (target.empty()) continue;
+    try {
+      nn::check_exportable(source, target);
+    } catch (const std::invalid_argument& e) {
+      throw UsageError(fmt::format("{} {}", flag, e.what()));
+    }
+  }
+}
 
 void export_final_model(const TrainOptions& o, const Run& run) {
   const nn::ExportSource source{run.model, *run.corpus.tokenizer, run.chat_template};

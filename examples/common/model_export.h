@@ -7,6 +7,10 @@
 
 namespace tapegrad::examples {
 
+/// Throws a UsageError naming the flag when o.export_hf or o.export_gguf asks for a model or
+/// tokenizer the exporter does not write: checked before the first step, so nothing is written.
+void check_final_model_exportable(const TrainOptions& o, const Run& run);
+
 /// Writes what o.export_hf and o.export_gguf ask for (nothing when both are empty) and logs each
 /// path; an export that cannot be written throws naming it (the checkpoint is already saved).
 void export_final_model(const TrainOptions& o, const Run& run);

@@ -381,7 +381,10 @@ TrainOutcome train(const TrainOptions& o, const std::atomic<int>& stop_signal, d
   MetricsLog metrics(o.metrics.empty() ? stem + ".metrics.csv" : o.metrics, stem + ".loss.svg",
                      fmt::format("train: {}", o.out));
   Setup setup;
-  on_leader(comm, [&] { prepare_leader_run(o, decay_steps, metrics, setup); });
+  on_leader(comm, [&] {
+    prepare_leader_run(o, decay_steps, metrics, setup);
+    check_final_model_exportable(o, *setup.run);
+  });
   if (comm.size() > 1) share_leader_run(o, decay_steps, comm, setup);
   TrainingLoop loop(o, decay_steps, comm, *setup.run, metrics);
   loop.log_setup(setup);

@@ -138,7 +138,7 @@ struct InitModel {
   nn::LanguageModel model;
   std::shared_ptr<const tokenizers::Tokenizer> tokenizer;
   std::string description;  // for the log
-  std::optional<std::string> chat_template;  // a published file's
+  std::optional<std::string> chat_template;  // a published file's, or a checkpoint's
 };
 
 /// --init: a GGUF file or a Hugging Face folder (nn/pretrained.h), else a tapegrad checkpoint (its
@@ -176,7 +176,7 @@ InitModel load_init(const TrainOptions& o) {
       fmt::format("init: {} (a checkpoint{}; its {} tokenizer of {} tokens; a new optimizer from step 0)", o.init,
                   ckpt->metadata.count("step") ? fmt::format(" of step {}", ckpt->metadata.at("step")) : "",
                   ckpt->tokenizer->kind(), ckpt->tokenizer->vocab_size());
-  return {std::move(model), std::move(ckpt->tokenizer), std::move(description)};
+  return {std::move(model), std::move(ckpt->tokenizer), std::move(description), ckpt->chat_template()};
 }
 
 }  // namespace
@@ -199,6 +199,7 @@ void Run::save(const optim::OptimizerState& state) {
   extras.metadata["data_position"] = str(std::int64_t(step) * std::int64_t(o.batch));
   extras.metadata["data_fingerprint"] = fmt::format("fnv1a64:{:016x}", corpus.fingerprint);
   extras.metadata[corpus.unit() == "characters" ? "data_chars" : "data_tokens"] = str(corpus.ids.size());
+  if (chat_template) extras.metadata[nn::kChatTemplateKey] = *chat_template;
   // Test seam: past the header (a few kilobytes), into the tensors.
   if (o.fail_save_at && *o.fail_save_at == step) detail::safetensors_fail_after_bytes = 4096;
   try {
@@ -266,6 +267,7 @@ void prepare_leader_run(const TrainOptions& o, std::int64_t decay_steps, const M
                       "characters); resume with the same --data",
                       o.resume, ckpt->char_tokenizer().size(), o.data, chars->size()));
     model.emplace(std::move(ckpt->model));
+    chat_template = ckpt->chat_template();
     if (const auto saved = nn::lora_of(*model); o.lora && (!saved || saved->rank != *o.lora))
       throw UsageError(fmt::format("--lora {} disagrees with --resume {}, {} (drop the flag)", *o.lora, o.resume,
                                    saved ? fmt::format("whose adapters have rank {}", saved->rank)

@@ -53,7 +53,7 @@ struct Run {
   Rng batch_rng;
   std::int64_t step = 0;         // steps completed
   std::int64_t saved_step = -1;  // the step of the checkpoint at o.out written by this run
-  std::optional<std::string> chat_template;  // the --init file's (rank 0), for --export-hf and --export-gguf
+  std::optional<std::string> chat_template;  // the --init or --resume file's (rank 0), saved and exported
 
   Run(const TrainOptions& options, std::int64_t decay, Corpus&& text, nn::LanguageModel&& m)
       : o(options),

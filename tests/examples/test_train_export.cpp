@@ -1,7 +1,7 @@
 // train --export-hf and --export-gguf end to end on the committed tiny Llama: the exports of a
 // trained run hold the checkpoint's weights (bit for bit through Hugging Face and f32 GGUF), --steps
 // 0 with --init converts a model unchanged, and a bad --export-type or a model that cannot be
-// exported is refused.
+// exported is refused before training; a checkpoint keeps the --init model's chat template.
 #include <doctest/doctest.h>
 
 #include "io/gguf.h"
@@ -72,7 +72,38 @@ TEST_CASE("train --init --steps 0 converts a model: a GGUF to a Hugging Face fol
   CHECK(file.at("general.file_type").as_int() == 7);
 }
 
-TEST_CASE("train refuses a bad --export-type, --steps 0 without --init, and exporting a model that is not a Llama") {
+TEST_CASE("train keeps --init's chat template in its checkpoints: generate --chat, a resume and an export read it") {
+  fs::path dir = work_dir("train_chat_template"), data = write_corpus(dir);
+  const fs::path out = dir / "run.safetensors", gguf = dir / "from_checkpoint.gguf";
+  REQUIRE(run("train", train_args(kTinyLlama, data, out, 2)).status == 0);
+  const std::optional<std::string> original = nn::load_pretrained(kTinyLlama.string()).chat_template;
+  REQUIRE(original);
+  CHECK(nn::load_model_checkpoint(out.string()).chat_template() == original);
+
+  Result chat = run("generate", {"--checkpoint", out.string(), "--chat", "--prompt", "Hi there", "--max-new", "4"});
+  CHECK_MESSAGE(chat.status == 0, chat.err);
+
+  Result resumed = run("train", {"--resume", out.string(), "--data", data.string(), "--out", out.string(), "--seq",
+                                 "16", "--batch", "4", "--eval-batches", "2", "--steps", "3", "--threads", "1"});
+  REQUIRE_MESSAGE(resumed.status == 0, resumed.err);
+  CHECK(nn::load_model_checkpoint(out.string()).chat_template() == original);
+
+  std::vector<std::string> convert = train_args(out, data, dir / "converted.safetensors", 0);
+  convert.insert(convert.end(), {"--export-gguf", gguf.string()});
+  Result converted = run("train", convert);
+  REQUIRE_MESSAGE(converted.status == 0, converted.err);
+  CHECK(contains(converted.out, "with its chat template"));
+  CHECK(nn::load_pretrained(gguf.string()).chat_template == original);
+
+  // A character model has none: the key is absent, not empty.
+  const fs::path chars = dir / "chars.safetensors";
+  REQUIRE(run("train", {"--data", data.string(), "--out", chars.string(), "--steps", "1", "--seq", "16", "--batch",
+                        "2", "--d-model", "16", "--heads", "2", "--blocks", "1", "--eval-batches", "1", "--threads",
+                        "1"}).status == 0);
+  CHECK(!nn::load_model_checkpoint(chars.string()).chat_template());
+}
+
+TEST_CASE("train refuses --export-type q4_0, --steps 0 without --init, an export it cannot write, before training") {
   fs::path dir = work_dir("train_export_errors"), data = write_corpus(dir);
   std::vector<std::string> args = train_args(kTinyLlama, data, dir / "a.safetensors", 1);
   args.insert(args.end(), {"--export-gguf", (dir / "x.gguf").string(), "--export-type", "q4_0"});
@@ -82,12 +113,25 @@ TEST_CASE("train refuses a bad --export-type, --steps 0 without --init, and expo
   Result no_init = run("train", {"--data", data.string(), "--out", (dir / "b.safetensors").string(), "--steps", "0"});
   CHECK(no_init.status == 2);
   CHECK(contains(no_init.err, "--steps must be at least 1 (0 only with --init, to convert a model), got 0"));
-  // A new character-level model: trained and saved, then its export refused, naming the path.
-  Result chars = run("train", {"--data", data.string(), "--out", (dir / "c.safetensors").string(), "--steps", "1",
-                               "--seq", "16", "--batch", "2", "--d-model", "16", "--heads", "2", "--blocks", "1",
-                               "--eval-batches", "1", "--threads", "1", "--export-hf", (dir / "c_hf").string()});
-  CHECK(chars.status == 1);
-  CHECK(contains(chars.err, (dir / "c_hf").string() + ": only Llama models export (this model is 'rotary')"));
-  CHECK(fs::exists(dir / "c.safetensors"));  // the checkpoint is saved first
+  // New character-level models: their exports refused before the first step, nothing written.
+  const std::vector<std::string> char_model = {"--data", data.string(), "--steps", "1", "--seq", "16", "--batch", "2",
+                                               "--d-model", "16", "--heads", "2", "--blocks", "1", "--eval-batches",
+                                               "1", "--threads", "1"};
+  std::vector<std::string> rotary = char_model;
+  rotary.insert(rotary.end(), {"--out", (dir / "c.safetensors").string(), "--export-hf", (dir / "c_hf").string()});
+  Result chars = run("train", rotary);
+  CHECK(chars.status == 2);
+  CHECK(contains(chars.err,
+                 "--export-hf " + (dir / "c_hf").string() + ": only Llama models export (this model is 'rotary')"));
+  CHECK(!fs::exists(dir / "c.safetensors"));
   CHECK(!fs::exists(dir / "c_hf"));
+  std::vector<std::string> llama = char_model;
+  llama.insert(llama.end(), {"--arch", "llama", "--out", (dir / "d.safetensors").string(), "--export-gguf",
+                             (dir / "d.gguf").string()});
+  Result char_llama = run("train", llama);
+  CHECK(char_llama.status == 2);
+  CHECK(contains(char_llama.err,
+                 "--export-gguf " + (dir / "d.gguf").string() + ": only a byte-level BPE tokenizer exports"));
+  CHECK(!fs::exists(dir / "d.safetensors"));
+  CHECK(!fs::exists(dir / "d.gguf"));
 }
