@@ -35,7 +35,7 @@ mkdir -p "$out"
 run() {
   OMP_NUM_THREADS=1 "$build/train" --init "$model" --data "$data" --out "$out/$1.safetensors" \
     --precision "$1" --threads 1 --steps "$steps" --batch "$batch" --seq "$seq" --lr 1e-4 \
-    --warmup 20 --min-lr 1e-5 --eval-every "$steps" --eval-batches 8 --save-every 0 --seed 0 \
+    --min-lr 1e-5 --eval-every "$steps" --eval-batches 8 --save-every 0 --seed 0 \
     > "$out/$1.log" 2>&1
 }
 run f32 & f32_pid=$!
