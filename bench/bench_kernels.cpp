@@ -208,7 +208,7 @@ void fill_ones(Buffer& x) { std::fill(x.begin(), x.end(), 1.0f); }
 
 /// C (M, N) = op(A) op(B) + beta C, computed by product(A, B, C); with bf16_operands, A and B hold
 /// bfloat16 values (so that a bf16 product checks against the same reference).
-Case product_case(std::string name, bool trans_a, bool trans_b, std::size_t M, std::size_t N, std::size_t K, float beta,
+Case product_case(std::string name, bool transpose_a, bool transpose_b, std::size_t M, std::size_t N, std::size_t K, float beta,
                   std::function<void(const float*, const float*, float*)> product, bool bf16_operands = false) {
   auto a = std::make_shared<Buffer>(random_buffer(M * K, 1)), b = std::make_shared<Buffer>(random_buffer(K * N, 2));
   if (bf16_operands)
@@ -218,11 +218,11 @@ Case product_case(std::string name, bool trans_a, bool trans_b, std::size_t M, s
   auto verify = [=] {
     fill_ones(*c);
     run();
-    Operand op_a{a->data(), trans_a ? M : K, trans_a}, op_b{b->data(), trans_b ? K : N, trans_b};
+    Operand op_a{a->data(), transpose_a ? M : K, transpose_a}, op_b{b->data(), transpose_b ? K : N, transpose_b};
     verify_product(name, c->data(), M, N, K, op_a, op_b, beta);
   };
-  std::string shape = fmt::format("{}{}{}{}", trans_a ? dims(K, M) : dims(M, K), trans_a ? "^T" : "",
-                                  trans_b ? dims(N, K) : dims(K, N), trans_b ? "^T" : "");
+  std::string shape = fmt::format("{}{}{}{}", transpose_a ? dims(K, M) : dims(M, K), transpose_a ? "^T" : "",
+                                  transpose_b ? dims(N, K) : dims(K, N), transpose_b ? "^T" : "");
   return {"matmul", std::move(name), shape, Unit::flops, 2.0 * M * N * K, verify, run};
 }
 

@@ -20,15 +20,15 @@
 /// X^T by the flags. Splits the larger output dimension across threads when worth it; runs BLAS or
 /// packed_gemm, whichever measured faster for this CPU and shape.
 TAPEGRAD_KERNEL(void, gemm,
-                (bool trans_a, bool trans_b, std::size_t M, std::size_t N, std::size_t K, T alpha, const T* A,
+                (bool transpose_a, bool transpose_b, std::size_t M, std::size_t N, std::size_t K, T alpha, const T* A,
                  std::size_t lda, const T* B, std::size_t ldb, T beta, T* C, std::size_t ldc),
-                (trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc))
+                (transpose_a, transpose_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc))
 /// gemm's own kernel, without BLAS: packed panels of op(B), a 6-row by 2- or 4-vector register
 /// tile. gemm calls it where it measured faster than the BLAS; tests call it directly.
 TAPEGRAD_KERNEL(void, packed_gemm,
-                (bool trans_a, bool trans_b, std::size_t M, std::size_t N, std::size_t K, T alpha, const T* A,
+                (bool transpose_a, bool transpose_b, std::size_t M, std::size_t N, std::size_t K, T alpha, const T* A,
                  std::size_t lda, const T* B, std::size_t ldb, T beta, T* C, std::size_t ldc),
-                (trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc))
+                (transpose_a, transpose_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc))
 /// y (M, N) = x w (+ y when accumulating), x (M, K), w (K, N), without BLAS and row-stable: each
 /// element is one FMA chain over k in order, so a row of y has the same bits whatever M is and
 /// whichever rows share the call (batched decoding gives each sequence what it gets alone), and
@@ -47,16 +47,16 @@ TAPEGRAD_KERNEL(void, row_stable_matmul_transposed,
 /// that instruction where the CPU has it and it outruns an FMA chain (timed once), by the chain
 /// otherwise. Float whatever T (T = double: the same kernel).
 TAPEGRAD_KERNEL(void, bf16_gemm,
-                (bool trans_a, bool trans_b, std::size_t M, std::size_t N, std::size_t K, const float* A,
+                (bool transpose_a, bool transpose_b, std::size_t M, std::size_t N, std::size_t K, const float* A,
                  std::size_t lda, const float* B, std::size_t ldb, bool accumulate, float* C, std::size_t ldc),
-                (trans_a, trans_b, M, N, K, A, lda, B, ldb, accumulate, C, ldc))
+                (transpose_a, transpose_b, M, N, K, A, lda, B, ldb, accumulate, C, ldc))
 /// bf16_gemm by the instruction (AVX-512 level on a CPU with AVX512_BF16; the chain elsewhere) or
 /// by the FMA chain, as the flag asks: tests compare the two.
 TAPEGRAD_KERNEL(void, bf16_gemm_path,
-                (bool instruction, bool trans_a, bool trans_b, std::size_t M, std::size_t N, std::size_t K,
+                (bool instruction, bool transpose_a, bool transpose_b, std::size_t M, std::size_t N, std::size_t K,
                  const float* A, std::size_t lda, const float* B, std::size_t ldb, bool accumulate, float* C,
                  std::size_t ldc),
-                (instruction, trans_a, trans_b, M, N, K, A, lda, B, ldb, accumulate, C, ldc))
+                (instruction, transpose_a, transpose_b, M, N, K, A, lda, B, ldb, accumulate, C, ldc))
 
 // ---- elementwise ----------------------------------------------------------------------------
 

@@ -37,12 +37,12 @@ template const KernelTable<double>& active_table<double>();
 #include "core/kernel_list.h"
 
 template <class T>
-void precision_gemm(bool trans_a, bool trans_b, std::size_t M, std::size_t N, std::size_t K, const T* A,
+void precision_gemm(bool transpose_a, bool transpose_b, std::size_t M, std::size_t N, std::size_t K, const T* A,
                     std::size_t lda, const T* B, std::size_t ldb, bool accumulate, T* C, std::size_t ldc) {
   if constexpr (std::is_same_v<T, float>)
     if (matmul_precision() == Precision::bf16)
-      return bf16_gemm<float>(trans_a, trans_b, M, N, K, A, lda, B, ldb, accumulate, C, ldc);
-  gemm<T>(trans_a, trans_b, M, N, K, T(1), A, lda, B, ldb, accumulate ? T(1) : T(0), C, ldc);
+      return bf16_gemm<float>(transpose_a, transpose_b, M, N, K, A, lda, B, ldb, accumulate, C, ldc);
+  gemm<T>(transpose_a, transpose_b, M, N, K, T(1), A, lda, B, ldb, accumulate ? T(1) : T(0), C, ldc);
 }
 
 template <class T>

@@ -74,7 +74,7 @@ inline constexpr std::size_t key_block = 16;
 /// C (M, N) = op(A) op(B) (+ C when accumulating) at this thread's matmul precision
 /// (core/precision.h): bf16_gemm under bf16 (T = float), gemm otherwise. The products below use it.
 template <class T>
-void precision_gemm(bool trans_a, bool trans_b, std::size_t M, std::size_t N, std::size_t K, const T* A,
+void precision_gemm(bool transpose_a, bool transpose_b, std::size_t M, std::size_t N, std::size_t K, const T* A,
                     std::size_t lda, const T* B, std::size_t ldb, bool accumulate, T* C, std::size_t ldc);
 /// y = x w; x (M, K), w (K, N) -> y (M, N).
 template <class T>

@@ -28,23 +28,23 @@ static void blas_gemm(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int M, int N, int 
 // A few rows of C (decoding one token): OpenBLAS would pack the whole of B on every call, which
 // measured as a third of the decoding time, so these go through register-blocked row loops.
 template <class T>
-static void small_gemm(bool trans_a, bool trans_b, std::size_t M, std::size_t N, std::size_t K, T alpha,
+static void small_gemm(bool transpose_a, bool transpose_b, std::size_t M, std::size_t N, std::size_t K, T alpha,
                        const T* A, std::size_t lda, const T* B, std::size_t ldb, T beta, T* C, std::size_t ldc) {
   for (std::size_t i = 0; i < M; ++i) {
     T* c = C + i * ldc;
     if (beta != T(0) && beta != T(1))
       for (std::size_t n = 0; n < N; ++n) c[n] *= beta;
-    const T* a = trans_a ? A + i : A + i * lda;
-    std::size_t a_stride = trans_a ? lda : 1;
-    if (!trans_b) {
+    const T* a = transpose_a ? A + i : A + i * lda;
+    std::size_t a_stride = transpose_a ? lda : 1;
+    if (!transpose_b) {
       detail::row_times_matrix<Batch<T>>(c, a, a_stride, B, ldb, K, N, alpha, beta != T(0));
       continue;
     }
     // Every output one way: W rows of B at a time when K is a multiple of W, else each by dot.
-    if (!trans_a && detail::dots_with_rows<Batch<T>>(c, a, B, ldb, K, N, alpha, beta != T(0)) == N) continue;
+    if (!transpose_a && detail::dots_with_rows<Batch<T>>(c, a, B, ldb, K, N, alpha, beta != T(0)) == N) continue;
     for (std::size_t n = 0; n < N; ++n) {  // c[n] = a . row n of B
-      T sum = trans_a ? T(0) : detail::dot<Batch<T>>(a, B + n * ldb, K);
-      if (trans_a)
+      T sum = transpose_a ? T(0) : detail::dot<Batch<T>>(a, B + n * ldb, K);
+      if (transpose_a)
         for (std::size_t k = 0; k < K; ++k) sum += a[k * a_stride] * B[n * ldb + k];
       c[n] = alpha * sum + (beta != T(0) ? c[n] : T(0));
     }
@@ -88,7 +88,7 @@ template <class V, std::size_t MR, std::size_t vectors>
 // element of C gets one FMA chain per slice, in k order, then alpha, then the add: the same
 // arithmetic in every tile, edges included.
 template <class T>
-static void packed_product(bool trans_a, bool trans_b, std::size_t M, std::size_t N, std::size_t K, T alpha,
+static void packed_product(bool transpose_a, bool transpose_b, std::size_t M, std::size_t N, std::size_t K, T alpha,
                            const T* A, std::size_t lda, const T* B, std::size_t ldb, T beta, T* C, std::size_t ldc) {
   using V = Batch<T>;
   using Tiling = PackedTiling<sizeof(V)>;
@@ -110,7 +110,7 @@ static void packed_product(bool trans_a, bool trans_b, std::size_t M, std::size_
       const std::size_t j0 = jp * NR, cols = std::min(NR, N - j0);
       if (cols < NR)
         for (std::size_t k = 0; k < kc; ++k) std::fill(panel + k * NR + cols, panel + (k + 1) * NR, T(0));
-      if (trans_b) {  // op(B)(k, j) = B[j * ldb + k]: read B's rows, write the panel's columns
+      if (transpose_b) {  // op(B)(k, j) = B[j * ldb + k]: read B's rows, write the panel's columns
         for (std::size_t j = 0; j < cols; ++j) {
           const T* row = B + (j0 + j) * ldb + p0;
           for (std::size_t k = 0; k < kc; ++k) panel[k * NR + j] = row[k];
@@ -126,17 +126,17 @@ static void packed_product(bool trans_a, bool trans_b, std::size_t M, std::size_
       const std::size_t i1 = std::min(M, i0 + MC), whole_end = i0 + (i1 - i0) / MR * MR;
       // Panels of 6 rows (kc x 6): all of them when op(A) = A^T, whose rows are columns in memory;
       // only the partial last one otherwise.
-      for (std::size_t r0 = trans_a ? i0 : whole_end; r0 < i1; r0 += MR) {
+      for (std::size_t r0 = transpose_a ? i0 : whole_end; r0 < i1; r0 += MR) {
         T* panel = a_pack.data() + (r0 - i0) * kc;
         const std::size_t rows = std::min(MR, i1 - r0);
-        if (rows == MR && trans_a) {  // a fixed trip count, as above
+        if (rows == MR && transpose_a) {  // a fixed trip count, as above
           for (std::size_t k = 0; k < kc; ++k)
             for (std::size_t r = 0; r < MR; ++r) panel[k * MR + r] = A[(p0 + k) * lda + r0 + r];
           continue;
         }
         for (std::size_t k = 0; k < kc; ++k)
           for (std::size_t r = 0; r < MR; ++r)
-            panel[k * MR + r] = r >= rows ? T(0) : trans_a ? A[(p0 + k) * lda + r0 + r] : A[(r0 + r) * lda + p0 + k];
+            panel[k * MR + r] = r >= rows ? T(0) : transpose_a ? A[(p0 + k) * lda + r0 + r] : A[(r0 + r) * lda + p0 + k];
       }
       for (std::size_t jp = 0; jp < panels; ++jp) {
         const T* b_panel = b_pack.data() + jp * kc * NR;
@@ -160,7 +160,7 @@ static void packed_product(bool trans_a, bool trans_b, std::size_t M, std::size_
               c[r * ldc + j] = accumulate ? edge[r * NR + j] + c[r * ldc + j] : edge[r * NR + j];
         };
         for (std::size_t r0 = i0; r0 < whole_end; r0 += MR) {
-          if (trans_a) tile(r0, MR, a_pack.data() + (r0 - i0) * kc, 1, MR);
+          if (transpose_a) tile(r0, MR, a_pack.data() + (r0 - i0) * kc, 1, MR);
           else tile(r0, MR, A + r0 * lda + p0, lda, 1);
         }
         if (whole_end < i1) tile(whole_end, i1 - whole_end, a_pack.data() + (whole_end - i0) * kc, 1, MR);
@@ -188,36 +188,36 @@ static const T* column_block(const T* B, bool trans, std::size_t first, std::siz
 // against 0.93-0.96x at K = 1024 and 0.87-1.01x for X^T dY. A function of the CPU, the shape and
 // beta only, so results never depend on timing.
 template <class T>
-static bool packed_is_faster(bool trans_a, std::size_t N, std::size_t K, T beta) {
+static bool packed_is_faster(bool transpose_a, std::size_t N, std::size_t K, T beta) {
   static const bool blas_serves_level = blas_serves(SimdLevel::TAPEGRAD_SIMD_LEVEL);
   if (!blas_serves_level) return true;
-  return !trans_a && (N <= 128 || (beta == T(0) && K <= 256));
+  return !transpose_a && (N <= 128 || (beta == T(0) && K <= 256));
 }
 
 template <class T>
-void packed_gemm(bool trans_a, bool trans_b, std::size_t M, std::size_t N, std::size_t K, T alpha, const T* A,
+void packed_gemm(bool transpose_a, bool transpose_b, std::size_t M, std::size_t N, std::size_t K, T alpha, const T* A,
                  std::size_t lda, const T* B, std::size_t ldb, T beta, T* C, std::size_t ldc) {
   if (M == 0 || N == 0) return;
   detail::split_product(M, N, K, [&](std::size_t m0, std::size_t m, std::size_t n0, std::size_t n) {
-    packed_product(trans_a, trans_b, m, n, K, alpha, row_block(A, trans_a, m0, lda), lda,
-                   column_block(B, trans_b, n0, ldb), ldb, beta, C + m0 * ldc + n0, ldc);
+    packed_product(transpose_a, transpose_b, m, n, K, alpha, row_block(A, transpose_a, m0, lda), lda,
+                   column_block(B, transpose_b, n0, ldb), ldb, beta, C + m0 * ldc + n0, ldc);
   });
 }
 TAPEGRAD_INSTANTIATE_KERNEL(packed_gemm)
 
 template <class T>
-void gemm(bool trans_a, bool trans_b, std::size_t M, std::size_t N, std::size_t K, T alpha, const T* A,
+void gemm(bool transpose_a, bool transpose_b, std::size_t M, std::size_t N, std::size_t K, T alpha, const T* A,
           std::size_t lda, const T* B, std::size_t ldb, T beta, T* C, std::size_t ldc) {
   if (M == 0 || N == 0) return;
   constexpr std::size_t small_rows = 2;
-  if (M <= small_rows) return small_gemm(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
-  if (packed_is_faster<T>(trans_a, N, K, beta))
-    return packed_gemm(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
-  auto ta = trans_a ? CblasTrans : CblasNoTrans;
-  auto tb = trans_b ? CblasTrans : CblasNoTrans;
+  if (M <= small_rows) return small_gemm(transpose_a, transpose_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+  if (packed_is_faster<T>(transpose_a, N, K, beta))
+    return packed_gemm(transpose_a, transpose_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+  auto ta = transpose_a ? CblasTrans : CblasNoTrans;
+  auto tb = transpose_b ? CblasTrans : CblasNoTrans;
   detail::split_product(M, N, K, [&](std::size_t m0, std::size_t m, std::size_t n0, std::size_t n) {
-    blas_gemm(ta, tb, int(m), int(n), int(K), alpha, row_block(A, trans_a, m0, lda), int(lda),
-              column_block(B, trans_b, n0, ldb), int(ldb), beta, C + m0 * ldc + n0, int(ldc));
+    blas_gemm(ta, tb, int(m), int(n), int(K), alpha, row_block(A, transpose_a, m0, lda), int(lda),
+              column_block(B, transpose_b, n0, ldb), int(ldb), beta, C + m0 * ldc + n0, int(ldc));
   });
 }
 TAPEGRAD_INSTANTIATE_KERNEL(gemm)

@@ -190,7 +190,7 @@ static void pack_panel(typename Path::Element* panel, std::size_t width, const f
 // one panel of each. Partial tiles run on a copy of C's corner, so that every element gets the
 // same chain.
 template <class Path>
-static void bf16_product(bool trans_a, bool trans_b, std::size_t M, std::size_t N, std::size_t K, const float* A,
+static void bf16_product(bool transpose_a, bool transpose_b, std::size_t M, std::size_t N, std::size_t K, const float* A,
                          std::size_t lda, const float* B, std::size_t ldb, bool accumulate, float* C,
                          std::size_t ldc) {
   using Element = typename Path::Element;
@@ -209,12 +209,12 @@ static void bf16_product(bool trans_a, bool trans_b, std::size_t M, std::size_t 
     const std::size_t kc = std::min(KC, K - p0), rows = round_up_even(kc);
     const bool continues = p0 > 0 || accumulate;
     for (std::size_t jp = 0; jp < panels; ++jp)
-      pack_panel<Path>(b_pack.data() + jp * rows * NR, NR, B, trans_b, ldb, p0, kc, jp * NR,
+      pack_panel<Path>(b_pack.data() + jp * rows * NR, NR, B, transpose_b, ldb, p0, kc, jp * NR,
                        std::min(NR, N - jp * NR));
     for (std::size_t i0 = 0; i0 < M; i0 += MC) {
       const std::size_t i1 = std::min(M, i0 + MC);
       for (std::size_t r0 = i0; r0 < i1; r0 += MR)  // op(A)^T(k, r) = op(A)(r, k)
-        pack_panel<Path>(a_pack.data() + (r0 - i0) * rows, MR, A, !trans_a, lda, p0, kc, r0, std::min(MR, i1 - r0));
+        pack_panel<Path>(a_pack.data() + (r0 - i0) * rows, MR, A, !transpose_a, lda, p0, kc, r0, std::min(MR, i1 - r0));
       for (std::size_t jp = 0; jp < panels; ++jp) {
         const Element* b_panel = b_pack.data() + jp * rows * NR;
         const std::size_t j0 = jp * NR, cols = std::min(NR, N - j0);
@@ -238,40 +238,40 @@ static void bf16_product(bool trans_a, bool trans_b, std::size_t M, std::size_t 
 
 // bf16_product over the kernel threads, each on its block of C.
 template <class Path>
-static void split_bf16_product(bool trans_a, bool trans_b, std::size_t M, std::size_t N, std::size_t K,
+static void split_bf16_product(bool transpose_a, bool transpose_b, std::size_t M, std::size_t N, std::size_t K,
                                const float* A, std::size_t lda, const float* B, std::size_t ldb, bool accumulate,
                                float* C, std::size_t ldc) {
   if (M == 0 || N == 0) return;
   detail::split_product(M, N, K, [&](std::size_t m0, std::size_t m, std::size_t n0, std::size_t n) {
     FlushSubnormals flush;  // MXCSR is per thread; the instruction ignores it
-    bf16_product<Path>(trans_a, trans_b, m, n, K, A + (trans_a ? m0 : m0 * lda), lda,
-                       B + (trans_b ? n0 * ldb : n0), ldb, accumulate, C + m0 * ldc + n0, ldc);
+    bf16_product<Path>(transpose_a, transpose_b, m, n, K, A + (transpose_a ? m0 : m0 * lda), lda,
+                       B + (transpose_b ? n0 * ldb : n0), ldb, accumulate, C + m0 * ldc + n0, ldc);
   });
 }
 
 template <class T>
-void bf16_gemm_path(bool instruction, bool trans_a, bool trans_b, std::size_t M, std::size_t N, std::size_t K,
+void bf16_gemm_path(bool instruction, bool transpose_a, bool transpose_b, std::size_t M, std::size_t N, std::size_t K,
                     const float* A, std::size_t lda, const float* B, std::size_t ldb, bool accumulate, float* C,
                     std::size_t ldc) {
 #if defined(__AVX512F__) && !defined(TAPEGRAD_EMULATED_BATCH)
   static const bool has_instruction = cpu_has_bf16_dot_products();
   if (instruction && has_instruction)
-    return split_bf16_product<InstructionPath>(trans_a, trans_b, M, N, K, A, lda, B, ldb, accumulate, C, ldc);
+    return split_bf16_product<InstructionPath>(transpose_a, transpose_b, M, N, K, A, lda, B, ldb, accumulate, C, ldc);
 #endif
   (void)instruction;
-  split_bf16_product<ChainPath>(trans_a, trans_b, M, N, K, A, lda, B, ldb, accumulate, C, ldc);
+  split_bf16_product<ChainPath>(transpose_a, transpose_b, M, N, K, A, lda, B, ldb, accumulate, C, ldc);
 }
 TAPEGRAD_INSTANTIATE_KERNEL(bf16_gemm_path)
 
 template <class T>
-void bf16_gemm(bool trans_a, bool trans_b, std::size_t M, std::size_t N, std::size_t K, const float* A,
+void bf16_gemm(bool transpose_a, bool transpose_b, std::size_t M, std::size_t N, std::size_t K, const float* A,
                std::size_t lda, const float* B, std::size_t ldb, bool accumulate, float* C, std::size_t ldc) {
 #if defined(__AVX512F__) && !defined(TAPEGRAD_EMULATED_BATCH)
   static const bool instruction = cpu_has_bf16_dot_products() && instruction_outruns_chain();
 #else
   constexpr bool instruction = false;
 #endif
-  bf16_gemm_path<T>(instruction, trans_a, trans_b, M, N, K, A, lda, B, ldb, accumulate, C, ldc);
+  bf16_gemm_path<T>(instruction, transpose_a, transpose_b, M, N, K, A, lda, B, ldb, accumulate, C, ldc);
 }
 TAPEGRAD_INSTANTIATE_KERNEL(bf16_gemm)
 

@@ -40,24 +40,24 @@ float element(const std::vector<float>& X, bool trans, std::size_t ld, std::size
 
 // One product's operands: op(A) (M, K) and op(B) (K, N) stored transposed or not, and C's start.
 struct Product {
-  bool trans_a = false, trans_b = false;
+  bool transpose_a = false, transpose_b = false;
   std::size_t M = 0, N = 0, K = 0;
   std::vector<float> A, B, C;
-  std::size_t lda() const { return trans_a ? M : K; }
-  std::size_t ldb() const { return trans_b ? K : N; }
-  float a(std::size_t i, std::size_t k) const { return element(A, trans_a, lda(), i, k); }
-  float b(std::size_t k, std::size_t j) const { return element(B, trans_b, ldb(), k, j); }
+  std::size_t lda() const { return transpose_a ? M : K; }
+  std::size_t ldb() const { return transpose_b ? K : N; }
+  float a(std::size_t i, std::size_t k) const { return element(A, transpose_a, lda(), i, k); }
+  float b(std::size_t k, std::size_t j) const { return element(B, transpose_b, ldb(), k, j); }
   // Runs a kernel of bf16_gemm's signature; returns C.
   template <class Kernel>
   std::vector<float> run(Kernel kernel, bool accumulate) const {
     std::vector<float> c = C;
-    kernel(trans_a, trans_b, M, N, K, A.data(), lda(), B.data(), ldb(), accumulate, c.data(), N);
+    kernel(transpose_a, transpose_b, M, N, K, A.data(), lda(), B.data(), ldb(), accumulate, c.data(), N);
     return c;
   }
 };
 
-Product random_product(bool trans_a, bool trans_b, std::size_t M, std::size_t N, std::size_t K, std::uint64_t seed) {
-  Product p{trans_a, trans_b, M, N, K, test::random_vector(M * K, seed), test::random_vector(K * N, seed + 1),
+Product random_product(bool transpose_a, bool transpose_b, std::size_t M, std::size_t N, std::size_t K, std::uint64_t seed) {
+  Product p{transpose_a, transpose_b, M, N, K, test::random_vector(M * K, seed), test::random_vector(K * N, seed + 1),
             test::random_vector(M * N, seed + 2)};
   return p;
 }
@@ -102,8 +102,8 @@ TEST_CASE("a bf16 product equals a float64 reference of the rounded inputs withi
   const double u = std::ldexp(1.0, -24);
   for (const auto& [M, N, K] : sizes)
     for (int form = 0; form < 8; ++form) {
-      const bool trans_a = form & 1, trans_b = form & 2, accumulate = form & 4;
-      Product p = random_product(trans_a, trans_b, M, N, K, 10 + form);
+      const bool transpose_a = form & 1, transpose_b = form & 2, accumulate = form & 4;
+      Product p = random_product(transpose_a, transpose_b, M, N, K, 10 + form);
       std::vector<float> c = p.run(kernels::bf16_gemm<float>, accumulate);
       double worst = 0;
       for (std::size_t i = 0; i < M; ++i)

@@ -326,10 +326,10 @@ TEST_CASE("gemm hands OpenBLAS no product when its kernels are narrower than the
     CHECK(contains(blas_mismatch_warning(), blas_core_name()));
     const std::size_t M = 96, N = 256, K = 80;
     auto a = test::random_vector<float>(M * K, 1), b = test::random_vector<float>(K * N, 2);
-    for (bool trans_a : {true, false}) {
+    for (bool transpose_a : {true, false}) {
       std::vector<float> c(M * N, 0.5f), packed = c;
-      kernels::gemm<float>(trans_a, false, M, N, K, 1.0f, a.data(), trans_a ? M : K, b.data(), N, 1.0f, c.data(), N);
-      kernels::packed_gemm<float>(trans_a, false, M, N, K, 1.0f, a.data(), trans_a ? M : K, b.data(), N, 1.0f,
+      kernels::gemm<float>(transpose_a, false, M, N, K, 1.0f, a.data(), transpose_a ? M : K, b.data(), N, 1.0f, c.data(), N);
+      kernels::packed_gemm<float>(transpose_a, false, M, N, K, 1.0f, a.data(), transpose_a ? M : K, b.data(), N, 1.0f,
                                   packed.data(), N);
       CHECK(c == packed);
     }
