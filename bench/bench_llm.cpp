@@ -206,8 +206,7 @@ int main(int argc, char** argv) try {
                          {"batched_prompt", batched_prompt},
                          {"batch_sizes", batch_sizes},
                          {"repeats", repeats},
-                         {"note", "tapegrad's prefill returns every prompt token's logits (the head on every "
-                                  "row); llama.cpp's pp computes only the last token's"}};
+                         {"note", "pp: the last prompt token's logits only, in both programs"}};
 
   const std::size_t buffer = bench::memory_read_buffer_bytes();
   std::map<int, double> gbps;
