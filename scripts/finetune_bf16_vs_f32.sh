@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 41's bf16 check: the same full fine-tune of SmolLM2 on tiny Shakespeare run twice, with
+# Fine-tuning's bf16 check: the same full fine-tune of SmolLM2 on tiny Shakespeare run twice, with
 # --precision f32 and --precision bf16 (side by side, one thread each), and the two final losses
 # with their relative difference printed (the target: within 1%).
 # Usage: bash scripts/finetune_bf16_vs_f32.sh --model GGUF_OR_HF_DIR [--data FILE] [--steps 200]
