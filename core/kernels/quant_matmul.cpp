@@ -3,6 +3,8 @@
 // in BF16 / F16 (float products), each output computed as Note [Packed products] fixes it, in
 // register tiles of weight rows by activation rows. The portable loops run at SSE2 and emulated16;
 // AVX2 forms the integer sums with AVX-VNNI or vpmaddubsw, AVX-512 with VNNI two blocks at a time.
+#include <cpuid.h>
+
 #include <algorithm>
 #include <bit>
 #include <cmath>
@@ -553,6 +555,13 @@ void float_rows_avx512(float* y, std::size_t ldy, const ActivationRows& x, const
 
 #endif
 
+// AVX-VNNI is CPUID leaf 7 subleaf 1, EAX bit 4, asked of CPUID itself: clang 14's
+// __builtin_cpu_supports does not know the name "avxvnni".
+[[maybe_unused]] bool cpu_has_avx_vnni() {
+  unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+  return __get_cpuid_count(7, 1, &eax, &ebx, &ecx, &edx) && (eax & (1u << 4)) != 0;
+}
+
 std::vector<quant::PackedKernelTable> make_tables() {
   std::vector<quant::PackedKernelTable> tables;
 #if defined(__AVX2__) && !defined(TAPEGRAD_EMULATED_BATCH)
@@ -572,7 +581,7 @@ std::vector<quant::PackedKernelTable> make_tables() {
   const quant::PackedKernelTable floats = {nullptr, nullptr, nullptr, float_rows_avx2<TensorType::BF16>,
                                            float_rows_avx2<TensorType::F16>, quantize_row_portable, ""};
 #endif
-  if (__builtin_cpu_supports("avxvnni"))
+  if (cpu_has_avx_vnni())
     tables.push_back({block_rows_avx2<TensorType::Q4_0, true>, block_rows_avx2<TensorType::Q4_1, true>,
                       block_rows_avx2<TensorType::Q8_0, true>, floats.bf16, floats.f16, floats.quantize_row,
                       "avxvnni"});
