@@ -10,11 +10,6 @@
 
 namespace tapegrad::detail {
 
-using xsimd::exp;
-using xsimd::fma;
-using xsimd::hadd;
-using xsimd::max;
-
 /// c[n] (+)= alpha * a . b[n * ldb + 0:K] for n in groups of W rows (attention scores of one query
 /// against cached keys): W dot products share each load of a. The last group repeats its last row
 /// in the missing lanes and stores only its valid sums (a lane's sum never mixes with another's).

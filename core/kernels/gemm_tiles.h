@@ -11,11 +11,6 @@
 
 namespace tapegrad::detail {
 
-using xsimd::exp;
-using xsimd::fma;
-using xsimd::hadd;
-using xsimd::max;
-
 // c[0:cols] = alpha * sum_k a[k * a_stride] * b[k * ldb + 0:cols] (+ c when accumulating), with the
 // V column vectors in registers across all of k; cols > (V - 1) * W, and a cols < V * W pads the
 // last vector.

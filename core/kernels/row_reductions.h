@@ -9,11 +9,6 @@
 
 namespace tapegrad::detail {
 
-using xsimd::exp;
-using xsimd::fma;
-using xsimd::hadd;
-using xsimd::max;
-
 /// sum(a[i] * b[i]) with SIMD lanes as partial sums: vector v goes to accumulator v % 2.
 template <class B>
 typename B::value_type dot(const typename B::value_type* a, const typename B::value_type* b, std::size_t n) {
