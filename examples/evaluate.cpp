@@ -1,5 +1,5 @@
 // evaluate: the mean next-token cross-entropy of a checkpoint (--checkpoint) or a published model
-// (--model) over a text file, in windows (windowed_loss, examples/common/batches.h); prints one
+// (--model) over a text file, in windows (windowed_loss, examples/training/batches.h); prints one
 // JSON line {"loss", "perplexity", "tokens"}, plus "bits_per_char" for a character model.
 #include <fmt/format.h>
 
@@ -7,10 +7,10 @@
 #include <cstdio>
 #include <nlohmann/json.hpp>
 
-#include "common/batches.h"
-#include "common/corpus.h"
-#include "common/loaded_model.h"
-#include "common/program.h"
+#include "cli/loaded_model.h"
+#include "cli/program.h"
+#include "training/batches.h"
+#include "training/corpus.h"
 
 using namespace tapegrad;
 using namespace tapegrad::examples;

@@ -14,8 +14,8 @@
 #include <iostream>
 #include <nlohmann/json.hpp>
 
-#include "common/loaded_model.h"
-#include "common/program.h"
+#include "cli/loaded_model.h"
+#include "cli/program.h"
 #include "tokenizers/char_tokenizer.h"
 #include "tokenizers/utf8_stream.h"
 

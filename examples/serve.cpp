@@ -10,8 +10,8 @@
 #include <cstdlib>
 #include <thread>
 
-#include "common/loaded_model.h"
-#include "common/program.h"
+#include "cli/loaded_model.h"
+#include "cli/program.h"
 #include "core/kernels.h"
 #include "serve/server.h"
 

@@ -7,7 +7,7 @@
 #include <iterator>
 #include <nlohmann/json.hpp>
 
-#include "common/program.h"
+#include "cli/program.h"
 #include "nn/pretrained.h"
 
 using namespace tapegrad;

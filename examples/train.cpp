@@ -1,5 +1,5 @@
 // train (also built as train_char, its name from before): trains a model of a registered architecture
-// on a text file. Flags become a TrainOptions; the run itself lives in examples/common/trainer.
+// on a text file. Flags become a TrainOptions; the run itself lives in examples/training/trainer.
 #include <fmt/ranges.h>
 
 #include <cstdint>
@@ -8,8 +8,8 @@
 #include <memory>
 #include <optional>
 
-#include "common/program.h"
-#include "common/trainer.h"
+#include "cli/program.h"
+#include "training/trainer.h"
 #include "distributed/communicator.h"
 #include "nn/architecture.h"
 

@@ -24,7 +24,7 @@ transformers.logging.set_verbosity_error()
 DATA = Path(__file__).resolve().parent
 MODEL = DATA / "models" / "tiny_llama"
 BATCH, SEQ, STEPS = 2, 16, 3
-# tapegrad's trainer settings (examples/common/trainer.h): betas 0.9/0.95, weight decay 0.1 on
+# tapegrad's trainer settings (examples/training/trainer.h): betas 0.9/0.95, weight decay 0.1 on
 # matrices only (optim::AdamWOptions::decay_all_params false), torch's eps.
 LR, BETAS, EPS, WEIGHT_DECAY = 1e-3, (0.9, 0.95), 1e-8, 0.1
 

@@ -12,10 +12,10 @@
 #include <string>
 #include <vector>
 
-#include "common/corpus.h"
-#include "common/metrics.h"
-#include "common/output_lock.h"
-#include "common/trainer.h"
+#include "training/corpus.h"
+#include "training/metrics.h"
+#include "training/output_lock.h"
+#include "training/trainer.h"
 #include "core/random.h"
 #include "distributed/communicator.h"
 #include "nn/checkpoint.h"

@@ -1,11 +1,11 @@
 // Reading, checking, tokenizing and splitting a text file.
-#include "common/corpus.h"
+#include "training/corpus.h"
 
 #include <fmt/format.h>
 
 #include <stdexcept>
 
-#include "common/program.h"
+#include "cli/program.h"
 #include "core/fnv1a.h"
 #include "tokenizers/utf8.h"
 

@@ -1,13 +1,13 @@
 // export_final_model: the run's model, tokenizer and chat template to nn::export_hf and export_gguf;
 // check_final_model_exportable: the same exports refused before the run trains.
-#include "common/model_export.h"
+#include "training/model_export.h"
 
 #include <fmt/format.h>
 
 #include <cstdio>
 #include <utility>
 
-#include "common/program.h"
+#include "cli/program.h"
 #include "nn/export.h"
 
 namespace tapegrad::examples {

@@ -1,9 +1,9 @@
 // LoadedModel from a checkpoint or a published model.
-#include "common/loaded_model.h"
+#include "cli/loaded_model.h"
 
 #include <fmt/format.h>
 
-#include "common/program.h"
+#include "cli/program.h"
 #include "nn/checkpoint.h"
 #include "nn/lora.h"
 #include "nn/pretrained.h"

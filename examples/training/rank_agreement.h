@@ -6,7 +6,7 @@
 #include <stdexcept>
 #include <string>
 
-#include "common/program.h"
+#include "cli/program.h"
 #include "distributed/communicator.h"
 
 namespace tapegrad::examples {

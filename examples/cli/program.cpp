@@ -1,5 +1,5 @@
 // Exit-status rules and file helpers for the example programs.
-#include "common/program.h"
+#include "cli/program.h"
 
 #include <fmt/format.h>
 #include <signal.h>

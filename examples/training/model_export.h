@@ -2,8 +2,8 @@
 // folder and a GGUF file (nn/export.h), with the run's tokenizer and the --init file's chat template.
 #pragma once
 
-#include "common/trainer.h"
-#include "common/training_run.h"
+#include "training/trainer.h"
+#include "training/training_run.h"
 
 namespace tapegrad::examples {
 

@@ -1,5 +1,5 @@
 // Random training windows and windowed evaluation.
-#include "common/batches.h"
+#include "training/batches.h"
 
 #include <fmt/format.h>
 

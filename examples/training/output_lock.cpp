@@ -1,5 +1,5 @@
 // The checkpoint's lock file: flock on "<checkpoint>.lock", with the holder's pid for messages.
-#include "common/output_lock.h"
+#include "training/output_lock.h"
 
 #include <fcntl.h>
 #include <fmt/format.h>

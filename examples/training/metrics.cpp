@@ -1,5 +1,5 @@
 // Metrics CSV and SVG loss-curve writing.
-#include "common/metrics.h"
+#include "training/metrics.h"
 
 #include <fmt/format.h>
 
@@ -8,7 +8,7 @@
 #include <filesystem>
 #include <sstream>
 
-#include "common/program.h"
+#include "cli/program.h"
 
 namespace tapegrad::examples {
 

@@ -1,5 +1,5 @@
 // The progress line and log lines of train.
-#include "common/progress.h"
+#include "training/progress.h"
 
 #include <fmt/format.h>
 

@@ -5,9 +5,9 @@
 #include <cmath>
 #include <filesystem>
 
-#include "common/program.h"
-#include "common/rank_agreement.h"
-#include "common/training_run.h"
+#include "cli/program.h"
+#include "training/rank_agreement.h"
+#include "training/training_run.h"
 #include "nn/architecture.h"
 #include "nn/export.h"
 

@@ -1,5 +1,5 @@
 // The training loop (steps, validation, metrics, saves, the stop on a signal) and train() itself.
-#include "common/trainer.h"
+#include "training/trainer.h"
 
 #include <fmt/format.h>
 #include <unistd.h>
@@ -11,12 +11,12 @@
 #include <cstdio>
 #include <limits>
 
-#include "common/batches.h"
-#include "common/metrics.h"
-#include "common/model_export.h"
-#include "common/progress.h"
-#include "common/rank_agreement.h"
-#include "common/training_run.h"
+#include "training/batches.h"
+#include "training/metrics.h"
+#include "training/model_export.h"
+#include "training/progress.h"
+#include "training/rank_agreement.h"
+#include "training/training_run.h"
 #include "core/kernels.h"
 #include "core/ops.h"
 #include "distributed/data_parallel.h"

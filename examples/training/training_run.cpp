@@ -1,6 +1,6 @@
 // A run's set-up (a new model, one to start from with --init, or a resumed one; rank 0 reads, the
 // other ranks receive), its checkpoints and its restore.
-#include "common/training_run.h"
+#include "training/training_run.h"
 
 #include <fmt/format.h>
 
@@ -8,8 +8,8 @@
 #include <filesystem>
 #include <memory>
 
-#include "common/program.h"
-#include "common/rank_agreement.h"
+#include "cli/program.h"
+#include "training/rank_agreement.h"
 #include "io/safetensors.h"
 #include "nn/architecture.h"
 #include "nn/checkpoint.h"

@@ -1,7 +1,7 @@
 // The flag that says whether the error being thrown was agreed by every rank.
-#include "common/rank_agreement.h"
+#include "training/rank_agreement.h"
 
-#include "common/trainer.h"
+#include "training/trainer.h"
 
 namespace tapegrad::examples {
 
