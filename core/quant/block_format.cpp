@@ -86,6 +86,23 @@ void dequantize_q4_1(const std::byte* blocks, float* out, std::size_t n_elems) {
   }
 }
 
+// Q5_0, 22 bytes: f16 d, 32 bits (bit j: element j's fifth bit), then Q4_0's nibbles.
+// y = d * (q - 16).
+void dequantize_q5_0(const std::byte* blocks, float* out, std::size_t n_elems) {
+  for (std::size_t b = 0; b < n_elems / 32; ++b, blocks += 22, out += 32) {
+    const float d = load_f16(blocks);
+    const std::uint32_t fifth = std::uint32_t(load_u16(blocks + 2)) | (std::uint32_t(load_u16(blocks + 4)) << 16);
+    const std::byte* qs = blocks + 6;
+    for (int j = 0; j < 16; ++j) {
+      const unsigned byte = unsigned(qs[j]);
+      const int low = int((byte & 0xF) | (((fifth >> j) & 1) << 4));
+      const int high = int((byte >> 4) | (((fifth >> (j + 16)) & 1) << 4));
+      out[j] = d * float(low - 16);
+      out[j + 16] = d * float(high - 16);
+    }
+  }
+}
+
 // Q8_0, 34 bytes: f16 d, 32 signed bytes. y = q * d.
 void dequantize_q8_0(const std::byte* blocks, float* out, std::size_t n_elems) {
   for (std::size_t b = 0; b < n_elems / 32; ++b, blocks += 34, out += 32) {
@@ -157,11 +174,12 @@ void dequantize_q6_k(const std::byte* blocks, float* out, std::size_t n_elems) {
   }
 }
 
-constexpr std::array<BlockFormat, 8> kFormats{{
+constexpr std::array<BlockFormat, 9> kFormats{{
     {TensorType::F32, "f32", 1, 4, dequantize_f32, quantize_f32},
     {TensorType::F16, "f16", 1, 2, dequantize_f16, quantize_f16},
     {TensorType::Q4_0, "q4_0", 32, 18, dequantize_q4_0},
     {TensorType::Q4_1, "q4_1", 32, 20, dequantize_q4_1},
+    {TensorType::Q5_0, "q5_0", 32, 22, dequantize_q5_0},
     {TensorType::Q8_0, "q8_0", 32, 34, dequantize_q8_0, quantize_q8_0},
     {TensorType::Q4_K, "q4_K", 256, 144, dequantize_q4_k},
     {TensorType::Q6_K, "q6_K", 256, 210, dequantize_q6_k},

@@ -10,7 +10,9 @@
 namespace tapegrad::quant {
 
 /// ggml's tensor types that tapegrad reads, with ggml's ids (the ids stored in GGUF files).
-enum class TensorType : std::uint32_t { F32 = 0, F16 = 1, Q4_0 = 2, Q4_1 = 3, Q8_0 = 8, Q4_K = 12, Q6_K = 14, BF16 = 30 };
+enum class TensorType : std::uint32_t {
+  F32 = 0, F16 = 1, Q4_0 = 2, Q4_1 = 3, Q5_0 = 6, Q8_0 = 8, Q4_K = 12, Q6_K = 14, BF16 = 30
+};
 
 /// One block format: n elements are stored as n / block_elems blocks of block_bytes each.
 struct BlockFormat {

@@ -1,5 +1,5 @@
 // Private to core/: the kernels of packed_matmul, one table per SIMD level (core/kernels/
-// quant_matmul.cpp, compiled per level as the float kernels are), and the 8-bit activation
+// quant_matmul*.cpp, compiled per level as the float kernels are), and the 8-bit activation
 // blocks the block formats' integer dot products read.
 #pragma once
 
@@ -14,16 +14,28 @@
 // Every output y[m][n] = x[m] . W[n] is computed by one fixed sequence of operations, so that its
 // bits never depend on M, on the rows beside it, on the thread count or on the SIMD level:
 //
-// Block formats (Q4_0, Q4_1, Q8_0; as llama.cpp's vec_dot with Q8_0/Q8_1 activations): x's row
+// Block formats (Q4_0, Q4_1, Q5_0, Q8_0; as llama.cpp's vec_dot with Q8_0/Q8_1 activations): x's row
 // is cut into blocks of 32, each quantized to q = round_even(x * (1 / d)) clamped to +-127,
 // d = amax / 127 (float32, not rounded to f16; 1 / d taken as 0 when d is below FLT_MIN). The
-// weights' codes u are unsigned (Q4: the nibble 0..15; Q8_0: q + 128) and q_w = u - offset (Q4_0
-// 8, Q8_0 128, Q4_1 0). For block b and group g of four elements,
+// weights' codes u are unsigned (Q4: the nibble 0..15; Q5_0: 0..31; Q8_0: q + 128) and q_w = u -
+// offset (Q4_0 8, Q5_0 16, Q8_0 128, Q4_1 0). For block b and group g of four elements,
 //   L[b][g] = sum_{4} u * q - offset * sum_{4} q      (int32, exact: q_w . q on the group)
 // and 16 float lanes, lane (b % 2) * 8 + g, accumulate in block order, starting at +0:
-//   acc  += float(L[b][g]) * (d_w[b] * d_x[b])
+//   acc  += float(L[b][g]) * (d_w[b][g] * d_x[b])     (d_w the block's d: one for its eight groups)
 //   acc2 += m_w[b] * (d_x[b] * float(sum_{4} q))       (Q4_1's minimum; acc2 = 0 otherwise)
 // each product rounded, then added (no FMA: SSE2 has none, and every level computes the same).
+// K-quants (Q4_K, Q6_K): a super-block of 256 is eight sub-blocks of 32, b counting them along the
+// row, each met by x's block b exactly as above. Q4_K: u the nibble, offset 0, d_w[b][g] =
+// d * float(scale_b), m_w[b] = -(dmin * float(min_b)) (its 6-bit scale and minimum). Q6_K: u =
+// q + 32 (0..63), offset 32, d_w[b][g] = d * float(scale_{2b + g / 4}) (an 8-bit scale per 16
+// elements), no minimum. A half times an integer of at most 8 bits has at most 19 significant bits:
+// exact in float32, so the scales add no rounding, and per 32 elements the K-quants do the float
+// operations of Q4_1 (Q4_K) and Q4_0 (Q6_K): per group one conversion, two products and an add
+// (the minimum one product and an add more). That is the fewest with x in blocks of 32: x's d_x
+// changes every block, so the integer sums cannot run on across sub-blocks as llama.cpp's do over
+// a super-block of Q8_K activations, and the groups of four are what vpdpbusd gives per 32-bit lane
+// (a sum per block would cost integer shuffles a block to save a conversion and a product per group
+// of lanes, which are one vector operation for sixteen lanes).
 // BF16 and F16: the weights converted to float exactly, lane k % 16 accumulates w[k] * x[k], k in
 // order, the same rounded product then sum. Then every format sums its lanes t = acc + acc2 in
 // one tree, t[l] += t[l + 8], t[l] += t[l + 4], t[l] += t[l + 2], y = t[0] + t[1], and adds y's
@@ -60,7 +72,8 @@ using RowQuantizer = void (*)(const float* x, std::size_t cols, std::size_t bloc
 
 /// One SIMD level's packed kernels.
 struct PackedKernelTable {
-  PackedKernel q4_0 = nullptr, q4_1 = nullptr, q8_0 = nullptr, bf16 = nullptr, f16 = nullptr;
+  PackedKernel q4_0 = nullptr, q4_1 = nullptr, q5_0 = nullptr, q8_0 = nullptr, q4_k = nullptr, q6_k = nullptr;
+  PackedKernel bf16 = nullptr, f16 = nullptr;
   RowQuantizer quantize_row = nullptr;
   const char* integer_dot = "";  ///< how the level forms the integer sums ("avx512vnni", ...)
 };

@@ -51,6 +51,24 @@ void quantize_q4_1(const float* x, std::byte* block) {
   for (int j = 0; j < 16; ++j) block[4 + j] = std::byte(code(j) | (code(j + 16) << 4));
 }
 
+// Q5_0 (quantize_row_q5_0_ref): d = the value of largest magnitude / -16, q = x / d + 16 in 0..31,
+// the fifth bits apart.
+void quantize_q5_0(const float* x, std::byte* block) {
+  float amax = 0, max = 0;
+  for (int j = 0; j < 32; ++j)
+    if (std::fabs(x[j]) > amax) amax = std::fabs(x[j]), max = x[j];
+  const float d = max / -16, id = d != 0 ? 1 / d : 0;
+  store_u16(block, f32_to_f16(d));
+  auto code = [&](int j) { return unsigned(std::min(31, int(std::int8_t(x[j] * id + 16.5f)))); };
+  std::uint32_t fifth = 0;
+  for (int j = 0; j < 16; ++j) {
+    fifth |= ((code(j) >> 4) << j) | ((code(j + 16) >> 4) << (j + 16));
+    block[6 + j] = std::byte((code(j) & 0xF) | ((code(j + 16) & 0xF) << 4));
+  }
+  store_u16(block + 2, std::uint16_t(fifth & 0xFFFF));
+  store_u16(block + 4, std::uint16_t(fifth >> 16));
+}
+
 void pack_row(const float* x, std::size_t cols, TensorType type, std::byte* out) {
   switch (type) {
     case TensorType::BF16:
@@ -64,6 +82,9 @@ void pack_row(const float* x, std::size_t cols, TensorType type, std::byte* out)
     case TensorType::Q4_1:
       for (std::size_t b = 0; b < cols / 32; ++b) quantize_q4_1(x + 32 * b, out + 20 * b);
       return;
+    case TensorType::Q5_0:
+      for (std::size_t b = 0; b < cols / 32; ++b) quantize_q5_0(x + 32 * b, out + 22 * b);
+      return;
     default: break;
   }
   throw std::invalid_argument(fmt::format("pack_matrix: no conversion to {}", block_format(type).name));
@@ -72,7 +93,8 @@ void pack_row(const float* x, std::size_t cols, TensorType type, std::byte* out)
 }  // namespace
 
 bool has_packed_kernels(TensorType type) {
-  return type == TensorType::Q4_0 || type == TensorType::Q4_1 || type == TensorType::Q8_0 ||
+  return type == TensorType::Q4_0 || type == TensorType::Q4_1 || type == TensorType::Q5_0 ||
+         type == TensorType::Q8_0 || type == TensorType::Q4_K || type == TensorType::Q6_K ||
          type == TensorType::BF16 || type == TensorType::F16;
 }
 
@@ -157,7 +179,10 @@ PackedKernel kernel_for(const PackedKernelTable& table, const PackedMatrix& w) {
   switch (w.type) {
     case TensorType::Q4_0: return table.q4_0;
     case TensorType::Q4_1: return table.q4_1;
+    case TensorType::Q5_0: return table.q5_0;
     case TensorType::Q8_0: return table.q8_0;
+    case TensorType::Q4_K: return table.q4_k;
+    case TensorType::Q6_K: return table.q6_k;
     case TensorType::BF16: return table.bf16;
     case TensorType::F16: return table.f16;
     default: break;
@@ -182,7 +207,7 @@ void packed_matmuls(std::span<const PackedProduct> products, const float* x, std
       throw std::invalid_argument(fmt::format("packed_matmuls: matrices of {} and {} columns cannot share x",
                                               products[0].w->cols, p.w->cols));
     total_rows += p.w->rows, total_bytes += p.w->rows * p.w->row_bytes();
-    blocks = blocks || p.w->format().block_elems == 32;
+    blocks = blocks || p.w->format().block_elems > 1;  // blocks of 32, or K-quants' of 256
   }
   if (M == 0 || total_rows == 0) return;
   const std::size_t cols = products[0].w->cols;

@@ -25,7 +25,7 @@ struct PackedMatrix {
   const std::byte* row(std::size_t r) const { return bytes.data() + r * row_bytes(); }
 };
 
-/// Whether packed_matmul has kernels for `type`: Q4_0, Q4_1, Q8_0, BF16 and F16.
+/// Whether packed_matmul has kernels for `type`: Q4_0, Q4_1, Q5_0, Q8_0, Q4_K, Q6_K, BF16 and F16.
 bool has_packed_kernels(TensorType type);
 
 /// The formats a float matrix can be converted to at load (`--weights`): "bf16", "f16", "q8_0",
@@ -34,7 +34,8 @@ const BlockFormat* find_conversion(std::string_view name);
 
 /// w (rows, cols) float32, row-major, converted to `type` as ggml's reference quantizers do
 /// (round-to-nearest-even for bf16 and f16). Throws std::invalid_argument when cols is not a
-/// multiple of the format's block or the type has no kernels.
+/// multiple of the format's block, or the type has no kernels or no conversion (Q4_K, Q6_K: read
+/// from files only).
 PackedMatrix pack_matrix(const float* w, std::size_t rows, std::size_t cols, TensorType type);
 
 /// A matrix over `bytes` of a file's tensor, kept alive by `owner`; checks the sizes.

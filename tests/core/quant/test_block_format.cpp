@@ -23,7 +23,8 @@ TEST_CASE("the block-format table has ggml's ids, block sizes and bytes, and kno
     std::size_t elems, bytes;
   };
   for (const Row& row : {Row{0, "f32", 1, 4}, Row{1, "f16", 1, 2}, Row{2, "q4_0", 32, 18}, Row{3, "q4_1", 32, 20},
-                         Row{8, "q8_0", 32, 34}, Row{12, "q4_K", 256, 144}, Row{14, "q6_K", 256, 210},
+                         Row{6, "q5_0", 32, 22}, Row{8, "q8_0", 32, 34}, Row{12, "q4_K", 256, 144},
+                         Row{14, "q6_K", 256, 210},
                          Row{30, "bf16", 1, 2}}) {
     CAPTURE(row.name);
     const BlockFormat* format = find_block_format(row.id);
@@ -34,7 +35,7 @@ TEST_CASE("the block-format table has ggml's ids, block sizes and bytes, and kno
     CHECK(format->block_bytes == row.bytes);
     CHECK(&block_format(format->type) == format);
   }
-  for (std::uint32_t unknown : {4u, 6u, 7u, 9u, 10u, 11u, 13u, 15u, 31u, 99u, 0xFFFFFFFFu}) CHECK(find_block_format(unknown) == nullptr);
+  for (std::uint32_t unknown : {4u, 5u, 7u, 9u, 10u, 11u, 13u, 15u, 31u, 99u, 0xFFFFFFFFu}) CHECK(find_block_format(unknown) == nullptr);
 }
 
 TEST_CASE("f16_to_f32 converts every half exactly, subnormals, infinities and NaN payloads included") {
@@ -107,6 +108,20 @@ TEST_CASE("f32 quantizes to its own little-endian bytes, and the K and 4-bit typ
   block_format(TensorType::F32).quantize(&value, out, 1);
   CHECK(std::bit_cast<float>(std::uint32_t(unsigned(out[0]) | unsigned(out[1]) << 8 | unsigned(out[2]) << 16 |
                                            std::uint32_t(out[3]) << 24)) == value);
-  for (TensorType type : {TensorType::Q4_0, TensorType::Q4_1, TensorType::Q4_K, TensorType::Q6_K})
+  for (TensorType type : {TensorType::Q4_0, TensorType::Q4_1, TensorType::Q5_0, TensorType::Q4_K, TensorType::Q6_K})
     CHECK_FALSE(bool(block_format(type).quantize));
+}
+
+TEST_CASE("the q5_0 dequantizer gives gguf.quants.dequantize's values, the fifth bits included") {
+  // d = 0.375, fifth bits 0xA5C30F96, nibble bytes (37 j + 11) mod 256; the values the gguf package
+  // (0.19) gives for these 22 bytes
+  const char* hex = "0036960fc3a50b30557a9fc4e90e33587da2c7ec1136";
+  std::byte block[22];
+  for (int i = 0; i < 22; ++i) block[i] = std::byte(std::stoul(std::string(hex + 2 * i, 2), nullptr, 16));
+  const float want[32] = {-1.875, 0.0,   1.875,  -2.25,  5.625,  -4.5,   -2.625, 5.25,  1.125, 3.0,   4.875,
+                          0.75,   -3.375, -1.5,  -5.625, -3.75,  0.0,    1.125,  -4.125, -3.375, -2.625, -1.5,
+                          5.25,   0.0,   1.125,  -4.125, 2.625,  -2.25,  -1.5,   5.25,  -5.625, 1.125};
+  float got[32];
+  block_format(TensorType::Q5_0).dequantize(block, got, 32);
+  for (int j = 0; j < 32; ++j) CHECK_MESSAGE(got[j] == want[j], "element ", j);
 }

@@ -11,6 +11,8 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <random>
+#include <string>
 #include <vector>
 
 #include "core/kernels.h"
@@ -24,8 +26,10 @@ using quant::TensorType;
 
 namespace {
 
-constexpr TensorType kFormats[] = {TensorType::Q4_0, TensorType::Q4_1, TensorType::Q8_0, TensorType::BF16,
-                                   TensorType::F16};
+constexpr TensorType kFormats[] = {TensorType::Q4_0, TensorType::Q4_1, TensorType::Q5_0, TensorType::Q8_0,
+                                   TensorType::Q4_K, TensorType::Q6_K, TensorType::BF16, TensorType::F16};
+
+bool is_k_quant(TensorType type) { return type == TensorType::Q4_K || type == TensorType::Q6_K; }
 
 std::uint16_t u16(const std::byte* p) { return std::uint16_t(unsigned(p[0]) | (unsigned(p[1]) << 8)); }
 
@@ -34,6 +38,53 @@ float tree_sum(const float t[16]) {
   for (int l = 0; l < 8; ++l) t8[l] = t[l] + t[l + 8];
   for (int l = 0; l < 4; ++l) t4[l] = t8[l] + t8[l + 4];
   return (t4[0] + t4[2]) + (t4[1] + t4[3]);
+}
+
+// Block b of 32 of a row of a block format or K-quant: its unsigned codes, each group's d_w and the
+// block's m_w (Note [Packed products]), read from the bytes as ggml lays them out.
+struct BlockTerms {
+  int code[32];
+  float d_w[8];
+  float m_w = 0;
+};
+
+BlockTerms block_terms(const quant::PackedMatrix& w, const std::byte* row, std::size_t b) {
+  BlockTerms t;
+  if (is_k_quant(w.type)) {
+    const std::byte* super = row + b / 8 * w.format().block_bytes;
+    const int i = int(b % 8);
+    if (w.type == TensorType::Q4_K) {
+      auto at = [&](int k) { return unsigned(super[4 + k]); };
+      const unsigned scale = i < 4 ? at(i) & 63 : (at(i + 4) & 15) | ((at(i - 4) >> 6) << 4);
+      const unsigned min = i < 4 ? at(i + 4) & 63 : (at(i + 4) >> 4) | ((at(i) >> 6) << 4);
+      for (int g = 0; g < 8; ++g) t.d_w[g] = quant::f16_to_f32(u16(super)) * float(scale);
+      t.m_w = -(quant::f16_to_f32(u16(super + 2)) * float(min));
+      for (int j = 0; j < 32; ++j) t.code[j] = (unsigned(super[16 + 32 * (i / 2) + j]) >> (4 * (i % 2))) & 15;
+    } else {
+      for (int g = 0; g < 8; ++g)
+        t.d_w[g] = quant::f16_to_f32(u16(super + 208)) * float(std::int8_t(super[192 + 2 * i + g / 4]));
+      for (int j = 0; j < 32; ++j) {
+        const int element = 32 * i + j, half = element / 128, k = element % 128;  // k = 32 * quarter + l
+        const unsigned low = unsigned(super[64 * half + k % 64]) >> (4 * (k / 64));
+        const unsigned high = unsigned(super[128 + 32 * half + k % 32]) >> (2 * (k / 32));
+        t.code[j] = int((low & 15) | ((high & 3) << 4));
+      }
+    }
+    return t;
+  }
+  const std::byte* block = row + b * w.format().block_bytes;
+  for (int g = 0; g < 8; ++g) t.d_w[g] = quant::f16_to_f32(u16(block));
+  for (int j = 0; j < 32; ++j) {
+    if (w.type == TensorType::Q8_0) {
+      t.code[j] = int(std::int8_t(block[2 + j])) + 128;
+    } else {
+      const std::size_t codes = w.type == TensorType::Q4_1 ? 4 : w.type == TensorType::Q5_0 ? 6 : 2;
+      t.code[j] = (unsigned(block[codes + j % 16]) >> (j < 16 ? 0 : 4)) & 0xF;
+      if (w.type == TensorType::Q5_0) t.code[j] |= int(((u16(block + 2 + 2 * (j / 16)) >> (j % 16)) & 1) << 4);
+    }
+  }
+  if (w.type == TensorType::Q4_1) t.m_w = quant::f16_to_f32(u16(block + 2));
+  return t;
 }
 
 // Note [Packed products] for output (m, n), from the block bytes and the quantized x.
@@ -49,25 +100,22 @@ float reference_output(const quant::PackedMatrix& w, const quant::ActivationRows
     }
     return tree_sum(acc);
   }
-  const std::size_t bytes = w.format().block_bytes;
-  const int offset = w.type == TensorType::Q4_0 ? 8 : w.type == TensorType::Q8_0 ? 128 : 0;
+  const int offset = w.type == TensorType::Q4_0   ? 8
+                     : w.type == TensorType::Q5_0 ? 16
+                     : w.type == TensorType::Q6_K ? 32
+                     : w.type == TensorType::Q8_0 ? 128
+                                                  : 0;
   for (std::size_t b = 0; b < w.cols / 32; ++b) {
-    const std::byte* block = row + b * bytes;
-    int code[32];
-    for (int j = 0; j < 32; ++j) {
-      if (w.type == TensorType::Q8_0) code[j] = int(std::int8_t(block[2 + j])) + 128;
-      else code[j] = (unsigned(block[(w.type == TensorType::Q4_1 ? 4 : 2) + j % 16]) >> (j < 16 ? 0 : 4)) & 0xF;
-    }
+    const BlockTerms terms = block_terms(w, row, b);
     const std::int8_t* q = x.q + (m * x.blocks + b) * 32;
     const float dx = x.d[(m * x.blocks + b) * 8];
-    const float scale = quant::f16_to_f32(u16(block)) * dx;
     for (int g = 0; g < 8; ++g) {
       int sum = 0, q_sum = 0;
-      for (int j = 4 * g; j < 4 * g + 4; ++j) sum += (code[j] - offset) * q[j], q_sum += q[j];
-      const float product = float(sum) * scale;
+      for (int j = 4 * g; j < 4 * g + 4; ++j) sum += (terms.code[j] - offset) * q[j], q_sum += q[j];
+      const float product = float(sum) * (terms.d_w[g] * dx);
       acc[(b % 2) * 8 + g] = acc[(b % 2) * 8 + g] + product;
-      if (w.type == TensorType::Q4_1) {
-        const float min_term = quant::f16_to_f32(u16(block + 2)) * (dx * float(q_sum));
+      if (w.type == TensorType::Q4_1 || w.type == TensorType::Q4_K) {
+        const float min_term = terms.m_w * (dx * float(q_sum));
         acc2[(b % 2) * 8 + g] = acc2[(b % 2) * 8 + g] + min_term;
       }
     }
@@ -76,9 +124,24 @@ float reference_output(const quant::PackedMatrix& w, const quant::ActivationRows
   return tree_sum(acc);
 }
 
+// Random weights: the float formats' converted from random floats; the K-quants' random bytes with
+// random finite halves for d (and Q4_K's dmin), tapegrad having no K-quant quantizer.
 quant::PackedMatrix random_matrix(TensorType type, std::size_t rows, std::size_t cols, std::uint64_t seed) {
-  const std::vector<float> w = test::random_vector(rows * cols, seed);
-  return quant::pack_matrix(w.data(), rows, cols, type);
+  if (!is_k_quant(type)) {
+    const std::vector<float> w = test::random_vector(rows * cols, seed);
+    return quant::pack_matrix(w.data(), rows, cols, type);
+  }
+  const quant::BlockFormat& format = quant::block_format(type);
+  auto bytes = std::make_shared<std::vector<std::byte>>(rows * cols / 256 * format.block_bytes);
+  std::mt19937_64 random(seed);
+  for (std::byte& byte : *bytes) byte = std::byte(random() & 0xFF);
+  std::uniform_real_distribution<float> scale(-0.01f, 0.01f);
+  for (std::size_t at = 0; at < bytes->size(); at += format.block_bytes)
+    for (std::size_t half : type == TensorType::Q4_K ? std::vector<std::size_t>{0, 2} : std::vector<std::size_t>{208}) {
+      const std::uint16_t bits = quant::f32_to_f16(scale(random));
+      (*bytes)[at + half] = std::byte(bits & 0xFF), (*bytes)[at + half + 1] = std::byte(bits >> 8);
+    }
+  return quant::view_matrix(type, rows, cols, *bytes, bytes);
 }
 
 bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
@@ -87,6 +150,7 @@ bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
 
 std::vector<std::size_t> column_counts(TensorType type) {
   if (type == TensorType::BF16 || type == TensorType::F16) return {1, 7, 16, 17, 40, 96};
+  if (is_k_quant(type)) return {256, 512, 1536};
   return {32, 64, 96, 576};
 }
 
@@ -105,7 +169,10 @@ quant::PackedKernel kernel_of(const quant::PackedKernelTable& table, TensorType 
   switch (type) {
     case TensorType::Q4_0: return table.q4_0;
     case TensorType::Q4_1: return table.q4_1;
+    case TensorType::Q5_0: return table.q5_0;
     case TensorType::Q8_0: return table.q8_0;
+    case TensorType::Q4_K: return table.q4_k;
+    case TensorType::Q6_K: return table.q6_k;
     case TensorType::BF16: return table.bf16;
     default: return table.f16;
   }
@@ -139,13 +206,13 @@ TEST_CASE("every packed kernel table of this level gives Note [Packed products]'
 
 TEST_CASE("packed_matmul stays within its activation rounding of a double product over the dequantized weights") {
   for (TensorType type : kFormats) {
-    const std::size_t rows = 19, cols = 96, M = 3;
+    const std::size_t rows = 19, cols = is_k_quant(type) ? 512 : 96, M = 3;
     const quant::PackedMatrix w = random_matrix(type, rows, cols, 3);
     const std::vector<float> x = test::random_vector(M * cols, 4, 2.0);
     std::vector<float> dense(rows * cols), y(M * rows);
     quant::dequantize_rows(w, 0, rows, dense.data());
     quant::packed_matmul(y.data(), x.data(), M, w, false);
-    const bool blocks = w.format().block_elems == 32;
+    const bool blocks = w.format().block_elems > 1;
     for (std::size_t m = 0; m < M; ++m)
       for (std::size_t n = 0; n < rows; ++n) {
         double exact = 0, bound = 0;
@@ -170,7 +237,7 @@ TEST_CASE("packed_matmul stays within its activation rounding of a double produc
 TEST_CASE("packed_matmul gives a row the same bits alone, among others and on any thread count") {
   const int threads_before = num_threads();
   for (TensorType type : kFormats) {
-    const std::size_t rows = 160, cols = 576, M = 4;  // rows * cols worth two threads
+    const std::size_t rows = 160, cols = is_k_quant(type) ? 768 : 576, M = 4;  // rows * cols worth two threads
     const quant::PackedMatrix w = random_matrix(type, rows, cols, 11);
     const std::vector<float> x = test::random_vector(M * cols, 12);
     set_num_threads(1);
@@ -197,7 +264,7 @@ TEST_CASE("packed_matmul gives a row the bits it gets alone in a batch of 1 to 1
   // 37 weight rows: whole register tiles and a remainder; 3 blocks (an odd last block) or 40
   // elements (a partial last vector).
   for (TensorType type : kFormats) {
-    const std::size_t cols = quant::block_format(type).block_elems == 32 ? 96 : 40;
+    const std::size_t cols = is_k_quant(type) ? 512 : quant::block_format(type).block_elems == 32 ? 96 : 40;
     const quant::PackedMatrix w = random_matrix(type, 37, cols, 31);
     const std::vector<float> probe = test::random_vector(cols, 32);
     const std::vector<float> alone = probe_in_batch(w, probe, 1, 0, 33);
@@ -209,11 +276,12 @@ TEST_CASE("packed_matmul gives a row the bits it gets alone in a batch of 1 to 1
 }
 
 TEST_CASE("packed_matmul gives a row the same bits in batches of any size on one and two threads") {
-  // 400 rows of 576: worth two threads for every format.
+  // 400 rows of 576 (K-quants 768): worth two threads for every format.
   const int threads_before = num_threads();
   for (TensorType type : kFormats) {
-    const quant::PackedMatrix w = random_matrix(type, 400, 576, 51);
-    const std::vector<float> probe = test::random_vector(576, 52);
+    const std::size_t cols = is_k_quant(type) ? 768 : 576;
+    const quant::PackedMatrix w = random_matrix(type, 400, cols, 51);
+    const std::vector<float> probe = test::random_vector(cols, 52);
     set_num_threads(1);
     const std::vector<float> alone = probe_in_batch(w, probe, 1, 0, 53);
     for (int threads : {1, 2}) {
@@ -300,6 +368,11 @@ TEST_CASE("pack_matrix rounds each weight within half a step of its block, and r
   const std::size_t rows = 3, cols = 64;
   const std::vector<float> w = test::random_vector(rows * cols, 21);
   for (TensorType type : kFormats) {
+    if (is_k_quant(type)) {
+      const std::string refusal = fmt::format("pack_matrix: no conversion to {}", quant::block_format(type).name);
+      CHECK_THROWS_WITH(quant::pack_matrix(w.data(), 1, 256, type), refusal.c_str());
+      continue;
+    }
     const quant::PackedMatrix packed = quant::pack_matrix(w.data(), rows, cols, type);
     std::vector<float> back(rows * cols);
     quant::dequantize_rows(packed, 0, rows, back.data());
@@ -309,10 +382,13 @@ TEST_CASE("pack_matrix rounds each weight within half a step of its block, and r
       const float amax = std::max(std::fabs(lo), std::fabs(hi));
       const float step = type == TensorType::Q8_0   ? amax / 127
                          : type == TensorType::Q4_0 ? amax / 8
+                         : type == TensorType::Q5_0 ? amax / 16
                          : type == TensorType::Q4_1 ? (hi - lo) / 15
                                                     : amax / 128;  // bf16: 8 bits of mantissa
-      // Q4_0's codes reach -8 d but only 7 d: the value of opposite sign to the largest may lose a step.
-      const float bound = (type == TensorType::Q4_0 ? 1.01f : 0.51f) * step + 1e-3f * amax;
+      // Q4_0's codes reach -8 d but only 7 d (Q5_0's -16 d and 15 d): the value of opposite sign to
+      // the largest may lose a step.
+      const bool asymmetric = type == TensorType::Q4_0 || type == TensorType::Q5_0;
+      const float bound = (asymmetric ? 1.01f : 0.51f) * step + 1e-3f * amax;
       for (std::size_t k = 32 * b; k < 32 * b + 32; ++k)
         CHECK_MESSAGE(std::fabs(back[k] - w[k]) <= bound,
                       fmt::format("{}: weight {} is {}, back {}", packed.format().name, k, w[k], back[k]));

@@ -1,0 +1,162 @@
+// This level's packed kernels for BF16 and F16 weights (core/quant/packed_kernels.h): float
+// products, the weights widened exactly, each output's operations as Note [Packed products] fixes
+// them, in register tiles of weight rows by activation rows (portable loops at SSE2 and emulated16).
+#include <cstring>
+
+#include "core/kernels/quant_matmul_tiles.h"
+
+namespace tapegrad::kernels::TAPEGRAD_SIMD_LEVEL {
+
+namespace {
+
+using quant::ActivationRows;
+using quant::PackedMatrix;
+using quant::TensorType;
+
+template <TensorType type> float weight_at(const std::byte* row, std::size_t k) {
+  const std::uint16_t bits = load_u16(row + 2 * k);
+  if constexpr (type == TensorType::BF16) return std::bit_cast<float>(std::uint32_t(bits) << 16);
+  else return half_to_float(bits);
+}
+
+template <TensorType type>
+void float_rows_portable(float* y, std::size_t ldy, const ActivationRows& x, const PackedMatrix& w,
+                         std::size_t first, std::size_t last, bool accumulate) {
+  for (std::size_t n = first; n < last; ++n)
+    for (std::size_t m = 0; m < x.rows; ++m) {
+      const float* xm = x.x + m * x.cols;
+      float acc[16] = {};
+      for (std::size_t k = 0; k < w.cols; ++k) acc[k % 16] += weight_at<type>(w.row(n), k) * xm[k];
+      store_sum(y + m * ldy + n, acc, accumulate);
+    }
+}
+
+#if defined(__AVX2__) && !defined(TAPEGRAD_EMULATED_BATCH)
+
+// Eight BF16 or F16 weights as floats; count < 8 reads only the first count (the rest are zeros).
+// F16C converts halves: every AVX2 CPU has it, though the level's flags do not name it.
+template <TensorType type> [[gnu::target("f16c")]] __m256 weights256(const std::byte* p, std::size_t count) {
+  __m128i h;
+  if (count >= 8) {
+    h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  } else {
+    std::uint16_t lanes[8] = {};
+    std::memcpy(lanes, p, 2 * count);
+    h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(lanes));
+  }
+  if constexpr (type == TensorType::BF16) return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+  else return _mm256_cvtph_ps(h);
+}
+
+inline __m256 load_x256(const float* x, std::size_t count) {
+  return count >= 8 ? _mm256_loadu_ps(x) : _mm256_maskload_ps(x, detail::lanes_below<float>(count));
+}
+
+// Outputs (m0 .. m0 + MR - 1, n0 .. n0 + NR - 1) of BF16 or F16 weights, lanes 0-7 in lo and 8-15
+// in hi: each weight vector widened once for the MR rows, each x vector loaded once for the NR rows.
+template <TensorType type, int NR, int MR>
+[[gnu::target("f16c")]] void float_tile_avx2(float* y, std::size_t ldy, const ActivationRows& x, std::size_t m0,
+                                             const std::byte* row, std::size_t n0, bool accumulate) {
+  const std::byte* rows[NR];
+  __m256 lo[NR][MR], hi[NR][MR];
+  for (int r = 0; r < NR; ++r) {
+    rows[r] = row + r * 2 * x.cols;
+    for (int i = 0; i < MR; ++i) lo[r][i] = hi[r][i] = _mm256_setzero_ps();
+  }
+  for (std::size_t k = 0; k < x.cols; k += 16) {
+    const std::size_t rest = x.cols - k;
+    __m256 w_lo[NR], w_hi[NR];
+    for (int r = 0; r < NR; ++r) {
+      w_lo[r] = weights256<type>(rows[r] + 2 * k, rest);
+      if (rest > 8) w_hi[r] = weights256<type>(rows[r] + 2 * k + 16, rest - 8);
+    }
+    for (int i = 0; i < MR; ++i) {
+      const float* xm = x.x + (m0 + i) * x.cols + k;
+      const __m256 x_lo = load_x256(xm, rest);
+      for (int r = 0; r < NR; ++r) lo[r][i] = _mm256_add_ps(lo[r][i], _mm256_mul_ps(w_lo[r], x_lo));
+      if (rest > 8) {
+        const __m256 x_hi = load_x256(xm + 8, rest - 8);
+        for (int r = 0; r < NR; ++r) hi[r][i] = _mm256_add_ps(hi[r][i], _mm256_mul_ps(w_hi[r], x_hi));
+      }
+    }
+  }
+  for (int r = 0; r < NR; ++r)
+    for (int i = 0; i < MR; ++i) store_sum256(y + (m0 + i) * ldy + n0 + r, lo[r][i], hi[r][i], accumulate);
+}
+
+template <TensorType type>
+void float_rows_avx2(float* y, std::size_t ldy, const ActivationRows& x, const PackedMatrix& w, std::size_t first,
+                     std::size_t last, bool accumulate) {
+  auto tile = [&]<int NR, int MR>(std::size_t m0, std::size_t n) {
+    float_tile_avx2<type, NR, MR>(y, ldy, x, m0, w.row(n), n, accumulate);
+  };
+  if (x.rows == 1) return run_tiles<2, 1>(tile, x.rows, 0, first, last);
+  run_tiles<2, 2>(tile, x.rows, 0, first, last);
+}
+
+#endif
+
+#if defined(__AVX512F__)
+
+template <TensorType type> __m512 weights512(const std::byte* p, std::size_t count) {
+  const __m256i h = count >= 16 ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))
+                                : _mm256_maskz_loadu_epi16(__mmask16((1u << count) - 1), p);
+  if constexpr (type == TensorType::BF16) return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+  else return _mm512_cvtph_ps(h);
+}
+
+// Outputs (m0 .. m0 + MR - 1, n0 .. n0 + NR - 1) of BF16 or F16 weights: each weight vector
+// widened once for the MR rows, each x vector loaded once for the NR rows.
+template <TensorType type, int NR, int MR>
+void float_tile_avx512(float* y, std::size_t ldy, const ActivationRows& x, std::size_t m0, const std::byte* row,
+                       std::size_t n0, bool accumulate) {
+  const std::byte* rows[NR];
+  __m512 acc[NR][MR];
+  for (int r = 0; r < NR; ++r) {
+    rows[r] = row + r * 2 * x.cols;
+    for (int i = 0; i < MR; ++i) acc[r][i] = _mm512_setzero_ps();
+  }
+  for (std::size_t k = 0; k < x.cols; k += 16) {
+    const std::size_t rest = x.cols - k;
+    __m512 weights[NR];
+    for (int r = 0; r < NR; ++r) {
+      _mm_prefetch(reinterpret_cast<const char*>(rows[r] + 2 * k + 1024), _MM_HINT_T0);  // as tile_step's
+      weights[r] = weights512<type>(rows[r] + 2 * k, rest);
+    }
+    for (int i = 0; i < MR; ++i) {
+      const float* xm = x.x + (m0 + i) * x.cols + k;
+      const __m512 xs = rest >= 16 ? _mm512_loadu_ps(xm) : _mm512_maskz_loadu_ps(detail::lanes_below(rest), xm);
+      for (int r = 0; r < NR; ++r) acc[r][i] = _mm512_add_ps(acc[r][i], _mm512_mul_ps(weights[r], xs));
+    }
+  }
+  for (int r = 0; r < NR; ++r)
+    for (int i = 0; i < MR; ++i)
+      store_sum256(y + (m0 + i) * ldy + n0 + r, _mm512_castps512_ps256(acc[r][i]),
+                   _mm512_extractf32x8_ps(acc[r][i], 1), accumulate);
+}
+
+template <TensorType type>
+void float_rows_avx512(float* y, std::size_t ldy, const ActivationRows& x, const PackedMatrix& w, std::size_t first,
+                       std::size_t last, bool accumulate) {
+  auto tile = [&]<int NR, int MR>(std::size_t m0, std::size_t n) {
+    float_tile_avx512<type, NR, MR>(y, ldy, x, m0, w.row(n), n, accumulate);
+  };
+  if (x.rows == 1) return run_tiles<2, 1>(tile, x.rows, 0, first, last);
+  run_tiles<4, 4>(tile, x.rows, 0, first, last);
+}
+
+#endif
+
+}  // namespace
+
+void set_float_kernels(quant::PackedKernelTable& table) {
+#if defined(__AVX512F__)
+  table.bf16 = float_rows_avx512<TensorType::BF16>, table.f16 = float_rows_avx512<TensorType::F16>;
+#elif defined(__AVX2__) && !defined(TAPEGRAD_EMULATED_BATCH)
+  table.bf16 = float_rows_avx2<TensorType::BF16>, table.f16 = float_rows_avx2<TensorType::F16>;
+#else
+  table.bf16 = float_rows_portable<TensorType::BF16>, table.f16 = float_rows_portable<TensorType::F16>;
+#endif
+}
+
+}  // namespace tapegrad::kernels::TAPEGRAD_SIMD_LEVEL

@@ -1,0 +1,77 @@
+// Private to the packed kernels (core/kernels/quant_matmul*.cpp, compiled per level): what their
+// files share: reading a block's halves, the lanes' tree sum of Note [Packed products], the tile
+// runner, and the pieces each file contributes to the level's tables.
+#pragma once
+
+#include <bit>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+
+#include "core/kernels/level.h"
+#include "core/quant/packed_kernels.h"
+
+namespace tapegrad::kernels::TAPEGRAD_SIMD_LEVEL {
+
+inline std::uint16_t load_u16(const std::byte* p) { return std::uint16_t(unsigned(p[0]) | (unsigned(p[1]) << 8)); }
+
+inline std::uint32_t load_u32(const std::byte* p) {
+  std::uint32_t v;
+  std::memcpy(&v, p, 4);
+  return v;
+}
+
+// IEEE half to float, exactly (block_format.h's f16_to_f32, without its loop): the half's
+// exponent and mantissa moved into a float's and scaled by 2^112; a subnormal half becomes a
+// subnormal float first, whose scaling is exact too.
+inline float half_to_float(std::uint16_t h) {
+  const std::uint32_t sign = std::uint32_t(h & 0x8000) << 16, bits = std::uint32_t(h & 0x7FFF) << 13;
+  if ((h & 0x7C00) == 0x7C00) return std::bit_cast<float>(sign | 0x7F800000u | bits);  // inf, NaN
+  return std::bit_cast<float>(sign | std::bit_cast<std::uint32_t>(std::bit_cast<float>(bits) * 0x1p112f));
+}
+
+// y = the lanes' tree sum (Note [Packed products]), plus y's old value when accumulating.
+inline void store_sum(float* y, const float t[16], bool accumulate) {
+  float t8[8], t4[4];
+  for (int l = 0; l < 8; ++l) t8[l] = t[l] + t[l + 8];
+  for (int l = 0; l < 4; ++l) t4[l] = t8[l] + t8[l + 4];
+  const float sum = (t4[0] + t4[2]) + (t4[1] + t4[3]);
+  *y = accumulate ? *y + sum : sum;
+}
+
+#if defined(__AVX2__) && !defined(TAPEGRAD_EMULATED_BATCH)
+// y = the tree of lanes lo (0-7) and hi (8-15), as store_sum.
+inline void store_sum256(float* y, __m256 lo, __m256 hi, bool accumulate) {
+  const __m256 t8 = _mm256_add_ps(lo, hi);
+  const __m128 t4 = _mm_add_ps(_mm256_castps256_ps128(t8), _mm256_extractf128_ps(t8, 1));
+  const __m128 t2 = _mm_add_ps(t4, _mm_movehl_ps(t4, t4));  // t4[0] + t4[2], t4[1] + t4[3]
+  const float sum = _mm_cvtss_f32(_mm_add_ss(t2, _mm_shuffle_ps(t2, t2, 1)));
+  *y = accumulate ? *y + sum : sum;
+}
+#endif
+
+// Runs tile.template operator()<NR, MR>(m0, n) over x's rows from m0 on in tiles of MR (the last
+// few in one tile of fewer) and the weight rows first .. last - 1 in tiles of NR (the last few one
+// at a time). Each output has its own accumulators whatever tile it falls in, so the tiling never
+// changes a bit.
+template <int NR, int MR, class Tile>
+void run_tiles(const Tile& tile, std::size_t rows, std::size_t m0, std::size_t first, std::size_t last) {
+  for (; m0 + MR <= rows; m0 += MR) {
+    std::size_t n = first;
+    for (; n + NR <= last; n += NR) tile.template operator()<NR, MR>(m0, n);
+    for (; n < last; ++n) tile.template operator()<1, MR>(m0, n);
+  }
+  if constexpr (MR > 1)
+    if (m0 < rows) run_tiles<NR, MR - 1>(tile, rows, m0, first, last);
+}
+
+// How a table forms the integer sums of the block formats.
+enum class IntegerDot { portable, avx2_maddubs, avx_vnni, avx512_vnni, avx512_vnni_gfni };
+
+// The pieces of a table, one file each: the K-quants' kernels (quant_matmul_k.cpp), BF16's and
+// F16's (quant_matmul_float.cpp) and the activation quantizer (quant_matmul_activations.cpp).
+void set_k_quant_kernels(quant::PackedKernelTable& table, IntegerDot dot);
+void set_float_kernels(quant::PackedKernelTable& table);
+quant::RowQuantizer activation_quantizer();
+
+}  // namespace tapegrad::kernels::TAPEGRAD_SIMD_LEVEL
