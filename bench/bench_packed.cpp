@@ -7,6 +7,8 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdlib>
+#include <memory>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -84,35 +86,69 @@ double decode_rate(const nn::LanguageModel& model, std::size_t tokens) {
   return _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1));
 }
 
+// A matrix of random K-quant blocks (random finite halves for the scales): tapegrad reads K-quants
+// from files and has no quantizer for them.
+quant::PackedMatrix random_k_matrix(quant::TensorType type, std::size_t rows, std::size_t cols) {
+  const std::size_t block_bytes = quant::block_format(type).block_bytes;
+  auto bytes = std::make_shared<std::vector<std::byte>>(rows * cols / 256 * block_bytes);
+  std::mt19937_64 random(7);
+  for (std::byte& byte : *bytes) byte = std::byte(random() & 0xFF);
+  for (std::size_t at = 0; at < bytes->size(); at += block_bytes)
+    for (std::size_t half : type == quant::TensorType::Q4_K ? std::vector<std::size_t>{0, 2} : std::vector<std::size_t>{208}) {
+      const std::uint16_t bits = quant::f32_to_f16(float(random() % 1000) * 1e-5f);
+      (*bytes)[at + half] = std::byte(bits & 0xFF), (*bytes)[at + half + 1] = std::byte(bits >> 8);
+    }
+  return quant::view_matrix(type, rows, cols, *bytes, bytes);
+}
+
 // Microseconds of y (M, out) = x (M, in) W^T, float32 (in, out) rows against each packed format
-// (for one row also against dequantizing each block to float32).
+// (for one row also against dequantizing each block to float32). The formats take turns within
+// each repeat, so that a loaded machine slows them alike; ratios are float32's time over the
+// format's, and for the K-quants and Q5_0 also Q4_1's time over theirs.
 void kernel_products(std::size_t in, std::size_t out, std::size_t M, int repeats) {
   std::vector<float> w(in * out), x(M * in), y(M * out);
   for (std::size_t i = 0; i < w.size(); ++i) w[i] = float((i * 7919) % 1000) / 1000.0f - 0.5f;
   for (std::size_t i = 0; i < x.size(); ++i) x[i] = float((i * 104729) % 997) / 997.0f - 0.5f;
   const int calls = int(std::clamp<std::size_t>(std::size_t(4e7) / (M * in * out), 1, 20));
-  auto time = [&](auto&& run) {
-    std::vector<double> us;
-    for (int r = 0; r < repeats; ++r) {
-      const auto start = std::chrono::steady_clock::now();
-      for (int i = 0; i < calls; ++i) run();
-      us.push_back(seconds_since(start) / calls * 1e6);
-    }
-    return median(us);
+  auto once = [&](auto&& run) {
+    const auto start = std::chrono::steady_clock::now();
+    for (int i = 0; i < calls; ++i) run();
+    return seconds_since(start) / calls * 1e6;
   };
-  const double f32 = time([&] { kernels::row_stable_matmul(y.data(), x.data(), w.data(), M, in, out, false); });
-  std::string line = fmt::format("  ({:>5} x {:>5}) M {:>3}: f32 {:9.1f} us", in, out, M, f32);
+  std::vector<quant::PackedMatrix> packed;
   for (quant::TensorType type : {quant::TensorType::Q8_0, quant::TensorType::Q4_1, quant::TensorType::Q4_0,
+                                 quant::TensorType::Q5_0, quant::TensorType::Q4_K, quant::TensorType::Q6_K,
                                  quant::TensorType::BF16, quant::TensorType::F16}) {
-    const quant::PackedMatrix packed = quant::pack_matrix(w.data(), out, in, type);
-    const double us = time([&] { quant::packed_matmul(y.data(), x.data(), M, packed, false); });
-    line += fmt::format("  {} {:8.1f} us ({:.2f}x)", packed.format().name, us, f32 / us);
+    const bool k_quant = type == quant::TensorType::Q4_K || type == quant::TensorType::Q6_K;
+    if (k_quant && in % 256 != 0) continue;  // K-quants need whole super-blocks
+    packed.push_back(k_quant ? random_k_matrix(type, out, in) : quant::pack_matrix(w.data(), out, in, type));
+  }
+  std::vector<double> f32_us;
+  std::vector<std::vector<double>> us(packed.size());
+  for (int r = 0; r < repeats; ++r) {
+    f32_us.push_back(once([&] { kernels::row_stable_matmul(y.data(), x.data(), w.data(), M, in, out, false); }));
+    for (std::size_t f = 0; f < packed.size(); ++f)
+      us[f].push_back(once([&] { quant::packed_matmul(y.data(), x.data(), M, packed[f], false); }));
+  }
+  const double f32 = median(f32_us);
+  double q4_1 = 0;
+  std::string line = fmt::format("  ({:>5} x {:>5}) M {:>3}: f32 {:9.1f} us", in, out, M, f32);
+  for (std::size_t f = 0; f < packed.size(); ++f) {
+    const double t = median(us[f]);
+    const quant::TensorType type = packed[f].type;
+    if (type == quant::TensorType::Q4_1) q4_1 = t;
+    line += fmt::format("  {} {:8.1f} us ({:.2f}x", packed[f].format().name, t, f32 / t);
+    if (type == quant::TensorType::Q5_0 || type == quant::TensorType::Q4_K || type == quant::TensorType::Q6_K)
+      line += fmt::format(", q4_1 {:.2f}x", q4_1 / t);
+    line += ")";
     if (M == 1 && (type == quant::TensorType::Q8_0 || type == quant::TensorType::Q4_1) &&
         simd_level() == SimdLevel::avx512) {
-      const double dequantizing = time([&] {
-        for (std::size_t n = 0; n < out; ++n) y[n] = dequantizing_dot(packed, n, x.data());
-      });
-      line += fmt::format(" [dequantizing to float: {:7.1f} us]", dequantizing);
+      std::vector<double> dequantizing;
+      for (int r = 0; r < repeats; ++r)
+        dequantizing.push_back(once([&] {
+          for (std::size_t n = 0; n < out; ++n) y[n] = dequantizing_dot(packed[f], n, x.data());
+        }));
+      line += fmt::format(" [dequantizing to float: {:7.1f} us]", median(dequantizing));
     }
   }
   fmt::print("{}\n", line);

@@ -31,14 +31,19 @@ template <> struct SuperBlocks<TensorType::Q6_K> {
 
 // A super-block's scales as floats: Q4_K's d * scale_i (0-7) and -(dmin * min_i) (8-15), Q6_K's
 // d * scale_s (0-15). Each is exact (Note [Packed products]).
+// Q4_K's twelve bytes of 6-bit scales and minimums as sixteen bytes: scales 0-7, minimums 0-7.
+// Bytes 4-7: scales 0-3 (low 6 bits); 8-11: minimums 0-3; 12-15: the low 4 bits of scales (low
+// nibble) and minimums (high nibble) 4-7, whose top 2 bits are bytes 4-11's top bits.
+inline std::array<std::uint32_t, 4> q4_k_scale_words(const std::byte* block) {
+  const std::uint32_t a = load_u32(block + 4), b = load_u32(block + 8), c = load_u32(block + 12);
+  return {a & 0x3F3F3F3F, (c & 0x0F0F0F0F) | ((a >> 2) & 0x30303030), b & 0x3F3F3F3F,
+          ((c >> 4) & 0x0F0F0F0F) | ((b >> 2) & 0x30303030)};
+}
+
 template <TensorType type> std::array<float, 16> super_scales(const std::byte* block) {
   std::array<float, 16> out;
   if constexpr (type == TensorType::Q4_K) {
-    // Bytes 4-7: scales 0-3 (low 6 bits); 8-11: minimums 0-3; 12-15: the low 4 bits of scales
-    // (low nibble) and minimums (high nibble) 4-7, whose top 2 bits are bytes 4-11's top bits.
-    const std::uint32_t a = load_u32(block + 4), b = load_u32(block + 8), c = load_u32(block + 12);
-    const std::uint32_t words[4] = {a & 0x3F3F3F3F, (c & 0x0F0F0F0F) | ((a >> 2) & 0x30303030), b & 0x3F3F3F3F,
-                                    ((c >> 4) & 0x0F0F0F0F) | ((b >> 2) & 0x30303030)};
+    const std::array<std::uint32_t, 4> words = q4_k_scale_words(block);
     const float d = half_to_float(load_u16(block)), neg_dmin = -half_to_float(load_u16(block + 2));
     for (int i = 0; i < 16; ++i) out[i] = (i < 8 ? d : neg_dmin) * float((words[i / 4] >> (8 * (i % 4))) & 0xFF);
   } else {
@@ -100,6 +105,23 @@ void k_rows_portable(float* y, std::size_t ldy, const ActivationRows& x, const P
 
 // ---- AVX2: register tiles, a sub-block at a time ----------------------------------------------
 
+// super_scales in two registers (lanes 0-7, 8-15), the same products.
+template <TensorType type> [[gnu::target("f16c")]] inline void super_scales256(const std::byte* block, __m256& lo, __m256& hi) {
+  if constexpr (type == TensorType::Q4_K) {
+    const std::array<std::uint32_t, 4> words = q4_k_scale_words(block);
+    const __m128i bytes = _mm_set_epi32(int(words[3]), int(words[2]), int(words[1]), int(words[0]));
+    const __m128 halves = _mm_cvtph_ps(_mm_cvtsi32_si128(int(load_u32(block))));  // d, dmin
+    lo = _mm256_mul_ps(_mm256_set1_ps(_mm_cvtss_f32(halves)), _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(bytes)));
+    const __m256 neg_dmin = _mm256_set1_ps(-_mm_cvtss_f32(_mm_movehdup_ps(halves)));
+    hi = _mm256_mul_ps(neg_dmin, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(bytes, 8))));
+  } else {
+    const __m256 d = _mm256_set1_ps(half_to_float(load_u16(block + 208)));
+    const __m128i scales = _mm_loadu_si128(reinterpret_cast<const __m128i*>(block + 192));
+    lo = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(scales)));
+    hi = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(scales, 8))));
+  }
+}
+
 // Sub-block i's codes (sub_block_codes) in a register.
 template <TensorType type> __m256i codes256(const std::byte* block, int i) {
   const __m256i low4 = _mm256_set1_epi8(0xF);
@@ -131,7 +153,7 @@ template <TensorType type, bool vnni>
 
 // Outputs (m0 .. m0 + MR - 1, n0 .. n0 + NR - 1): weight row n0 at `row`, the next ones `stride` on.
 template <TensorType type, bool vnni, int NR, int MR>
-[[gnu::target("avxvnni")]] void k_tile_avx2(float* y, std::size_t ldy, const ActivationRows& x, std::size_t m0,
+[[gnu::target("avxvnni,f16c")]] void k_tile_avx2(float* y, std::size_t ldy, const ActivationRows& x, std::size_t m0,
                                             const std::byte* row, std::size_t stride, std::size_t supers,
                                             std::size_t n0, bool accumulate) {
   using S = SuperBlocks<type>;
@@ -140,24 +162,28 @@ template <TensorType type, bool vnni, int NR, int MR>
     for (int i = 0; i < MR; ++i) acc[r][i][0] = acc[r][i][1] = acc2[r][i][0] = acc2[r][i][1] = _mm256_setzero_ps();
   for (std::size_t s = 0; s < supers; ++s) {
     const std::byte* blocks[NR];
-    std::array<float, 16> scales[NR];
+    __m256 scales_lo[NR], scales_hi[NR];
     for (int r = 0; r < NR; ++r) {
       blocks[r] = row + r * stride + s * S::bytes;
       for (std::size_t line = 0; line < S::bytes; line += 64)  // two super-blocks ahead, as tile_step's
         _mm_prefetch(reinterpret_cast<const char*>(blocks[r] + 2 * S::bytes + line), _MM_HINT_T0);
-      scales[r] = super_scales<type>(blocks[r]);
+      super_scales256<type>(blocks[r], scales_lo[r], scales_hi[r]);
     }
     for (int sub = 0; sub < 8; ++sub) {
       const int parity = sub % 2;  // 256 is even: the sub-block's parity along the row
+      // Q4_K: lane sub of the scales, of the minimums; Q6_K: lanes 2 sub and 2 sub + 1 of the 16
+      const int k = 2 * (sub % 4);
+      const __m256i lanes = type == TensorType::Q4_K ? _mm256_set1_epi32(sub)
+                                                     : _mm256_set_epi32(k + 1, k + 1, k + 1, k + 1, k, k, k, k);
       __m256i codes[NR];
       __m256 d_w[NR], min[NR];
       for (int r = 0; r < NR; ++r) {
         codes[r] = codes256<type>(blocks[r], sub);
         if constexpr (type == TensorType::Q4_K) {
-          d_w[r] = _mm256_set1_ps(scales[r][sub]);
-          min[r] = _mm256_set1_ps(scales[r][8 + sub]);
+          d_w[r] = _mm256_permutevar8x32_ps(scales_lo[r], lanes);
+          min[r] = _mm256_permutevar8x32_ps(scales_hi[r], lanes);
         } else {
-          d_w[r] = _mm256_set_m128(_mm_set1_ps(scales[r][2 * sub + 1]), _mm_set1_ps(scales[r][2 * sub]));
+          d_w[r] = _mm256_permutevar8x32_ps(sub < 4 ? scales_lo[r] : scales_hi[r], lanes);
         }
       }
       for (int i = 0; i < MR; ++i) {
@@ -221,6 +247,25 @@ template <TensorType type> __m512i codes512(const std::byte* block, int p) {
   }
 }
 
+// super_scales in one register, the same products.
+template <TensorType type> inline __m512 super_scales512(const std::byte* block) {
+  if constexpr (type == TensorType::Q4_K) {
+    const std::array<std::uint32_t, 4> words = q4_k_scale_words(block);
+    const __m512 ints = _mm512_cvtepi32_ps(
+        _mm512_cvtepu8_epi32(_mm_set_epi32(int(words[3]), int(words[2]), int(words[1]), int(words[0]))));
+    const __m512 halves = _mm512_cvtph_ps(_mm256_castsi128_si256(_mm_cvtsi32_si128(int(load_u32(block)))));  // d, dmin
+    const __m512 factors =
+        _mm512_permutexvar_ps(_mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0), halves);
+    const __m512 negate = _mm512_castsi512_ps(_mm512_set_epi32(
+        INT32_MIN, INT32_MIN, INT32_MIN, INT32_MIN, INT32_MIN, INT32_MIN, INT32_MIN, INT32_MIN, 0, 0, 0, 0, 0, 0, 0, 0));
+    return _mm512_mul_ps(_mm512_xor_ps(factors, negate), ints);  // d * scale, -dmin * min
+  } else {
+    const __m512 ints =
+        _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(block + 192))));
+    return _mm512_mul_ps(_mm512_set1_ps(half_to_float(load_u16(block + 208))), ints);
+  }
+}
+
 // One pair of sub-blocks (2p, 2p + 1 of super-block s) of the tile. scales[r]: row r's
 // super_scales as 16 lanes.
 template <TensorType type, int NR, int MR>
@@ -272,8 +317,7 @@ template <TensorType type, int NR, int MR>
       blocks[r] = row + r * stride + s * S::bytes;
       for (std::size_t line = 0; line < S::bytes; line += 64)  // two super-blocks ahead, as tile_step's
         _mm_prefetch(reinterpret_cast<const char*>(blocks[r] + 2 * S::bytes + line), _MM_HINT_T0);
-      const std::array<float, 16> lanes = super_scales<type>(blocks[r]);
-      scales[r] = _mm512_loadu_ps(lanes.data());
+      scales[r] = super_scales512<type>(blocks[r]);
     }
     for (int p = 0; p < 4; ++p) k_step<type, NR, MR>(blocks, scales, x, m0, 8 * s + 2 * p, p, acc, acc2);
   }
