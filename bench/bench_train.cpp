@@ -19,6 +19,7 @@
 #include "bench/train_common.h"
 #include "core/kernels.h"
 #include "nn/checkpoint.h"
+#include "nn/models/rotary_decoder.h"
 #include "nn/generate.h"
 #include "tokenizers/char_tokenizer.h"
 

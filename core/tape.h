@@ -80,7 +80,7 @@ class Var {
 
  private:
   // A backward adds into the gradients of inputs it captured by value (its closure is const):
-  // the op API's gradient functions (core/op.h) and the tape alone reach the node for that.
+  // the op API's gradient functions (core/op_recording.h) and the tape alone reach the node for that.
   friend Tensor* grad_if_needed(const Var& x);
   friend struct GradTarget grad_target(const Var& x);
   friend class Tape;
@@ -138,7 +138,7 @@ class Tape {
   /// An entry's backward: adds out.grad's contribution into the gradients of its inputs.
   using Backward = std::function<void(Node& out)>;
   /// Appends an entry of op `name` (a string literal) reading inputs: backward(out) runs when
-  /// gradient reaches out. Ops record through Op (core/op.h), which calls this; remat
+  /// gradient reaches out. Ops record through Op (core/op_recording.h), which calls this; remat
   /// (core/remat.h) records its one entry per block here.
   void record(const char* name, std::vector<RecordedInput> inputs, const std::shared_ptr<Node>& out,
               Backward backward, std::size_t saved_bytes);

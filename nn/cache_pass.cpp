@@ -131,18 +131,10 @@ Rows CachePass::tied_head(const Rows& x, const Embedding& table) {
     return y;
   }
   check_cols("tied_head", x, table.weight.shape()[1]);
-  return transposed_product(head_input(x), table.weight);
-}
-
-Rows CachePass::matmul_transposed(const Rows& x, const Var& weight) {
-  check_cols("matmul_transposed", x, weight.shape()[1]);
-  return transposed_product(x, weight);
-}
-
-Rows CachePass::transposed_product(const Rows& x, const Var& weight) {
-  const std::size_t out = weight.shape()[0], in = weight.shape()[1];
-  Rows y = take(x.rows, out);
-  kernels::row_stable_matmul_transposed(y.data, x.data, weight.value().data(), x.rows, in, out);
+  const Rows in = head_input(x);
+  const std::size_t vocab = table.weight.shape()[0], width = table.weight.shape()[1];
+  Rows y = take(in.rows, vocab);
+  kernels::row_stable_matmul_transposed(y.data, in.data, table.weight.value().data(), in.rows, width, vocab);
   return y;
 }
 

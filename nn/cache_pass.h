@@ -50,8 +50,6 @@ class CachePass {
   Rows linear(const Rows& x, const Linear& layer);           ///< x W (+ b).
   Rows head(const Rows& x, const Linear& layer);          ///< The logits x W (+ b).
   Rows tied_head(const Rows& x, const Embedding& table);  ///< The logits x E^T, E (V, D).
-  /// 0.1's tied head: x W^T, W (out, in).
-  [[deprecated("use tied_head(x, table)")]] Rows matmul_transposed(const Rows& x, const Var& weight);
   /// RoPE on each row at its token's position, heads as contiguous column chunks.
   Rows rope(const Rows& x, const std::shared_ptr<const kernels::RopeTable<float>>& table, std::size_t n_heads);
   /// Causal attention over each token's sequence: its k and v rows are appended to the cache (the
@@ -83,7 +81,6 @@ class CachePass {
   Rows head_input(const Rows& x);                  // the rows the head ops compute logits for
   Rows product(const Rows& x, const Linear& layer);  // x W (+ b) (+ adapter), for x's rows
   void check_cols(const char* op, const Rows& x, std::size_t cols) const;
-  Rows transposed_product(const Rows& x, const Var& weight);  // x W^T, W (out, in), for x's rows
   // y += scale (x A) B: a layer's LoRA adapter (nn/linear.h).
   void add_adapter(Rows& y, const Rows& x, const LoraAdapter& adapter);
 

@@ -59,20 +59,20 @@ void write_checkpoint_file(const std::string& path, const ParameterList& params,
   // A published model's embedding may have more rows than its tokenizer has tokens (padding).
   const bool fits = tokenizer.kind() == "char" ? tokenizer.vocab_size() == vocab : tokenizer.vocab_size() <= vocab;
   if (!fits)
-    throw std::invalid_argument(fmt::format("save_checkpoint: the tokenizer has {} {} but the model's vocab is {}",
-                                            tokenizer.vocab_size(), tokenizer.kind() == "char" ? "characters" : "tokens",
-                                            vocab));
+    throw std::invalid_argument(fmt::format("{}: the tokenizer has {} {} but the model's vocab is {}", path,
+                                            tokenizer.vocab_size(),
+                                            tokenizer.kind() == "char" ? "characters" : "tokens", vocab));
   for (auto& [key, value] : tokenizer.to_metadata()) metadata[key] = std::move(value);
   metadata["format_version"] = kCheckpointFormatVersion;
   for (const auto& [key, value] : extras.metadata) {
-    if (metadata.count(key)) throw std::invalid_argument(fmt::format("save_checkpoint: metadata key '{}' is reserved", key));
+    if (metadata.count(key)) throw std::invalid_argument(fmt::format("{}: metadata key '{}' is reserved", path, key));
     metadata[key] = value;
   }
   std::vector<std::pair<std::string, const Tensor*>> tensors;
   for (const auto& p : params) tensors.emplace_back(p.name, &p.var.value());
   for (const auto& [name, tensor] : extras.tensors) {
     if (name.rfind("optim.", 0) != 0)
-      throw std::invalid_argument(fmt::format("save_checkpoint: extra tensor '{}' must be named optim.*", name));
+      throw std::invalid_argument(fmt::format("{}: extra tensor '{}' must be named optim.*", path, name));
     tensors.emplace_back(name, tensor);
   }
   write_safetensors(path, tensors, metadata);
@@ -106,7 +106,11 @@ LoadedModelCheckpoint load_model_checkpoint(const std::string& path, bool remat)
   try {
     const Metadata& meta = file.metadata;
     auto it = meta.find("arch");
-    const Architecture& arch = find_architecture(it == meta.end() ? kArchWithoutKey : it->second, "metadata arch");
+    if (it == meta.end())
+      throw std::runtime_error("metadata has no 'arch': a checkpoint of tapegrad 0.1, which 0.3 no longer reads; "
+                               "load it with tapegrad 0.2 (load_model_checkpoint, or generate/train --resume) and "
+                               "save it again (save_model_checkpoint, train), which writes 'arch'");
+    const Architecture& arch = find_architecture(it->second, "metadata arch");
     check_format_version(meta, kCheckpointFormatVersion);
     // The sizes come from the file: the model may take no more than its tensors hold (twice, for
     // what building it allocates besides), so forged sizes fail before a large allocation.

@@ -7,16 +7,13 @@
 #include <map>
 #include <memory>
 #include <optional>
-#include <stdexcept>
 #include <string>
-#include <typeinfo>
 #include <utility>
 #include <vector>
 
 #include "io/safetensors.h"
 #include "nn/architecture.h"
 #include "nn/language_model.h"
-#include "nn/models/rotary_decoder.h"
 #include "tokenizers/char_tokenizer.h"
 #include "tokenizers/tokenizer.h"
 
@@ -25,9 +22,10 @@ namespace tapegrad::nn {
 /// The "format_version" this build writes and reads.
 inline constexpr const char* kCheckpointFormatVersion = "1";
 
-/// The architecture of a file with no "arch" key: the rotary decoder, the one architecture
-/// before "arch" was written (train_char before gpt2, and save_checkpoint up to 0.1.0).
-inline constexpr const char* kArchWithoutKey = "rotary";
+/// 0.2's architecture of a file with no "arch" key (a file of 0.1); since 0.3 such a file is
+/// refused: tapegrad 0.2 loads it and save_model_checkpoint writes it again with "arch".
+[[deprecated("a checkpoint without \"arch\" is refused since 0.3")]] inline constexpr const char* kArchWithoutKey =
+    "rotary";
 
 /// Extra content a training checkpoint carries besides the model.
 struct CheckpointExtras {
@@ -68,42 +66,11 @@ struct LoadedModelCheckpoint {
   const tokenizers::CharTokenizer& char_tokenizer() const;
 };
 
-/// Reads and checks a checkpoint of any registered architecture, by the file's "arch" (absent:
-/// kArchWithoutKey): the file layout (io/safetensors), the metadata (every key present, integers
-/// in range, a vocabulary that fits vocab_size), every parameter present with its exact shape, no
-/// unknown tensor, and every value finite. Errors name the file and the problem.
+/// Reads and checks a checkpoint of any registered architecture, by the file's "arch" (a file of
+/// 0.1, without it, is refused with how to convert it): the file layout (io/safetensors), the
+/// metadata (every key present, integers in range, a vocabulary that fits vocab_size), every
+/// parameter present with its exact shape, no unknown tensor, and every value finite. Errors name
+/// the file and the problem.
 LoadedModelCheckpoint load_model_checkpoint(const std::string& path, bool remat = false);
-
-/// A rotary decoder checkpoint as load_checkpoint read it.
-struct [[deprecated("use LoadedModelCheckpoint (load_model_checkpoint)")]] LoadedCheckpoint {
-  RotaryDecoder model;                                 ///< the model, its weights loaded
-  tokenizers::CharTokenizer tokenizer;                 ///< the vocabulary it was trained with
-  std::map<std::string, Tensor> extra_tensors;         ///< the "optim." tensors
-  std::map<std::string, std::string> metadata;         ///< everything in "__metadata__"
-};
-
-/// The file save_model_checkpoint writes of a rotary decoder (arch = "rotary" included).
-[[deprecated("use save_model_checkpoint(path, LanguageModel(model), tokenizer, extras)")]] inline void save_checkpoint(
-    const std::string& path, const RotaryDecoder& model, const tokenizers::CharTokenizer& tokenizer,
-    const CheckpointExtras& extras = {}) {
-  Metadata metadata = rotary_decoder_config_metadata(model.config());
-  metadata["arch"] = find_architecture(typeid(RotaryDecoder))->name;
-  write_checkpoint_file(path, model.params(), model.config().vocab, tokenizer, std::move(metadata), extras);
-}
-
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wdeprecated-declarations"
-/// load_model_checkpoint of a rotary decoder with a character vocabulary; a file of another
-/// architecture is refused.
-[[deprecated("use load_model_checkpoint (and .model.as<RotaryDecoder>())")]] inline LoadedCheckpoint load_checkpoint(
-    const std::string& path, bool remat = false) {
-  LoadedModelCheckpoint loaded = load_model_checkpoint(path, remat);
-  RotaryDecoder* model = loaded.model.as<RotaryDecoder>();
-  if (!model)
-    throw std::runtime_error(path + ": arch '" + loaded.model.arch() +
-                             "' is not the rotary decoder; load it with load_model_checkpoint");
-  return {std::move(*model), loaded.char_tokenizer(), std::move(loaded.extra_tensors), std::move(loaded.metadata)};
-}
-#pragma GCC diagnostic pop
 
 }  // namespace tapegrad::nn

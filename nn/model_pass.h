@@ -57,9 +57,9 @@ concept ModelPass = requires(P& p, const typename P::Value& x, const typename P:
   { p.block(x, remat, dropout_seed, describe) } -> ValueOf<P>;  // describe(inner pass, x)
 };
 
-/// The ops of ModelPass and nothing else (but 0.1's deprecated matmul_transposed, until 0.3), on
-/// values that offer nothing of their own. Each model instantiates its run() on it (never to call
-/// it): a description that uses an op missing here, or a Var's own operators, fails to compile
+/// The ops of ModelPass and nothing else, on values that offer nothing of their own. Each model
+/// instantiates its run() on it (never to call it): a description that uses an op missing here,
+/// or a Var's own operators, fails to compile
 /// ("'struct ModelPassArchetype' has no member named 'op'"). Its list is ModelPass's; the
 /// static_assert below keeps it from lacking one.
 struct ModelPassArchetype {
@@ -75,8 +75,6 @@ struct ModelPassArchetype {
   Value linear(const Value&, const Linear&) { return {}; }
   Value head(const Value&, const Linear&) { return {}; }
   Value tied_head(const Value&, const Embedding&) { return {}; }
-  /// 0.1's tied head, not in ModelPass: kept until 0.3 for descriptions written against 0.1.
-  [[deprecated("use tied_head(x, table)")]] Value matmul_transposed(const Value&, const Var&) { return {}; }
   Value rope(const Value&, const std::shared_ptr<const kernels::RopeTable<float>>&, std::size_t) { return {}; }
   Value attention(const Value&, const Value&, const Value&, AttentionHeads, const Dropout&) { return {}; }
   Value residual(const Value&, const Value&, const Linear&, const Dropout&) { return {}; }

@@ -1,9 +1,7 @@
 // Module's walks over members(): the named parameters, and the mode passed down to every child.
 #include "nn/module.h"
 
-#include <stdexcept>
 #include <string>
-#include <typeinfo>
 
 namespace tapegrad::nn {
 
@@ -41,35 +39,7 @@ class ModeSetter final : public Members {
   bool on_;
 };
 
-// The module whose default members() is asking its collect_params, on this thread: a module
-// that overrides neither would otherwise go round between the two defaults.
-thread_local const Module* listing_from_collect_params = nullptr;
-
 }  // namespace
-
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wdeprecated-declarations"
-void Module::members(Members& m) {
-  if (listing_from_collect_params == this)
-    throw std::logic_error(std::string("Module: ") + typeid(*this).name() +
-                           " overrides neither members() nor collect_params(): name its parameters in members()");
-  const Module* outer = listing_from_collect_params;
-  listing_from_collect_params = this;
-  ParameterList listed;
-  try {
-    collect_params("", listed);
-  } catch (...) {
-    listing_from_collect_params = outer;
-    throw;
-  }
-  listing_from_collect_params = outer;
-  for (NamedParameter& p : listed) m(p.name, p.var);
-}
-#pragma GCC diagnostic pop
-
-void Module::collect_params(const std::string& prefix, ParameterList& out) const {
-  for (NamedParameter& p : params()) out.push_back({prefix + p.name, p.var});
-}
 
 ParameterList Module::params() const {
   ParameterList out;

@@ -39,14 +39,8 @@ class Module {
  public:
   virtual ~Module() = default;
   /// Names every parameter and child module once, in a fixed order (checkpoints store the names,
-  /// optimizer states follow the order): m("weight", weight); m("drop", drop); ... Every module
-  /// overrides it; until 0.3, one that overrides collect_params instead (0.1's spelling) gets its
-  /// parameters named from there (its children are then not switched by train()).
-  virtual void members(Members& m);
-
-  /// 0.1's spelling: appends every parameter, its name prefixed by prefix ("blocks.0.").
-  [[deprecated("override members(Members&) instead, and call params()")]] virtual void collect_params(
-      const std::string& prefix, ParameterList& out) const;
+  /// optimizer states follow the order): m("weight", weight); m("drop", drop); ...
+  virtual void members(Members& m) = 0;
 
   /// Every parameter with its dotted name ("blocks.0.attn.wq.weight"), in members() order.
   ParameterList params() const;

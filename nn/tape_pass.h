@@ -49,10 +49,6 @@ class TapePass {
   Var linear(const Var& x, const Linear& layer) const { return layer.forward(x); }       ///< x W (+ b).
   Var head(const Var& x, const Linear& layer) const;  ///< The logits x W (+ b), or in a loss pass their loss.
   Var tied_head(const Var& x, const Embedding& table) const;  ///< The logits x E^T, or in a loss pass their loss.
-  /// 0.1's tied head: x W^T, W (out, in); the logits even in a loss pass (loss() then takes theirs).
-  [[deprecated("use tied_head(x, table)")]] Var matmul_transposed(const Var& x, const Var& weight) const {
-    return matmul(x, weight, false, /*transpose_b=*/true);
-  }
   /// RoPE on (B, T, D), row t at position t.
   Var rope(const Var& x, const std::shared_ptr<const kernels::RopeTable<float>>& table, std::size_t n_heads) const;
   /// Causal attention; drop (when active) on the probabilities.

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Installs tapegrad from a build folder into a temporary prefix, then configures, builds and runs
-# against it tests/consumer (find_package(tapegrad 0.2) + tapegrad::tapegrad, this version's
-# spellings, no warning allowed) and tests/consumer_0_1 (0.1's spellings through their deprecated
-# forwarders: warnings expected, errors fail the check). Usage: check_install.sh [BUILD_DIR]
+# against it tests/consumer (find_package(tapegrad 0.3) + tapegrad::tapegrad, this version's
+# spellings, no warning allowed) and tests/consumer_0_2 (find_package(tapegrad 0.2), 0.2's spellings
+# through their deprecated forwarders: warnings expected, errors fail the check). Usage: check_install.sh [BUILD_DIR]
 set -euo pipefail
 repo="$(cd "$(dirname "$0")/.." && pwd)"
 build="$(cd "${1:-$repo/build}" && pwd)"
@@ -21,8 +21,28 @@ build_and_run() {
   fi
   "$tmp/$name/$name"
 }
+# Which requests the installed version meets (README.md, "Versions": 0.M is met by 0.M and 0.(M+1)).
+version_file="$(find "$tmp/prefix" -name tapegradConfigVersion.cmake)"
+cat >"$tmp/meets.cmake" <<'EOF'
+string(REPLACE "." ";" parts "${PACKAGE_FIND_VERSION}")
+list(GET parts 0 PACKAGE_FIND_VERSION_MAJOR)
+list(GET parts 1 PACKAGE_FIND_VERSION_MINOR)
+set(CMAKE_SIZEOF_VOID_P 8)
+include("${VERSION_FILE}")
+message("${PACKAGE_VERSION_COMPATIBLE}")
+EOF
+installed="$(sed -n 's/^set(PACKAGE_VERSION "\(.*\)")$/\1/p' "$version_file")"
+IFS=. read -r major minor _ <<<"$installed"
+for request in "$major.$((minor - 1)):TRUE" "$major.$minor:TRUE" "$major.$((minor - 2)):FALSE" \
+               "$major.$((minor + 1)):FALSE" "$((major + 1)).$minor:FALSE"; do
+  meets="$(cmake -DVERSION_FILE="$version_file" -DPACKAGE_FIND_VERSION="${request%%:*}" -P "$tmp/meets.cmake" 2>&1)"
+  if [[ "$meets" != "${request##*:}" ]]; then
+    echo "check_install: find_package(tapegrad ${request%%:*}) against $installed gives '$meets', not ${request##*:}" >&2
+    exit 1
+  fi
+done
 build_and_run consumer "-Werror"
-build_and_run consumer_0_1 ""
-deprecated="$(grep -c "warning: .*deprecated" "$tmp/consumer_0_1.log" || true)"
+build_and_run consumer_0_2 ""
+deprecated="$(grep -c "warning: .*deprecated" "$tmp/consumer_0_2.log" || true)"
 echo "check_install: find_package(tapegrad) from $tmp/prefix builds and runs tests/consumer and" \
-  "tests/consumer_0_1 (0.1's spellings: $deprecated deprecation warnings)"
+  "tests/consumer_0_2 (0.2's spellings: $deprecated deprecation warnings)"

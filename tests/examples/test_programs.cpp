@@ -18,6 +18,7 @@
 #include "core/random.h"
 #include "io/safetensors.h"
 #include "nn/checkpoint.h"
+#include "nn/models/rotary_decoder.h"
 #include "support/helpers.h"
 #include "support/programs.h"
 #include "tokenizers/utf8.h"

@@ -14,6 +14,7 @@
 #include "nn/checkpoint.h"
 #include "nn/generate.h"
 #include "nn/models/gpt2.h"
+#include "nn/models/rotary_decoder.h"
 #include "optim/adamw.h"
 #include "support/helpers.h"
 

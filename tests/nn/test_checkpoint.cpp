@@ -9,6 +9,7 @@
 #include "nn/generate.h"
 #include "nn/language_model.h"
 #include "nn/models/gpt2.h"
+#include "nn/models/rotary_decoder.h"
 #include "support/helpers.h"
 
 using namespace tapegrad;
@@ -61,10 +62,10 @@ TEST_CASE("training extras travel under optim. names and in the metadata") {
   CHECK(loaded.metadata.at("step") == "12");
   CHECK(loaded.extra_tensors.at("optim.embed.weight.m").at({1, 1}) == 0.5f);
   const LanguageModel held(model);
-  CHECK(test::contains(test::error_of([&] { save_model_checkpoint(path, held, tok, {{{"embed.m", &m}}, {}}); }),
-                       "must be named optim.*"));
-  CHECK(test::contains(test::error_of([&] { save_model_checkpoint(path, held, tok, {{}, {{"d_model", "9"}}}); }),
-                       "metadata key 'd_model' is reserved"));
+  CHECK(test::error_of([&] { save_model_checkpoint(path, held, tok, {{{"embed.m", &m}}, {}}); }) ==
+        path + ": extra tensor 'embed.m' must be named optim.*");
+  CHECK(test::error_of([&] { save_model_checkpoint(path, held, tok, {{}, {{"d_model", "9"}}}); }) ==
+        path + ": metadata key 'd_model' is reserved");
 }
 
 TEST_CASE("checkpoints whose content disagrees with their metadata are refused, naming the file") {
@@ -99,41 +100,37 @@ TEST_CASE("checkpoints whose content disagrees with their metadata are refused, 
   CHECK(refused([](T& t, M&) { t["extra.weight"] = Tensor({1}); }) == bad + ": tensor 'extra.weight' is not a parameter of this model");
 }
 
-TEST_CASE("a file without the arch key, as written before gpt2 and by 0.1's save_checkpoint, loads as the rotary decoder") {
+TEST_CASE("a file without the arch key (0.1's) is refused naming the file and how to convert it; an unknown arch too") {
   tokenizers::CharTokenizer tok = tokenizers::CharTokenizer::from_text("abcd");
   RotaryDecoder model = rotary_decoder(4, 8, 2, 1, 8);
   std::string with_arch = temp_path("with_arch.safetensors"), without = temp_path("without_arch.safetensors");
   save_model_checkpoint(with_arch, LanguageModel(model), tok);
+  CHECK(read_safetensors(with_arch).metadata.at("arch") == "rotary");
   rewrite(with_arch, without, [](std::map<std::string, Tensor>&, std::map<std::string, std::string>& m) { m.erase("arch"); });
-  LoadedModelCheckpoint loaded = load_model_checkpoint(without);
-  REQUIRE(loaded.model.as<RotaryDecoder>() != nullptr);
-  auto a = model.params(), b = loaded.model.params();
-  REQUIRE(a.size() == b.size());
-  for (std::size_t i = 0; i < a.size(); ++i) CHECK(max_abs_diff(a[i].var.value(), b[i].var.value()) == 0.0f);
+  CHECK(test::error_of([&] { load_model_checkpoint(without); }) ==
+        without + ": metadata has no 'arch': a checkpoint of tapegrad 0.1, which 0.3 no longer reads; load it with "
+                  "tapegrad 0.2 (load_model_checkpoint, or generate/train --resume) and save it again "
+                  "(save_model_checkpoint, train), which writes 'arch'");
   rewrite(with_arch, without, [](std::map<std::string, Tensor>&, std::map<std::string, std::string>& m) { m["arch"] = "mamba"; });
   CHECK(test::contains(test::error_of([&] { load_model_checkpoint(without); }),
                        without + ": metadata arch 'mamba' is not a registered architecture (registered: rotary, gpt2, llama"));
 }
 
-// The rotary-only API of 0.1, kept for one minor version: it must still compile and work.
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wdeprecated-declarations"
-TEST_CASE("the deprecated save_checkpoint and load_checkpoint write and read the files of save_model_checkpoint") {
+// What 0.1's rotary-only load_checkpoint gave, through the general API that replaced it in 0.3.
+TEST_CASE("a rotary decoder's checkpoint loads as one with its character vocabulary; another arch is no rotary decoder") {
   tokenizers::CharTokenizer tok = tokenizers::CharTokenizer::from_text("abcd");
   RotaryDecoder model = rotary_decoder(4, 8, 2, 1, 8);
-  std::string old_api = temp_path("old_api.safetensors"), general = temp_path("general_api.safetensors");
-  save_checkpoint(old_api, model, tok);
-  save_model_checkpoint(general, LanguageModel(model), tok);
-  CHECK(read_safetensors(old_api).metadata == read_safetensors(general).metadata);
-  LoadedCheckpoint loaded = load_checkpoint(general);
-  CHECK(loaded.tokenizer.vocab() == tok.vocab());
-  CHECK(loaded.model.params().size() == model.params().size());
-  const std::string gpt2_file = temp_path("old_api_gpt2.safetensors");
+  const std::string rotary_file = temp_path("rotary_api.safetensors"), gpt2_file = temp_path("gpt2_api.safetensors");
+  save_model_checkpoint(rotary_file, LanguageModel(model), tok);
+  LoadedModelCheckpoint loaded = load_model_checkpoint(rotary_file);
+  REQUIRE(loaded.model.as<RotaryDecoder>() != nullptr);
+  CHECK(loaded.char_tokenizer().vocab() == tok.vocab());
+  auto a = model.params(), b = loaded.model.as<RotaryDecoder>()->params();
+  REQUIRE(a.size() == b.size());
+  for (std::size_t i = 0; i < a.size(); ++i) CHECK(max_abs_diff(a[i].var.value(), b[i].var.value()) == 0.0f);
   save_model_checkpoint(gpt2_file, LanguageModel(gpt2(4, 8, 2, 1, 8)), tok);
-  CHECK(test::error_of([&] { load_checkpoint(gpt2_file); }) ==
-        gpt2_file + ": arch 'gpt2' is not the rotary decoder; load it with load_model_checkpoint");
+  CHECK(load_model_checkpoint(gpt2_file).model.as<RotaryDecoder>() == nullptr);
 }
-#pragma GCC diagnostic pop
 
 TEST_CASE("a checkpoint holding NaN or infinity, in a weight or the optimizer state, is refused naming the tensor and element") {
   tokenizers::CharTokenizer tok = tokenizers::CharTokenizer::from_text("abcd");

@@ -3,6 +3,7 @@
 #include <doctest/doctest.h>
 
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "core/ops.h"
@@ -80,46 +81,15 @@ TEST_CASE("train and eval reach a dropout child that only members() names") {
   CHECK(zeros_of() > 0);
 }
 
-// 0.1's spelling, kept until 0.3 (README.md, "Versions"): these tests use it on purpose.
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wdeprecated-declarations"
 namespace {
-
-// A module as 0.1 wrote one: its parameters listed in collect_params, not members().
-struct ListedModule : nn::Module {
-  nn::Linear in, out;
-  explicit ListedModule(Rng& rng) : in(3, 4, true, 0.5f, rng), out(4, 2, false, 0.5f, rng) {}
-  void collect_params(const std::string& prefix, ParameterList& params) const override {
-    in.collect_params(prefix + "in.", params);
-    out.collect_params(prefix + "out.", params);
-  }
-};
 
 // A module that names its parameters nowhere.
 struct Unnamed : nn::Module {};
 
 }  // namespace
 
-TEST_CASE("a module that lists its parameters in collect_params (0.1) has them under the same names") {
-  Rng rng(6);
-  ListedModule listed(rng);
-  CHECK(names_of(listed) == std::vector<std::string>{"in.weight", "in.bias", "out.weight"});
-  CHECK(listed.params()[2].var.value().data() == listed.out.weight.value().data());  // shared, not copied
-  ParameterList under_prefix;
-  listed.collect_params("model.", under_prefix);
-  REQUIRE(under_prefix.size() == 3);
-  CHECK(under_prefix[1].name == "model.in.bias");
-  Rng other(7);
-  Tower tower(other);
-  ParameterList of_tower;
-  tower.collect_params("t.", of_tower);  // a members() module answers the old call too
-  CHECK(of_tower.size() == 6);
-  CHECK(of_tower[5].name == "t.scale");
+TEST_CASE("a module that does not name its members is abstract: members() has no default to fall back on") {
+  CHECK(std::is_abstract_v<nn::Module>);
+  CHECK(std::is_abstract_v<Unnamed>);
+  CHECK_FALSE(std::is_abstract_v<nn::Linear>);
 }
-
-TEST_CASE("a module that names its parameters neither in members() nor in collect_params is refused") {
-  Unnamed unnamed;
-  CHECK_THROWS_WITH_AS(unnamed.params(), doctest::Contains("overrides neither members() nor collect_params()"),
-                       std::logic_error);
-}
-#pragma GCC diagnostic pop
