@@ -1,4 +1,5 @@
-// CPU affinity for the decoding loop and the HTTP workers (sched_getaffinity, pthread_setaffinity_np).
+// CPU affinity for the decoding loop and the HTTP workers (sched_getaffinity, pthread_setaffinity_np),
+// and the workers' scheduling class.
 #include "serve/cpus.h"
 
 #include <pthread.h>
@@ -28,6 +29,18 @@ bool run_on(const std::vector<int>& cpus) {
   CPU_ZERO(&set);
   for (int cpu : cpus) CPU_SET(cpu, &set);
   return pthread_setaffinity_np(pthread_self(), sizeof set, &set) == 0;
+}
+
+// Under normal scheduling each of the 64 streams' 100 wake-ups a second could land on the decoding
+// thread's core and preempt it (measured: docs/benchmarks.md, "Measurements behind choices in the
+// code"). Unlike a higher nice value, SCHED_BATCH leaves the workers' share of the cores as it was.
+void settle_worker(const std::vector<int>& cpus) {
+  static thread_local const bool done = [&] {
+    const sched_param none{};
+    const bool placed = run_on(cpus);
+    return pthread_setschedparam(pthread_self(), SCHED_BATCH, &none) == 0 && placed;
+  }();
+  (void)done;
 }
 
 }  // namespace tapegrad::serve

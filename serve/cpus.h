@@ -26,4 +26,9 @@ CpuSplit split_cpus(const std::vector<int>& allowed, std::size_t decoding_thread
 /// Returns false if the system refused (the thread then runs where it did).
 bool run_on(const std::vector<int>& cpus);
 
+/// Settles the calling HTTP worker, once per thread: on `cpus` (none: where it was), and under
+/// SCHED_BATCH. Such a thread, when it wakes, takes an idle core at once but never preempts the
+/// decoding thread on a busy one: it waits for the scheduler's next tick there instead.
+void settle_worker(const std::vector<int>& cpus);
+
 }  // namespace tapegrad::serve

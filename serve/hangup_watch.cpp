@@ -1,14 +1,63 @@
+// HangupWatch's epoll thread, and the search for the socket a request came on.
 #include "serve/hangup_watch.h"
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <pthread.h>
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include <cerrno>
+#include <charconv>
+#include <cstring>
+#include <filesystem>
 #include <system_error>
 
 namespace tapegrad::serve {
+
+namespace {
+
+// Whether `fd` is a socket connected to remote_addr:remote_port.
+bool connected_to(int fd, const std::string& remote_addr, int remote_port) {
+  sockaddr_storage peer{};
+  socklen_t size = sizeof peer;
+  if (::getpeername(fd, reinterpret_cast<sockaddr*>(&peer), &size) != 0) return false;
+  if (peer.ss_family == AF_INET) {
+    const auto& v4 = reinterpret_cast<const sockaddr_in&>(peer);
+    in_addr addr{};
+    return ::inet_pton(AF_INET, remote_addr.c_str(), &addr) == 1 && addr.s_addr == v4.sin_addr.s_addr &&
+           ntohs(v4.sin_port) == remote_port;
+  }
+  if (peer.ss_family == AF_INET6) {
+    const auto& v6 = reinterpret_cast<const sockaddr_in6&>(peer);
+    in6_addr addr{};
+    return ::inet_pton(AF_INET6, remote_addr.c_str(), &addr) == 1 &&
+           std::memcmp(&addr, &v6.sin6_addr, sizeof addr) == 0 && ntohs(v6.sin6_port) == remote_port;
+  }
+  return false;
+}
+
+}  // namespace
+
+// A worker thread serves one connection at a time, so each thread remembers the socket it found
+// last (checked again by one getpeername) and looks for a new connection's among the process's
+// open files.
+int connection_socket(const std::string& remote_addr, int remote_port) {
+  thread_local int last = -1;
+  if (last >= 0 && connected_to(last, remote_addr, remote_port)) return last;
+  last = -1;
+  std::error_code error;
+  for (const auto& entry : std::filesystem::directory_iterator("/proc/self/fd", error)) {
+    int fd = -1;
+    const std::string name = entry.path().filename().string();
+    if (std::from_chars(name.data(), name.data() + name.size(), fd).ec == std::errc() &&
+        connected_to(fd, remote_addr, remote_port))
+      return last = fd;
+  }
+  return -1;
+}
 
 HangupWatch::HangupWatch() {
   epoll_ = ::epoll_create1(EPOLL_CLOEXEC);

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <memory>
 #include <mutex>
+#include <string>
 #include <thread>
 #include <unordered_map>
 
@@ -57,5 +58,9 @@ class HangupWatch {
   std::uint64_t next_ = 1;
   std::thread thread_;
 };
+
+/// The socket of the connection from remote_addr:remote_port (a request's peer, as the HTTP library
+/// gives it), or -1: the library does not say which socket a request came on.
+int connection_socket(const std::string& remote_addr, int remote_port);
 
 }  // namespace tapegrad::serve

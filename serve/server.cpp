@@ -1,18 +1,11 @@
 // The HTTP routes of `serve` on cpp-httplib, the server-sent event stream, and the error bodies.
 #include "serve/server.h"
 
-#include <arpa/inet.h>
 #include <fmt/format.h>
 #include <httplib.h>
-#include <netinet/in.h>
-#include <pthread.h>
-#include <sched.h>
-#include <sys/socket.h>
 
 #include <algorithm>
 #include <atomic>
-#include <charconv>
-#include <cstring>
 #include <ctime>
 #include <filesystem>
 #include <nlohmann/json.hpp>
@@ -44,58 +37,6 @@ void reply_error(httplib::Response& res, const ApiError& error) {
 // clients, whose next requests keep the sequences busy: 10 ms served 64 streams better than 5 and
 // as well as 20 (docs/benchmarks.md, "Measurements behind choices in the code").
 constexpr auto kStreamPoll = std::chrono::milliseconds(10);
-
-// Settles the calling HTTP worker, once per thread: on `cpus` (none: where it was), and under
-// SCHED_BATCH. Such a thread, when it wakes, takes an idle core at once but never preempts the
-// decoding thread on a busy one: it waits for the scheduler's next tick there instead. Under
-// normal scheduling each of the 64 streams' 100 wake-ups a second could land on the decoding
-// thread's core and preempt it (measured: docs/benchmarks.md, "Measurements behind choices in the
-// code"). Unlike a higher nice value, it leaves the workers' share of the cores as it was.
-void settle_worker(const std::vector<int>& cpus) {
-  static thread_local const bool done = [&] {
-    const sched_param none{};
-    const bool placed = run_on(cpus);
-    return pthread_setschedparam(pthread_self(), SCHED_BATCH, &none) == 0 && placed;
-  }();
-  (void)done;
-}
-
-// Whether `fd` is a socket connected to the peer a request came from.
-bool connected_to(int fd, const httplib::Request& req) {
-  sockaddr_storage peer{};
-  socklen_t size = sizeof peer;
-  if (::getpeername(fd, reinterpret_cast<sockaddr*>(&peer), &size) != 0) return false;
-  if (peer.ss_family == AF_INET) {
-    const auto& v4 = reinterpret_cast<const sockaddr_in&>(peer);
-    in_addr addr{};
-    return ::inet_pton(AF_INET, req.remote_addr.c_str(), &addr) == 1 && addr.s_addr == v4.sin_addr.s_addr &&
-           ntohs(v4.sin_port) == req.remote_port;
-  }
-  if (peer.ss_family == AF_INET6) {
-    const auto& v6 = reinterpret_cast<const sockaddr_in6&>(peer);
-    in6_addr addr{};
-    return ::inet_pton(AF_INET6, req.remote_addr.c_str(), &addr) == 1 &&
-           std::memcmp(&addr, &v6.sin6_addr, sizeof addr) == 0 && ntohs(v6.sin6_port) == req.remote_port;
-  }
-  return false;
-}
-
-// The socket of the connection a request came on, or -1. httplib does not say; a worker thread
-// serves one connection at a time, so each thread remembers the socket it found last (checked
-// again by one getpeername) and looks for a new connection's among the process's open files.
-int connection_socket(const httplib::Request& req) {
-  thread_local int last = -1;
-  if (last >= 0 && connected_to(last, req)) return last;
-  last = -1;
-  std::error_code error;
-  for (const auto& entry : std::filesystem::directory_iterator("/proc/self/fd", error)) {
-    int fd = -1;
-    const std::string name = entry.path().filename().string();
-    if (std::from_chars(name.data(), name.data() + name.size(), fd).ec == std::errc() && connected_to(fd, req))
-      return last = fd;
-  }
-  return -1;
-}
 
 }  // namespace
 
@@ -314,7 +255,7 @@ struct Server::Impl {
     auto submitted = submit(req, api);
     if (auto* error = std::get_if<ApiError>(&submitted)) return reply_error(res, *error);
     std::shared_ptr<Job> job = std::get<std::shared_ptr<Job>>(submitted);
-    HangupWatch::Watch watch = hangups.watch(connection_socket(req), job);
+    HangupWatch::Watch watch = hangups.watch(connection_socket(req.remote_addr, req.remote_port), job);
     const CompletionRequest& request = job->request;
     std::unique_lock lock(job->mutex);
     if (!request.stream) {

@@ -2,6 +2,8 @@
 // cancellation of a client that hangs up, draining, and live weights.
 #include <doctest/doctest.h>
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -178,6 +180,27 @@ TEST_CASE("HangupWatch cancels a watched job once its peer closes, wakes its wai
   std::this_thread::sleep_for(std::chrono::milliseconds(50));
   CHECK(!other->cancelled);
   ::close(pair[0]);
+}
+
+TEST_CASE("connection_socket finds the socket connected to a request's peer, and -1 for a peer not connected") {
+  const int listener = ::socket(AF_INET, SOCK_STREAM, 0);
+  REQUIRE(listener >= 0);
+  sockaddr_in address{.sin_family = AF_INET, .sin_port = 0, .sin_addr = {htonl(INADDR_LOOPBACK)}, .sin_zero = {}};
+  socklen_t size = sizeof address;
+  REQUIRE(::bind(listener, reinterpret_cast<sockaddr*>(&address), size) == 0);
+  REQUIRE(::listen(listener, 1) == 0);
+  REQUIRE(::getsockname(listener, reinterpret_cast<sockaddr*>(&address), &size) == 0);
+  const int client = ::socket(AF_INET, SOCK_STREAM, 0);
+  REQUIRE(::connect(client, reinterpret_cast<sockaddr*>(&address), sizeof address) == 0);
+  sockaddr_in peer{};
+  socklen_t peer_size = sizeof peer;
+  const int served = ::accept(listener, reinterpret_cast<sockaddr*>(&peer), &peer_size);
+  REQUIRE(served >= 0);
+  // The server's side of the connection, as the HTTP library names its request's peer.
+  CHECK(serve::connection_socket("127.0.0.1", ntohs(peer.sin_port)) == served);
+  CHECK(serve::connection_socket("127.0.0.1", ntohs(peer.sin_port)) == served);  // the thread's last one, again
+  CHECK(serve::connection_socket("127.0.0.2", ntohs(peer.sin_port)) == -1);
+  for (int fd : {served, client, listener}) ::close(fd);
 }
 
 TEST_CASE("shutdown drains: no new requests, /health 503, the running stream finishes, then run returns") {
