@@ -218,17 +218,17 @@ class Gpt2(torch.nn.Module):
         param("pos.weight", max_len, d_model)
         for i in range(n_blocks):
             b = f"blocks.{i}."
-            param(b + "ln1.weight", d_model, fill=1.0)
-            param(b + "ln1.bias", d_model)
+            param(b + "attn_norm.weight", d_model, fill=1.0)
+            param(b + "attn_norm.bias", d_model)
             for w in ("wq", "wk", "wv", "wo"):
                 param(b + f"attn.{w}.weight", d_model, d_model)
                 param(b + f"attn.{w}.bias", d_model)
-            param(b + "ln2.weight", d_model, fill=1.0)
-            param(b + "ln2.bias", d_model)
-            param(b + "mlp.w1.weight", d_model, d_ff)
-            param(b + "mlp.w1.bias", d_ff)
-            param(b + "mlp.w2.weight", d_ff, d_model)
-            param(b + "mlp.w2.bias", d_model)
+            param(b + "ffn_norm.weight", d_model, fill=1.0)
+            param(b + "ffn_norm.bias", d_model)
+            param(b + "ffn.w1.weight", d_model, d_ff)
+            param(b + "ffn.w1.bias", d_ff)
+            param(b + "ffn.w2.weight", d_ff, d_model)
+            param(b + "ffn.w2.bias", d_model)
         param("norm.weight", d_model, fill=1.0)
         param("norm.bias", d_model)
         self.register_buffer("mask", torch.triu(torch.ones(max_len, max_len, dtype=torch.bool), diagonal=1))
@@ -256,14 +256,14 @@ class Gpt2(torch.nn.Module):
         for i in range(self.n_blocks):
             b = f"blocks.{i}."
             lin = lambda t, w: t @ P[b + w + ".weight"] + P[b + w + ".bias"]
-            h = F.layer_norm(x, (D,), P[b + "ln1.weight"], P[b + "ln1.bias"], 1e-5)
+            h = F.layer_norm(x, (D,), P[b + "attn_norm.weight"], P[b + "attn_norm.bias"], 1e-5)
             q, k, v = [lin(h, "attn." + w).view(B, T, H, Dh).transpose(1, 2) for w in ("wq", "wk", "wv")]
             scores = (q @ k.transpose(-1, -2)) / math.sqrt(Dh)
             scores = scores.masked_fill(self.mask[:T, :T], float("-inf"))
             att = (torch.softmax(scores, dim=-1) @ v).transpose(1, 2).reshape(B, T, D)
             x = x + lin(att, "attn.wo")
-            h = F.layer_norm(x, (D,), P[b + "ln2.weight"], P[b + "ln2.bias"], 1e-5)
-            x = x + lin(F.gelu(lin(h, "mlp.w1"), approximate="tanh"), "mlp.w2")
+            h = F.layer_norm(x, (D,), P[b + "ffn_norm.weight"], P[b + "ffn_norm.bias"], 1e-5)
+            x = x + lin(F.gelu(lin(h, "ffn.w1"), approximate="tanh"), "ffn.w2")
         x = F.layer_norm(x, (D,), P["norm.weight"], P["norm.bias"], 1e-5)
         return x @ P["embed.weight"].t()
 

@@ -10,6 +10,7 @@
 #include <string>
 #include <type_traits>
 #include <typeindex>
+#include <utility>
 #include <vector>
 
 #include "nn/checkpoint_metadata.h"
@@ -43,6 +44,10 @@ struct Architecture {
   std::function<Metadata(const LanguageModel& model)> to_metadata;
   /// The model's sizes and options in the programs' terms (what a data-parallel run sends).
   std::function<ModelShape(const LanguageModel& model)> shape;
+  /// Parameter names that files of earlier versions hold, renamed as load_model_checkpoint reads
+  /// them: (former, current) pieces between dots, e.g. ("ln1", "attn_norm") makes
+  /// "blocks.0.ln1.weight" and "optim.blocks.0.ln1.weight.m" read as "blocks.0.attn_norm...".
+  std::vector<std::pair<std::string, std::string>> former_names = {};
 };
 
 /// Adds an architecture; throws std::invalid_argument if its name or model type is taken.

@@ -51,6 +51,24 @@ void load_parameters(std::map<std::string, Tensor>& tensors, ParameterList param
   }
 }
 
+// Gives the tensors of a file written by an earlier version their current names: every piece
+// between dots that arch.former_names lists, in parameters and "optim." tensors alike.
+void rename_former_names(std::map<std::string, Tensor>& tensors, const Architecture& arch) {
+  if (arch.former_names.empty()) return;
+  std::map<std::string, Tensor> renamed;
+  for (auto& [name, tensor] : tensors) {
+    std::string current = name;
+    for (const auto& [former, now] : arch.former_names) {
+      const std::string piece = "." + former + ".", replacement = "." + now + ".";
+      for (std::size_t at = current.find(piece); at != std::string::npos; at = current.find(piece, at + replacement.size() - 1))
+        current.replace(at, piece.size(), replacement);
+    }
+    if (!renamed.emplace(current, std::move(tensor)).second)
+      throw std::runtime_error(fmt::format("two tensors read as '{}' (one of them under a former name)", current));
+  }
+  tensors = std::move(renamed);
+}
+
 }  // namespace
 
 void write_checkpoint_file(const std::string& path, const ParameterList& params, std::size_t vocab,
@@ -137,6 +155,7 @@ LoadedModelCheckpoint load_model_checkpoint(const std::string& path, bool remat)
                                              model.config().vocab));
     }
     add_lora_from_metadata(model, meta);  // a LoRA run's checkpoint: the base and its adapters
+    rename_former_names(file.tensors, arch);
     LoadedModelCheckpoint out{std::move(model), std::move(tokenizer), {}, meta};
     load_parameters(file.tensors, out.model.params(), out.extra_tensors);
     return out;

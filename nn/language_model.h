@@ -22,12 +22,14 @@ namespace tapegrad::nn {
 /// A model of any architecture (a DecoderModel and a Module), the calls going to the model held.
 class LanguageModel {
  public:
-  /// What generate needs of config().
-  struct Sizes {
+  /// What generate needs of any architecture's config (the architecture's own Config type has
+  /// the rest: model.as<Gpt2>()->config()).
+  struct Config {
     /// @{ The vocabulary size and the longest text (tokens).
     std::size_t vocab = 0, max_len = 0;
     /// @}
   };
+  using Sizes [[deprecated("use LanguageModel::Config")]] = Config;
   /// Holds model (a RotaryDecoder, a Gpt2, or any class with the DecoderModel interface).
   template <class Model>
     requires(!std::is_same_v<std::remove_cvref_t<Model>, LanguageModel>)
@@ -49,7 +51,7 @@ class LanguageModel {
   }
   ParameterList params() const { return held_->params(); }       ///< The model's parameters with their names.
   std::size_t num_params() const { return held_->num_params(); }  ///< The number of trainable values.
-  Sizes config() const { return held_->sizes(); }                 ///< The vocabulary size and max_len.
+  Config config() const { return held_->config(); }               ///< The vocabulary size and max_len.
   void set_training(bool on) { held_->set_training(on); }         ///< Training or evaluation mode (dropout).
   /// The step the dropout streams of the next forward derive from.
   void set_dropout_step(std::uint64_t step) { held_->set_dropout_step(step); }
@@ -103,7 +105,7 @@ class LanguageModel {
                      std::size_t seq_len) const = 0;
     virtual ParameterList params() const = 0;
     virtual std::size_t num_params() const = 0;
-    virtual Sizes sizes() const = 0;
+    virtual Config config() const = 0;
     virtual void set_training(bool on) = 0;
     virtual void set_dropout_step(std::uint64_t step) = 0;
     virtual std::string describe(const LanguageModel& self) const = 0;
@@ -128,7 +130,7 @@ class LanguageModel {
     }
     ParameterList params() const override { return model.params(); }
     std::size_t num_params() const override { return model.num_params(); }
-    Sizes sizes() const override { return {model.config().vocab, model.config().max_len}; }
+    Config config() const override { return {model.config().vocab, model.config().max_len}; }
     void set_training(bool on) override { model.train(on); }
     void set_dropout_step(std::uint64_t step) override { model.dropout_step = step; }
     std::string describe(const LanguageModel& self) const override {

@@ -30,40 +30,39 @@ void Gpt2Config::validate() const {
 
 Gpt2Block::Gpt2Block(const Gpt2Config& c, float init_std, float out_std, Rng& rng)
     : n_heads(c.n_heads),
-      ln1(c.d_model, c.norm_eps),
+      attn_norm(c.d_model, c.norm_eps),
       wq(c.d_model, c.d_model, true, init_std, rng),
       wk(c.d_model, c.d_model, true, init_std, rng),
       wv(c.d_model, c.d_model, true, init_std, rng),
       wo(c.d_model, c.d_model, true, out_std, rng),
-      attn_drop(c.dropout),
-      ln2(c.d_model, c.norm_eps),
+      ffn_norm(c.d_model, c.norm_eps),
       w1(c.d_model, c.ffn_dim(), true, init_std, rng),
       w2(c.ffn_dim(), c.d_model, true, out_std, rng),
-      resid_drop(c.dropout) {}
+      drop(c.dropout) {}
 
-// Dropout masks, when active, in a fixed order: probabilities, attention branch, MLP branch.
+// Dropout masks, when active, in a fixed order: probabilities, attention branch, FFN branch.
 template <ModelPass P>
 typename P::Value Gpt2Block::run(P& p, const typename P::Value& x) const {
-  auto a = p.layer_norm(x, ln1);
+  auto a = p.layer_norm(x, attn_norm);
   auto q = p.linear(a, wq);
   auto k = p.linear(a, wk);
   auto v = p.linear(a, wv);
-  auto h = p.residual(x, p.attention(q, k, v, n_heads, attn_drop), wo, resid_drop);
-  auto m = p.gelu_tanh(p.linear(p.layer_norm(h, ln2), w1));
-  return p.output_residual(h, m, w2, resid_drop);
+  auto h = p.residual(x, p.attention(q, k, v, n_heads, drop), wo, drop);
+  auto f = p.gelu_tanh(p.linear(p.layer_norm(h, ffn_norm), w1));
+  return p.output_residual(h, f, w2, drop);
 }
 
+// Llama's block's scheme of names (LlamaBlock::members); gpt2_architecture() maps the former ones.
 void Gpt2Block::members(Members& m) {
-  m("ln1", ln1);
+  m("attn_norm", attn_norm);
   m("attn.wq", wq);
   m("attn.wk", wk);
   m("attn.wv", wv);
   m("attn.wo", wo);
-  m("attn_drop", attn_drop);
-  m("ln2", ln2);
-  m("mlp.w1", w1);
-  m("mlp.w2", w2);
-  m("resid_drop", resid_drop);
+  m("ffn_norm", ffn_norm);
+  m("ffn.w1", w1);
+  m("ffn.w2", w2);
+  m("drop", drop);
 }
 
 static Rng validated_init_rng(const Gpt2Config& config) {
@@ -158,14 +157,14 @@ std::vector<ForeignTensor> gpt2_foreign_tensors(const Gpt2Config& c) {
         map.push_back(std::move(t));
       }
     };
-    norm("ln1", "ln_1", "attn_norm");
+    norm("attn_norm", "ln_1", "attn_norm");
     linear("attn.wq", "attn.c_attn", "attn_qkv", "q");
     linear("attn.wk", "attn.c_attn", "attn_qkv", "k");
     linear("attn.wv", "attn.c_attn", "attn_qkv", "v");
     linear("attn.wo", "attn.c_proj", "attn_output");
-    norm("ln2", "ln_2", "ffn_norm");
-    linear("mlp.w1", "mlp.c_fc", "ffn_up");
-    linear("mlp.w2", "mlp.c_proj", "ffn_down");
+    norm("ffn_norm", "ln_2", "ffn_norm");
+    linear("ffn.w1", "mlp.c_fc", "ffn_up");
+    linear("ffn.w2", "mlp.c_proj", "ffn_down");
   }
   for (const char* part : {"weight", "bias"})
     map.push_back({fmt::format("norm.{}", part), fmt::format("transformer.ln_f.{}", part),
@@ -173,9 +172,12 @@ std::vector<ForeignTensor> gpt2_foreign_tensors(const Gpt2Config& c) {
   return map;
 }
 
-// Listed in nn/architecture.cpp.
+// Listed in nn/architecture.cpp. Checkpoints of 0.2 and before named the block's members ln1, ln2
+// and mlp.w1/w2 (tests/nn/test_gpt2.cpp reads such a file).
 Architecture gpt2_architecture() {
-  return make_architecture<Gpt2>("gpt2", &gpt2_config_from_metadata, &gpt2_config_metadata);
+  Architecture gpt2 = make_architecture<Gpt2>("gpt2", &gpt2_config_from_metadata, &gpt2_config_metadata);
+  gpt2.former_names = {{"ln1", "attn_norm"}, {"ln2", "ffn_norm"}, {"mlp", "ffn"}};
+  return gpt2;
 }
 
 }  // namespace tapegrad::nn

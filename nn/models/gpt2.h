@@ -37,9 +37,10 @@ struct Gpt2Config {
   void validate() const;
 };
 
-/// h = x + Attn(LN1(x)); out = h + MLP(LN2(h)). Attn: q, k, v, o projections with biases, heads
-/// as contiguous column chunks, causal softmax(q k^T / sqrt(Dh)) v, no RoPE. MLP:
-/// gelu_tanh(x W1 + b1) W2 + b2.
+/// h = x + Attn(LN_a(x)); out = h + FFN(LN_f(h)). Attn: q, k, v, o projections with biases, heads
+/// as contiguous column chunks, causal softmax(q k^T / sqrt(Dh)) v, no RoPE. FFN (GPT-2's MLP):
+/// gelu_tanh(x W1 + b1) W2 + b2. Members named as Llama's block's (attn_norm, attn.w*, ffn_norm,
+/// ffn.w*, drop); checkpoints of 0.2 and before named them ln1, ln2 and mlp.w* (read still).
 class Gpt2Block : public Module {
  public:
   /// Projections ~ N(0, init_std^2), the residual outputs Wo and W2 ~ N(0, out_std^2), biases zero.
@@ -49,16 +50,15 @@ class Gpt2Block : public Module {
   void members(Members& m) override;
 
   std::size_t n_heads;  ///< attention heads
-  LayerNorm ln1;        ///< before attention
+  LayerNorm attn_norm;  ///< before attention
   /// @{ The attention projections, (D, D) with biases, named attn.w*.
   Linear wq, wk, wv, wo;
   /// @}
-  Dropout attn_drop;  ///< on the attention probabilities
-  LayerNorm ln2;      ///< before the MLP
-  /// @{ The MLP: W1 (D, F) and W2 (F, D) with biases, named mlp.w*.
+  LayerNorm ffn_norm;  ///< before the FFN
+  /// @{ The FFN: W1 (D, F) and W2 (F, D) with biases, named ffn.w*.
   Linear w1, w2;
   /// @}
-  Dropout resid_drop;  ///< on each residual branch
+  Dropout drop;  ///< on the attention probabilities and each residual branch
 };
 
 /// The GPT-2 decoder: token and position embeddings, Gpt2Blocks, a final LayerNorm, tied head.

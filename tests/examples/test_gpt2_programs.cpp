@@ -33,7 +33,7 @@ TEST_CASE("train_char --arch gpt2 --dropout resumes bit-identically and matches 
   CHECK(loaded.model.arch() == "gpt2");
   CHECK(loaded.metadata.at("arch") == "gpt2");
   CHECK(loaded.metadata.count("rope_theta") == 0);
-  CHECK(read_safetensors(straight.string()).tensors.count("blocks.0.mlp.w1.bias") == 1);
+  CHECK(read_safetensors(straight.string()).tensors.count("blocks.0.ffn.w1.bias") == 1);
 
   REQUIRE(run("train_char", tiny(data, halves, 5) + common + std::vector<std::string>{"--decay-steps", "10"}).status == 0);
   Result resumed = run("train_char", tiny(data, halves, 10) + std::vector<std::string>{"--eval-every", "4", "--resume", halves.string()});

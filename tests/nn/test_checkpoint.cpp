@@ -52,6 +52,47 @@ TEST_CASE("a checkpoint round-trips the model, its vocabulary and its hyperparam
   CHECK(load_model_checkpoint(path, /*remat=*/true).model.as<RotaryDecoder>()->config().remat);
 }
 
+TEST_CASE("a gpt2 checkpoint of 0.2, its blocks' members named ln1, ln2 and mlp, loads under today's names") {
+  tokenizers::CharTokenizer tok = tokenizers::CharTokenizer::from_text("abcdef");
+  Gpt2 model = gpt2(tok.size(), 8, 2, 2, 8, std::nullopt, 0, false, 5);
+  Tensor moment({8}, 0.25f);
+  const std::string today = temp_path("gpt2_today.safetensors"), of_0_2 = temp_path("gpt2_0_2.safetensors");
+  save_model_checkpoint(today, LanguageModel(model), tok, {{{"optim.blocks.1.ffn_norm.bias.m", &moment}}, {}});
+  // The names Gpt2Block::members gave before 0.3.
+  auto name_of_0_2 = [](std::string name) {
+    for (auto [now, then] : {std::pair{".attn_norm.", ".ln1."}, {".ffn_norm.", ".ln2."}, {".ffn.", ".mlp."}})
+      if (std::size_t at = name.find(now); at != std::string::npos) name.replace(at, std::string(now).size(), then);
+    return name;
+  };
+  rewrite(today, of_0_2, [&](std::map<std::string, Tensor>& tensors, std::map<std::string, std::string>&) {
+    std::map<std::string, Tensor> renamed;
+    for (auto& [name, tensor] : tensors) renamed.emplace(name_of_0_2(name), std::move(tensor));
+    tensors = std::move(renamed);
+  });
+  const SafetensorsFile file = read_safetensors(of_0_2);
+  REQUIRE(file.tensors.count("blocks.0.ln1.weight") == 1);
+  REQUIRE(file.tensors.count("blocks.1.mlp.w2.bias") == 1);
+  REQUIRE(file.tensors.count("optim.blocks.1.ln2.bias.m") == 1);
+
+  LoadedModelCheckpoint loaded = load_model_checkpoint(of_0_2);
+  auto a = model.params(), b = loaded.model.params();
+  REQUIRE(a.size() == b.size());
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    CHECK(a[i].name == b[i].name);
+    CHECK(max_abs_diff(a[i].var.value(), b[i].var.value()) == 0.0f);
+  }
+  CHECK(loaded.extra_tensors.at("optim.blocks.1.ffn_norm.bias.m").at({3}) == 0.25f);
+  std::vector<std::int32_t> ids = tok.encode("abcfed");
+  CHECK(max_abs_diff(model.forward(ids, 1, ids.size()).value(), loaded.model.forward(ids, 1, ids.size()).value()) == 0.0f);
+
+  const std::string both = temp_path("gpt2_both_names.safetensors");
+  rewrite(today, both, [](std::map<std::string, Tensor>& tensors, std::map<std::string, std::string>&) {
+    tensors.emplace("blocks.0.ln1.weight", tensors.at("blocks.0.attn_norm.weight"));
+  });
+  CHECK(test::contains(test::error_of([&] { load_model_checkpoint(both); }),
+                       "two tensors read as 'blocks.0.attn_norm.weight' (one of them under a former name)"));
+}
+
 TEST_CASE("training extras travel under optim. names and in the metadata") {
   tokenizers::CharTokenizer tok = tokenizers::CharTokenizer::from_text("abc");
   RotaryDecoder model = rotary_decoder(3, 8, 2, 1, 8);

@@ -21,9 +21,9 @@ TEST_CASE("gpt2(65, 64, 4, 2, 256) has exactly 120,640 parameters with the tenso
   for (const auto& p : model.params()) names.push_back(p.name);
   std::vector<std::string> expected = {"embed.weight", "pos.weight"};
   for (int i = 0; i < 2; ++i)
-    for (const char* n : {"ln1.weight", "ln1.bias", "attn.wq.weight", "attn.wq.bias", "attn.wk.weight", "attn.wk.bias",
-                          "attn.wv.weight", "attn.wv.bias", "attn.wo.weight", "attn.wo.bias", "ln2.weight", "ln2.bias",
-                          "mlp.w1.weight", "mlp.w1.bias", "mlp.w2.weight", "mlp.w2.bias"})
+    for (const char* n : {"attn_norm.weight", "attn_norm.bias", "attn.wq.weight", "attn.wq.bias", "attn.wk.weight",
+                          "attn.wk.bias", "attn.wv.weight", "attn.wv.bias", "attn.wo.weight", "attn.wo.bias",
+                          "ffn_norm.weight", "ffn_norm.bias", "ffn.w1.weight", "ffn.w1.bias", "ffn.w2.weight", "ffn.w2.bias"})
       expected.push_back(fmt::format("blocks.{}.{}", i, n));
   expected.push_back("norm.weight");
   expected.push_back("norm.bias");
@@ -83,10 +83,10 @@ TEST_CASE("gpt2's dropout follows train/eval and draws its masks from (seed, ste
   CHECK(max_abs_diff(step0, logits(model)) > 0.0f);
   CHECK(max_abs_diff(step0, logits(plain)) > 0.0f);
   model.eval();
-  CHECK_FALSE(model.blocks[0].attn_drop.training());
+  CHECK_FALSE(model.blocks[0].drop.training());
   CHECK(max_abs_diff(logits(model), logits(plain)) < 1e-6f);  // eval: the identity (fused attention path)
   model.train();
-  CHECK(model.blocks[0].resid_drop.training());
+  CHECK(model.blocks[0].drop.training());
 }
 
 TEST_CASE("gpt2 overfits one batch") {
