@@ -32,11 +32,14 @@ namespace {
 // large blocks with fresh mmaps and unmaps them on free, so each step paid page faults on
 // megabytes of zeroed pages (measured: 15-20% of a small model's step). Freed blocks of at
 // least min_cached_bytes are kept here by exact size and handed out again, as PyTorch's caching
-// allocator does; the total is capped so an unusual size pattern cannot hoard memory.
+// allocator does. The total kept is capped at the larger of 1 GiB and the most large-block bytes
+// ever live at once: a step's activations, whatever the model, come back whole (SmolLM2's
+// B4xT256 step frees 1.1 GiB: a flat 1 GiB cap refaulted 83,000 pages a step), while an unusual
+// size pattern can hoard at most one peak's worth.
 class StorageCache {
  public:
   static constexpr std::size_t alignment = CacheLineAllocator<float>::alignment, min_cached_bytes = 1 << 16,
-                               max_cached_bytes = std::size_t(1) << 30;
+                               min_cap_bytes = std::size_t(1) << 30;
 
   static std::size_t rounded(std::size_t count) {
     return (count * sizeof(float) + alignment - 1) / alignment * alignment;
@@ -50,18 +53,24 @@ class StorageCache {
         void* p = it->second.back();
         it->second.pop_back();
         cached_bytes_ -= bytes;
+        count_live(bytes);
         return static_cast<float*>(p);
       }
     }
     void* p = std::aligned_alloc(alignment, bytes);
     if (!p) throw std::bad_alloc();
+    if (bytes >= min_cached_bytes) {
+      std::lock_guard lock(mutex_);
+      count_live(bytes);
+    }
     return static_cast<float*>(p);
   }
 
   void release(void* p, std::size_t bytes) {
     if (bytes >= min_cached_bytes) {
       std::lock_guard lock(mutex_);
-      if (cached_bytes_ + bytes <= max_cached_bytes) {
+      live_bytes_ -= bytes;
+      if (cached_bytes_ + bytes <= std::max(min_cap_bytes, peak_live_bytes_)) {
         free_[bytes].push_back(p);
         cached_bytes_ += bytes;
         return;
@@ -84,9 +93,15 @@ class StorageCache {
   }
 
  private:
+  void count_live(std::size_t bytes) {  // under mutex_
+    live_bytes_ += bytes;
+    peak_live_bytes_ = std::max(peak_live_bytes_, live_bytes_);
+  }
+
   std::mutex mutex_;
   std::unordered_map<std::size_t, std::vector<void*>> free_;
   std::size_t cached_bytes_ = 0;
+  std::size_t live_bytes_ = 0, peak_live_bytes_ = 0;  // large blocks handed out and not released
 };
 
 StorageCache& storage_cache() {

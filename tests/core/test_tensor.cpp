@@ -5,6 +5,8 @@
 #include "core/xtensor_interop.h"
 #include "support/helpers.h"
 
+#include <vector>
+
 using namespace tapegrad;
 using test::contains;
 using test::error_of;
@@ -92,5 +94,16 @@ TEST_CASE("freed large storage is cached by size and handed out again") {
   CHECK(cached_storage_bytes() == 0);
   { Tensor small({4}); }
   CHECK(cached_storage_bytes() == 0);  // small blocks go straight back to malloc
+  release_cached_storage();
+}
+
+TEST_CASE("storage freed after more than 1 GiB was live at once is all kept for the next step") {
+  release_cached_storage();
+  constexpr std::size_t block_floats = std::size_t(64) << 20, blocks = 5;  // 256 MiB each, 1.25 GiB in all
+  {
+    std::vector<Tensor> step;  // uninitialized: address space only, no page is touched
+    for (std::size_t i = 0; i < blocks; ++i) step.push_back(Tensor::uninitialized({block_floats}));
+  }
+  CHECK(cached_storage_bytes() == blocks * block_floats * sizeof(float));
   release_cached_storage();
 }
