@@ -9,6 +9,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -34,7 +35,7 @@ namespace {
 constexpr float kClipNorm = 1.0f;
 // As finetune_reference.py's ADAMW.
 const optim::AdamWOptions kAdamW{.lr = 1e-4f, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f, .weight_decay = 0.1f};
-constexpr std::array<const char*, 5> kPhases = {"forward", "backward", "clip", "adamw", "zero_grad"};
+constexpr std::array<const char*, 4> kPhases = {"forward", "backward", "clip_adamw", "zero_grad"};
 
 /// A tapegrad run: its name in flags and results, the matmul precision, remat or not.
 struct Mode {
@@ -122,13 +123,14 @@ struct FineTune {
   ParameterList params;
   optim::AdamW optimizer;
   Precision precision;
-  std::array<double, 5> phase_ms{};
+  std::array<double, kPhases.size()> phase_ms{};
 
   FineTune(const std::string& path, const Mode& mode)
       : loaded(nn::load_pretrained(path, {.remat = mode.remat})), params(loaded.model.params()), optimizer(params, kAdamW),
         precision(mode.precision) {}
 
-  /// Forward, backward, clip, AdamW, zero_grad; returns the loss before the step.
+  /// Forward, backward, clip + AdamW (one pass: clip_grad_norm_and_step), zero_grad; returns the
+  /// loss before the step.
   float step(const Batch& b, const Options& o) {
     using Clock = std::chrono::steady_clock;
     const auto t0 = Clock::now();
@@ -143,14 +145,12 @@ struct FineTune {
       tape.backward(loss);
     }
     const auto t2 = Clock::now();
-    optim::clip_grad_norm(params, kClipNorm);
+    optim::clip_grad_norm_and_step(optimizer, kClipNorm);
     const auto t3 = Clock::now();
-    optimizer.step();
-    const auto t4 = Clock::now();
     optimizer.zero_grad();
-    const auto t5 = Clock::now();
+    const auto t4 = Clock::now();
     auto ms = [](Clock::time_point a, Clock::time_point b) { return std::chrono::duration<double, std::milli>(b - a).count(); };
-    phase_ms = {ms(t0, t1), ms(t1, t2), ms(t2, t3), ms(t3, t4), ms(t4, t5)};
+    phase_ms = {ms(t0, t1), ms(t1, t2), ms(t2, t3), ms(t3, t4)};
     return loss_value;
   }
 };
@@ -165,6 +165,13 @@ double step_flops(const nn::LlamaConfig& c, std::size_t batch, std::size_t seq_l
   return 6.0 * matmul_params * double(batch * seq_len) + attention;
 }
 
+/// Minor page faults of this process so far (the kernel zeroing a fresh page on first touch).
+double minor_page_faults() {
+  rusage usage{};
+  getrusage(RUSAGE_SELF, &usage);
+  return double(usage.ru_minflt);
+}
+
 /// One run in this process (a child of the main run): load, one warm-up step, then `steps` timed
 /// steps over the batches in turn; the JSON of its times, losses and peak memory (VmHWM).
 nlohmann::json run_here(const Options& o, const Mode& mode, const std::string& batches_file) {
@@ -172,18 +179,21 @@ nlohmann::json run_here(const Options& o, const Mode& mode, const std::string& b
   set_num_threads(o.threads.front());
   FineTune run(o.model, mode);
   std::vector<float> losses;
-  std::vector<double> ms;
-  std::array<std::vector<double>, 5> phases;
+  std::vector<double> ms, faults;
+  std::array<std::vector<double>, kPhases.size()> phases;
   for (int s = 0; s <= o.steps; ++s) {
+    const double faults_before = minor_page_faults();
     const double seconds = bench::seconds([&] { losses.push_back(run.step(batches[std::size_t(s) % batches.size()], o)); });
     if (s == 0) continue;  // the warm-up
     ms.push_back(1e3 * seconds);
+    faults.push_back(minor_page_faults() - faults_before);
     for (std::size_t p = 0; p < phases.size(); ++p) phases[p].push_back(run.phase_ms[p]);
   }
   const bench::Stats t = bench::stats_of(ms);
   nlohmann::json j = {{"mode", mode.name}, {"threads", o.threads.front()}, {"ms_per_step_median", t.median},
                       {"ms_per_step_min_max", {t.min, t.max}}, {"tokens_per_s", double(o.batch * o.seq_len) / t.median * 1e3},
-                      {"losses", losses}, {"peak_memory_mib", double(bench::proc_status_kib("VmHWM")) / 1024.0}};
+                      {"losses", losses}, {"peak_memory_mib", double(bench::proc_status_kib("VmHWM")) / 1024.0},
+                      {"page_faults_per_step_median", bench::stats_of(faults).median}};
   for (std::size_t p = 0; p < kPhases.size(); ++p) j["phase_ms_median"][kPhases[p]] = bench::stats_of(phases[p]).median;
   return j;
 }
@@ -322,7 +332,7 @@ int main(int argc, char** argv) try {
   write_batches(batches_file, batches, o);
   const double flops = step_flops(config, o.batch, o.seq_len);
   fmt::print("  llama (d {}, d_ff {}, {} blocks, {} heads / {} KV heads, vocab {}); B {} x T {}; {:.1f} GFLOP/step\n"
-             "  step = forward + backward + clip_grad_norm(1.0) + AdamW + zero_grad; each run a fresh process: load, 1 "
+             "  step = forward + backward + clip_grad_norm(1.0) folded into AdamW + zero_grad; each run a fresh process: load, 1 "
              "warm-up step, {} timed steps\n",
              config.d_model, config.ffn_dim(), config.n_blocks, config.n_heads, config.kv_heads(), config.vocab,
              o.batch, o.seq_len, flops * 1e-9, o.steps);
@@ -355,10 +365,11 @@ int main(int argc, char** argv) try {
       if (mode->precision == Precision::f32) first_loss = loss;
       const nlohmann::json& p = r["phase_ms_median"];
       fmt::print("  {} at {} thread(s): {:.0f} ms/step, {:.1f} tokens/s, peak {:.0f} MiB, first loss {:.5f}; forward "
-                 "{:.0f}, backward {:.0f}, clip {:.0f}, AdamW {:.0f}, zero_grad {:.0f} ms\n",
+                 "{:.0f}, backward {:.0f}, clip + AdamW {:.0f}, zero_grad {:.0f} ms; {:.0f} page faults/step\n",
                  mode->label, threads, r["ms_per_step_median"].get<double>(), r["tokens_per_s"].get<double>(),
                  r["peak_memory_mib"].get<double>(), loss, p["forward"].get<double>(), p["backward"].get<double>(),
-                 p["clip"].get<double>(), p["adamw"].get<double>(), p["zero_grad"].get<double>());
+                 p["clip_adamw"].get<double>(), p["zero_grad"].get<double>(),
+                 r["page_faults_per_step_median"].get<double>());
       std::fflush(stdout);
       r["model_gflops"] = flops / (r["ms_per_step_median"].get<double>() * 1e-3) * 1e-9;
       run["tapegrad"][mode->name] = r;

@@ -187,8 +187,8 @@ TAPEGRAD_KERNEL(void, cached_attention_forward,
 
 // ---- optimizers -----------------------------------------------------------------------------
 
-/// AdamW on n elements (decoupled weight decay, PyTorch's formula): m = b1 m + (1 - b1) g;
-/// v = b2 v + (1 - b2) g^2; p = p decay - step_size m / (sqrt(v) inv_bc2_sqrt + eps).
+/// AdamW on n elements (decoupled weight decay, PyTorch's formula), g = grad_scale grad:
+/// m = b1 m + (1 - b1) g; v = b2 v + (1 - b2) g^2; p = p decay - step_size m / (sqrt(v) inv_bc2_sqrt + eps).
 TAPEGRAD_KERNEL(void, adamw_update, (T* p, T* m, T* v, const T* g, std::size_t n, const AdamWScalars<T>& s),
                 (p, m, v, g, n, s))
 /// The sum of x[i]^2 in double: blocks of 4096 elements, each in eight chains, the blocks' sums

@@ -55,6 +55,7 @@ template <class T> struct AdamWScalars {
   T step_size = 0;        ///< lr / (1 - beta1^t)
   T inv_bc2_sqrt = 1;     ///< 1 / sqrt(1 - beta2^t)
   T eps = 0;              ///< added to the denominator
+  T grad_scale = 1;       ///< each gradient is multiplied by it as read: gradient clipping folded in
 };
 
 /// Positions per block of a KV cache's keys (cached_attention_forward): block b holds keys

@@ -25,7 +25,9 @@ const char* AdamW::invalid_slot_value(std::size_t slot, float value) const {
   return Optimizer::invalid_slot_value(slot, value);
 }
 
-void AdamW::step() {
+void AdamW::step() { step_scaled(1.0f); }
+
+void AdamW::step_scaled(float grad_scale) {
   const std::int64_t t = advance_step();
   // The scalars are combined in double and rounded to float once, as PyTorch does with its
   // Python-float hyperparameters.
@@ -39,7 +41,8 @@ void AdamW::step() {
                                        .one_minus_beta2 = float(1.0 - beta2),
                                        .step_size = float(lr / bias_correction1),
                                        .inv_bc2_sqrt = float(1.0 / std::sqrt(bias_correction2)),
-                                       .eps = options_.eps};
+                                       .eps = options_.eps,
+                                       .grad_scale = grad_scale};
   const float decay_factor = float(1.0 - lr * double(options_.weight_decay));
   for (std::size_t i = 0; i < params().size(); ++i) {
     NamedParameter& p = mutable_params()[i];

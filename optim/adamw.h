@@ -27,6 +27,9 @@ class AdamW : public Optimizer {
   /// One AdamW update (file comment) of every parameter with a gradient, t = steps() after the
   /// call. The bias corrections use the optimizer's step count, shared by all parameters.
   void step() override;
+  /// The same update with each gradient multiplied by grad_scale as it is read (the gradients
+  /// are left unscaled): one pass over the parameters, their state and gradients.
+  void step_scaled(float grad_scale) override;
   /// The options given at construction (options().lr is the initial lr; see lr()).
   const AdamWOptions& options() const { return options_; }
 

@@ -10,6 +10,8 @@
 #include <stdexcept>
 #include <utility>
 
+#include "core/kernels.h"
+
 namespace tapegrad::optim {
 
 namespace detail {
@@ -77,6 +79,16 @@ void Optimizer::keep_only(FlatRange range) {
     values = std::vector<float>(values.begin() + std::ptrdiff_t(range.begin - held_.begin),
                                 values.begin() + std::ptrdiff_t(range.end - held_.begin));
   hold(range);
+}
+
+void Optimizer::step_scaled(float grad_scale) {
+  if (grad_scale != 1.0f)
+    for (const NamedParameter& p : params_) {
+      if (!p.var.has_grad()) continue;
+      Tensor& grad = Var(p.var).grad_buffer();
+      kernels::scale_forward(grad.data(), grad.data(), grad_scale, grad.size());
+    }
+  step();
 }
 
 void Optimizer::zero_grad() {

@@ -62,6 +62,11 @@ class Optimizer {
   /// (so a KV cache filled under the old weights refuses to step). Parameters without a gradient
   /// are left alone, state included, as in PyTorch.
   virtual void step() = 0;
+  /// step() as if every gradient were first multiplied by grad_scale (a float product, as
+  /// clip_grad_norm's scaling): clipping folded into the update (see clip_grad_norm_and_step). The
+  /// base scales the gradients in place, then steps; an optimizer may instead scale each gradient as
+  /// it reads it and leave the gradients unscaled (AdamW does). Either way, zero_grad comes next.
+  virtual void step_scaled(float grad_scale);
   /// Drops every parameter's gradient (the next backward starts from zero).
   void zero_grad();
 

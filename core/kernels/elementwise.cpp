@@ -221,7 +221,7 @@ template <class T> void adamw_update(T* p, T* m, T* v, const T* g, std::size_t n
       n, 12,
       [&s](std::size_t i, T* p, T* m, T* v, const T* g) {
         using std::sqrt;  // the batch's own sqrt by argument-dependent lookup
-        B gb = B::load_unaligned(g + i);
+        B gb = B(s.grad_scale) * B::load_unaligned(g + i);  // scale_forward's product: clipping's bits
         B mb = s.beta1 * B::load_unaligned(m + i) + s.one_minus_beta1 * gb;
         B vb = s.beta2 * B::load_unaligned(v + i) + s.one_minus_beta2 * gb * gb;
         B pb = B::load_unaligned(p + i) * s.decay - s.step_size * mb / (sqrt(vb) * s.inv_bc2_sqrt + s.eps);

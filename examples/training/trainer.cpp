@@ -287,9 +287,9 @@ class TrainingLoop {
     double exchange_seconds = buckets_ ? buckets_->reduce(comm_, parts_) : 0.0;
     loss = agree_on_loss_and_stop(loss, stop_signal) / double(parts_);
     if (!std::isfinite(loss)) diverged("loss", loss, run_, metrics_, leader_);
-    const float norm = optim::clip_grad_norm(run_.params, clip_);
+    // Clipping folded into AdamW's pass; a non-finite norm takes no step.
+    const float norm = optim::clip_grad_norm_and_step(run_.optimizer, clip_);
     if (!std::isfinite(norm)) diverged("gradient norm", norm, run_, metrics_, leader_);
-    run_.optimizer.step();
     run_.optimizer.zero_grad();
     if (sharded_) {  // each rank updated its shard: share them
       const auto gather_started = std::chrono::steady_clock::now();
