@@ -152,12 +152,14 @@ InitModel load_init(const TrainOptions& o) {
   if (nn::is_pretrained_path(o.init)) {
     std::optional<nn::PretrainedModel> pretrained;
     try {
-      pretrained.emplace(nn::load_pretrained(o.init));
+      pretrained.emplace(nn::load_pretrained(o.init, {.remat = o.remat}));
     } catch (const std::exception& e) {
       throw std::runtime_error(fmt::format("--init: {}", e.what()));  // e names the file
     }
     std::shared_ptr<const tokenizers::Tokenizer> tokenizer = std::move(pretrained->tokenizer);
-    nn::LanguageModel model = with_run_options(std::move(pretrained->model), o.remat, o.model.dropout);
+    // Built with --remat by the load; only --dropout rebuilds it.
+    nn::LanguageModel model = o.model.dropout ? with_run_options(std::move(pretrained->model), o.remat, o.model.dropout)
+                                              : std::move(pretrained->model);
     std::string description = fmt::format("init: {} ({}, float32 weights; its {} tokenizer of {} tokens)", o.init,
                                           pretrained->format == "gguf" ? "a GGUF file" : "a Hugging Face folder",
                                           tokenizer->kind(), tokenizer->vocab_size());
