@@ -96,10 +96,10 @@ int main(int argc, char** argv) {
   app.add_flag("--merge", o.merge, "When the run finishes, fold the LoRA adapters into the weights that are exported");
   app.add_option("--export-hf", o.export_hf,
                  "When the run finishes: the model as a Hugging Face folder (model.safetensors, config.json, "
-                 "tokenizer files); a Llama only");
+                 "tokenizer files); a Llama or a GPT-2");
   app.add_option("--export-gguf", o.export_gguf,
                  "When the run finishes: the model as a GGUF file with its tokenizer and chat "
-                 "template; a Llama only. With --init and --steps 0, train converts a model");
+                 "template; a Llama or a GPT-2. With --init and --steps 0, train converts a model");
   app.add_option("--export-type", o.export_type, "--export-gguf's matrices: f32, bf16 or q8_0 (vectors stay f32)")
       ->capture_default_str();
   app.add_option("--metrics", o.metrics,

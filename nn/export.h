@@ -13,15 +13,16 @@
 
 namespace tapegrad::nn {
 
-/// What to export: the model (a Llama), its byte-level BPE tokenizer, and its chat template.
+/// What to export: the model (a Llama or a Gpt2), its byte-level BPE tokenizer, and its chat template.
 struct ExportSource {
-  const LanguageModel& model;                        ///< a Llama
+  const LanguageModel& model;                        ///< a Llama or a Gpt2
   const tokenizers::Tokenizer& tokenizer;            ///< its byte-level BPE
   const std::optional<std::string>& chat_template;  ///< the template text, if the model has one
 };
 
-/// Throws what export_hf and export_gguf would for a model that is not a Llama or a tokenizer that
-/// is not a byte-level BPE, naming `target`; lets a program refuse an export before it trains.
+/// Throws what export_hf and export_gguf would for a model that is neither a Llama nor a Gpt2, or a
+/// tokenizer that is not a byte-level BPE, naming `target`; lets a program refuse an export before
+/// it trains.
 void check_exportable(const ExportSource& source, const std::string& target);
 
 /// The tensor type of a GGUF export's matrices; vectors (the norms) stay f32, and a matrix whose
@@ -33,14 +34,16 @@ GgufExportType parse_gguf_export_type(std::string_view name);
 
 /// Writes the folder `dir` atomically (it replaces an existing folder only once complete): float32
 /// model.safetensors in LlamaForCausalLM's names and layout (q_proj and k_proj rows back in
-/// rotate-half order), config.json, tokenizer.json and tokenizer_config.json (bos and eos tokens,
-/// add_bos_token, chat_template). Throws naming dir, or the parameter or tokenizer that cannot go.
+/// rotate-half order) or GPT2LMHeadModel's (Conv1D weights (in, out), q, k and v fused in c_attn),
+/// config.json, tokenizer.json and tokenizer_config.json (bos and eos tokens, add_bos_token,
+/// chat_template). Throws naming dir, or the parameter or tokenizer that cannot go.
 void export_hf(const ExportSource& source, const std::string& dir);
 
-/// Writes the GGUF file `path` atomically: llama.* sizes, tokenizer.ggml.* (model "gpt2", the
+/// Writes the GGUF file `path` atomically: llama.* or gpt2.* sizes, tokenizer.ggml.* (model "gpt2", the
 /// pre-tokenizer, tokens padded with "[PAD<id>]" up to the model's vocabulary, token types, merges,
 /// bos/eos/unknown ids, add_bos_token), tokenizer.chat_template, and the tensors in llama.cpp's
-/// names and layout as `type`. q8_0 refuses a parameter holding a NaN or an infinity.
+/// names and layout (GPT-2's q, k, v fused in attn_qkv) as `type`. q8_0 refuses a parameter
+/// holding a NaN or an infinity.
 void export_gguf(const ExportSource& source, const std::string& path, GgufExportType type);
 
 }  // namespace tapegrad::nn

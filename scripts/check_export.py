@@ -4,7 +4,7 @@ tapegrad's logits within 1e-5 and its tokenizer to tapegrad's ids, and the gguf 
 GGUF file (metadata, tokenizer, chat template, every tensor dequantized to finite values).
 
 Usage: python scripts/check_export.py HF_DIR GGUF_FILE EXPECTED_JSON
-EXPECTED_JSON: {"text", "ids", "logits" (T * vocab floats), "chat_template"}. Exit status 0 when all hold."""
+EXPECTED_JSON: {"text", "ids", "logits" (T * vocab floats), "chat_template", "gguf_arch" (default "llama")}. Exit status 0 when all hold."""
 import json
 import sys
 
@@ -36,7 +36,8 @@ def check_gguf(path: str, expected: dict) -> None:
 
     reader = gguf.GGUFReader(path)
     fields = reader.fields
-    assert fields["general.architecture"].contents() == "llama"
+    arch = expected.get("gguf_arch", "llama")
+    assert fields["general.architecture"].contents() == arch, f"general.architecture is not {arch}"
     assert fields["tokenizer.chat_template"].contents() == expected["chat_template"], "the chat template differs"
     tokens = fields["tokenizer.ggml.tokens"].contents()
     for tensor in reader.tensors:

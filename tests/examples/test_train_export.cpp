@@ -1,5 +1,5 @@
-// train --export-hf and --export-gguf end to end on the committed tiny Llama: the exports of a
-// trained run hold the checkpoint's weights (bit for bit through Hugging Face and f32 GGUF), --steps
+// train --export-hf and --export-gguf end to end on the committed tiny Llama and GPT-2: the exports
+// of a trained run hold the checkpoint's weights (bit for bit through Hugging Face and f32 GGUF), --steps
 // 0 with --init converts a model unchanged, and a bad --export-type or a model that cannot be
 // exported is refused before training; a checkpoint keeps the --init model's chat template.
 #include <doctest/doctest.h>
@@ -17,6 +17,7 @@ namespace fs = std::filesystem;
 namespace {
 
 const fs::path kTinyLlama = fs::path(TAPEGRAD_SOURCE_DIR) / "tests/data/models/tiny_llama";
+const fs::path kTinyGpt2 = fs::path(TAPEGRAD_SOURCE_DIR) / "tests/data/models/tiny_gpt2";
 
 std::vector<std::string> train_args(const fs::path& init, const fs::path& data, const fs::path& out, int steps) {
   return {"--init", init.string(), "--data", data.string(), "--out", out.string(), "--seq", "16", "--batch", "4",
@@ -33,26 +34,30 @@ bool same_bits(const Tensor& a, const Tensor& b) {
 
 }  // namespace
 
-TEST_CASE("train --export-hf and --export-gguf write the trained model: the checkpoint's logits bit for bit") {
-  fs::path dir = work_dir("train_export"), data = write_corpus(dir);
-  const fs::path out = dir / "run.safetensors", hf = dir / "hf", gguf = dir / "run.f32.gguf";
-  std::vector<std::string> args = train_args(kTinyLlama, data, out, 3);
-  args.insert(args.end(), {"--export-hf", hf.string(), "--export-gguf", gguf.string()});
-  Result r = run("train", args);
-  REQUIRE_MESSAGE(r.status == 0, r.err);
-  CHECK(contains(r.out, "exported " + hf.string() + " (a Hugging Face folder, float32, with its chat template)"));
-  CHECK(contains(r.out, "exported " + gguf.string() + " (GGUF, f32 matrices, with its chat template)"));
-  const nn::LoadedModelCheckpoint trained = nn::load_model_checkpoint(out.string());
-  const nn::PretrainedModel original = nn::load_pretrained(kTinyLlama.string());
-  const std::vector<std::int32_t> ids = trained.tokenizer->encode("the cat sat on a mat");
-  const Tensor want = logits_of(trained.model, ids);
-  CHECK(!same_bits(want, logits_of(original.model, ids)));  // it did train
-  for (const fs::path& exported : {hf, gguf}) {
-    CAPTURE(exported.string());
-    const nn::PretrainedModel reloaded = nn::load_pretrained(exported.string());
-    CHECK(same_bits(logits_of(reloaded.model, ids), want));
-    CHECK(reloaded.chat_template == original.chat_template);
-    CHECK(reloaded.tokenizer->encode("the cat sat on a mat") == ids);
+TEST_CASE("train --export-hf and --export-gguf write the trained model, Llama or GPT-2: the checkpoint's logits bit for bit") {
+  for (const fs::path& init : {kTinyLlama, kTinyGpt2}) {
+    CAPTURE(init.string());
+    fs::path dir = work_dir("train_export_" + init.filename().string()), data = write_corpus(dir);
+    const fs::path out = dir / "run.safetensors", hf = dir / "hf", gguf = dir / "run.f32.gguf";
+    std::vector<std::string> args = train_args(init, data, out, 3);
+    args.insert(args.end(), {"--export-hf", hf.string(), "--export-gguf", gguf.string()});
+    Result r = run("train", args);
+    REQUIRE_MESSAGE(r.status == 0, r.err);
+    CHECK(contains(r.out, "exported " + hf.string() + " (a Hugging Face folder, float32, with its chat template)"));
+    CHECK(contains(r.out, "exported " + gguf.string() + " (GGUF, f32 matrices, with its chat template)"));
+    const nn::LoadedModelCheckpoint trained = nn::load_model_checkpoint(out.string());
+    const nn::PretrainedModel original = nn::load_pretrained(init.string());
+    const std::vector<std::int32_t> ids = trained.tokenizer->encode("the cat sat on a mat");
+    const Tensor want = logits_of(trained.model, ids);
+    CHECK(!same_bits(want, logits_of(original.model, ids)));  // it did train
+    for (const fs::path& exported : {hf, gguf}) {
+      CAPTURE(exported.string());
+      const nn::PretrainedModel reloaded = nn::load_pretrained(exported.string());
+      CHECK(reloaded.model.arch() == original.model.arch());
+      CHECK(same_bits(logits_of(reloaded.model, ids), want));
+      CHECK(reloaded.chat_template == original.chat_template);
+      CHECK(reloaded.tokenizer->encode("the cat sat on a mat") == ids);
+    }
   }
 }
 
@@ -122,7 +127,7 @@ TEST_CASE("train refuses --export-type q4_0, --steps 0 without --init, an export
   Result chars = run("train", rotary);
   CHECK(chars.status == 2);
   CHECK(contains(chars.err,
-                 "--export-hf " + (dir / "c_hf").string() + ": only Llama models export (this model is 'rotary')"));
+                 "--export-hf " + (dir / "c_hf").string() + ": only Llama and GPT-2 models export (this model is 'rotary')"));
   CHECK(!fs::exists(dir / "c.safetensors"));
   CHECK(!fs::exists(dir / "c_hf"));
   std::vector<std::string> llama = char_model;

@@ -1,5 +1,5 @@
-// Exports read back: the tiny Llama (tests/data/models) exported to a Hugging Face folder and to
-// GGUF f32 reproduces the committed files' tensors bit for bit and reloads to bit-identical logits,
+// Exports read back: the tiny Llamas and GPT-2 (tests/data/models) exported to a Hugging Face folder
+// and to GGUF f32 reproduce the committed files' tensors bit for bit and reload to bit-identical logits,
 // bf16 and q8_0 within their rounding; tokenizer and chat template carried over; failures leave
 // nothing damaged. Where bench/.venv exists, transformers and the gguf package read the exports
 // (scripts/check_export.py).
@@ -18,6 +18,7 @@
 #include "io/safetensors.h"
 #include "nn/export.h"
 #include "nn/models/gpt2.h"
+#include "nn/models/rotary_decoder.h"
 #include "nn/pretrained.h"
 #include "support/helpers.h"
 #include "tokenizers/byte_level_bpe.h"
@@ -61,8 +62,8 @@ void check_same_tokenizer(const nn::PretrainedModel& a, const nn::PretrainedMode
 
 }  // namespace
 
-TEST_CASE("the tiny Llamas exported to Hugging Face folders give back the committed tensors and logits bit for bit") {
-  for (const char* name : {"tiny_llama", "tiny_llama_tied"}) {
+TEST_CASE("the tiny Llamas and GPT-2 exported to Hugging Face folders give back the committed tensors and logits bit for bit") {
+  for (const char* name : {"tiny_llama", "tiny_llama_tied", "tiny_gpt2"}) {
     CAPTURE(name);
     const nn::PretrainedModel original = nn::load_pretrained((models_dir / name).string());
     const std::string dir = test::process_path(std::string(name) + "_hf");
@@ -87,53 +88,69 @@ TEST_CASE("the tiny Llamas exported to Hugging Face folders give back the commit
   }
 }
 
-TEST_CASE("the tiny Llama exported to GGUF: f32 gives back the committed file's tensors and logits bit for bit, bf16 and q8_0 within their rounding") {
-  const nn::PretrainedModel original = nn::load_pretrained((models_dir / "tiny_llama").string());
-  const std::vector<std::int32_t> ids = probe_ids(original);
-  const Tensor want = logits_of(original, ids);
-  float logit_scale = 0;
-  for (std::size_t i = 0; i < want.size(); ++i) logit_scale = std::max(logit_scale, std::fabs(want.data()[i]));
-  // The worst logit error, relative to the largest logit: bf16 keeps 8 bits of each weight (0.4% at
-  // most), q8_0 rounds each to 1/254 of its block's largest. The tiny random model (width 32)
-  // measures 1.2% (bf16) and 1.9% (q8_0) at every level; bounded at 5%, while a wrong tensor
-  // layout or scale errs by the logits' whole size.
-  for (const auto& [type_name, tolerance] : std::vector<std::pair<std::string, float>>{{"f32", 0.0f}, {"bf16", 0.05f}, {"q8_0", 0.05f}}) {
-    CAPTURE(type_name);
-    const std::string path = test::process_path("tiny_llama." + type_name + ".gguf");
-    nn::export_gguf({original.model, *original.tokenizer, original.chat_template}, path,
-                    nn::parse_gguf_export_type(type_name));
-    const io::GgufFile file = io::GgufFile::open(path);
-    CHECK(file.at("general.architecture").as_string() == "llama");
-    if (type_name == "f32") {
-      const io::GgufFile published = io::GgufFile::open((models_dir / "tiny_llama" / "tiny_llama.f32.gguf").string());
-      CHECK(file.tensors().size() == published.tensors().size());
-      for (const io::GgufTensor& t : published.tensors()) {
-        CAPTURE(t.name);
-        const io::GgufTensor* ours = file.find_tensor(t.name);
-        REQUIRE(ours != nullptr);
-        CHECK(ours->shape == t.shape);
-        CHECK(std::equal(t.data.begin(), t.data.end(), ours->data.begin(), ours->data.end()));
+// What the GGUF test checks of each tiny model: its committed f32 file, a matrix and a vector
+// tensor, and the size keys llama.cpp reads.
+struct GgufCase {
+  std::string model, arch, matrix, vector;
+  std::vector<std::string> keys;
+};
+
+TEST_CASE("the tiny Llama and GPT-2 exported to GGUF: f32 gives back the committed file's tensors and logits bit for bit, bf16 and q8_0 within their rounding") {
+  const std::vector<GgufCase> cases = {
+      {"tiny_llama", "llama", "blk.0.attn_q.weight", "blk.0.attn_norm.weight",
+       {"llama.context_length", "llama.embedding_length", "llama.block_count", "llama.feed_forward_length",
+        "llama.rope.dimension_count", "llama.attention.head_count", "llama.attention.head_count_kv"}},
+      {"tiny_gpt2", "gpt2", "blk.0.attn_qkv.weight", "blk.0.attn_qkv.bias",
+       {"gpt2.context_length", "gpt2.embedding_length", "gpt2.block_count", "gpt2.feed_forward_length",
+        "gpt2.attention.head_count"}}};
+  for (const GgufCase& c : cases) {
+    CAPTURE(c.model);
+    const nn::PretrainedModel original = nn::load_pretrained((models_dir / c.model).string());
+    const std::vector<std::int32_t> ids = probe_ids(original);
+    const Tensor want = logits_of(original, ids);
+    float logit_scale = 0;
+    for (std::size_t i = 0; i < want.size(); ++i) logit_scale = std::max(logit_scale, std::fabs(want.data()[i]));
+    // The worst logit error, relative to the largest logit: bf16 keeps 8 bits of each weight (0.4%
+    // at most), q8_0 rounds each to 1/254 of its block's largest. The tiny random models (width 32)
+    // measure 1.2% (bf16) and 1.9% (q8_0) for the Llama, 0.8% and 2.0% for GPT-2; bounded at 5%,
+    // while a wrong tensor layout or scale errs by the logits' whole size.
+    for (const auto& [type_name, tolerance] : std::vector<std::pair<std::string, float>>{{"f32", 0.0f}, {"bf16", 0.05f}, {"q8_0", 0.05f}}) {
+      CAPTURE(type_name);
+      const std::string path = test::process_path(c.model + "." + type_name + ".gguf");
+      nn::export_gguf({original.model, *original.tokenizer, original.chat_template}, path,
+                      nn::parse_gguf_export_type(type_name));
+      const io::GgufFile file = io::GgufFile::open(path);
+      CHECK(file.at("general.architecture").as_string() == c.arch);
+      if (type_name == "f32") {
+        const io::GgufFile published = io::GgufFile::open((models_dir / c.model / (c.model + ".f32.gguf")).string());
+        CHECK(file.tensors().size() == published.tensors().size());
+        for (const io::GgufTensor& t : published.tensors()) {
+          CAPTURE(t.name);
+          const io::GgufTensor* ours = file.find_tensor(t.name);
+          REQUIRE(ours != nullptr);
+          CHECK(ours->shape == t.shape);
+          CHECK(std::equal(t.data.begin(), t.data.end(), ours->data.begin(), ours->data.end()));
+        }
+        std::vector<std::string> keys = c.keys;
+        keys.insert(keys.end(), {"tokenizer.ggml.bos_token_id", "tokenizer.ggml.eos_token_id"});
+        for (const std::string& key : keys) CHECK_MESSAGE(file.at(key).as_int() == published.at(key).as_int(), key);
+        CHECK(file.at("tokenizer.ggml.tokens").as_strings() == published.at("tokenizer.ggml.tokens").as_strings());
+        CHECK(file.at("tokenizer.ggml.merges").as_strings() == published.at("tokenizer.ggml.merges").as_strings());
+        CHECK(file.at("tokenizer.ggml.token_type").as_ints() == published.at("tokenizer.ggml.token_type").as_ints());
+      } else {
+        const quant::TensorType matrices = type_name == "bf16" ? quant::TensorType::BF16 : quant::TensorType::Q8_0;
+        CHECK(file.find_tensor(c.matrix)->type == matrices);
+        CHECK(file.find_tensor(c.vector)->type == quant::TensorType::F32);  // vectors stay f32
       }
-      for (const char* key : {"llama.context_length", "llama.embedding_length", "llama.block_count",
-                              "llama.feed_forward_length", "llama.rope.dimension_count", "llama.attention.head_count",
-                              "llama.attention.head_count_kv", "tokenizer.ggml.bos_token_id", "tokenizer.ggml.eos_token_id"})
-        CHECK_MESSAGE(file.at(key).as_int() == published.at(key).as_int(), key);
-      CHECK(file.at("tokenizer.ggml.tokens").as_strings() == published.at("tokenizer.ggml.tokens").as_strings());
-      CHECK(file.at("tokenizer.ggml.merges").as_strings() == published.at("tokenizer.ggml.merges").as_strings());
-      CHECK(file.at("tokenizer.ggml.token_type").as_ints() == published.at("tokenizer.ggml.token_type").as_ints());
-    } else {
-      const quant::TensorType matrices = type_name == "bf16" ? quant::TensorType::BF16 : quant::TensorType::Q8_0;
-      CHECK(file.find_tensor("blk.0.attn_q.weight")->type == matrices);
-      CHECK(file.find_tensor("blk.0.attn_norm.weight")->type == quant::TensorType::F32);  // vectors stay f32
+      const nn::PretrainedModel reloaded = nn::load_pretrained(path);
+      const Tensor got = logits_of(reloaded, ids);
+      const float error = max_abs_difference(got, want) / logit_scale;
+      MESSAGE(c.model, " ", type_name, ": worst logit error ", error, " of the largest logit ", logit_scale);
+      CHECK(error <= tolerance);
+      if (type_name == "f32") CHECK(same_bits(got, want));
+      if (type_name != "f32") CHECK(error > 0);  // the rounding did happen
+      check_same_tokenizer(original, reloaded);
     }
-    const nn::PretrainedModel reloaded = nn::load_pretrained(path);
-    const Tensor got = logits_of(reloaded, ids);
-    const float error = max_abs_difference(got, want) / logit_scale;
-    MESSAGE(type_name, ": worst logit error ", error, " of the largest logit ", logit_scale);
-    CHECK(error <= tolerance);
-    if (type_name == "f32") CHECK(same_bits(got, want));
-    if (type_name != "f32") CHECK(error > 0);  // the rounding did happen
-    check_same_tokenizer(original, reloaded);
   }
 }
 
@@ -162,10 +179,10 @@ TEST_CASE("a GGUF export pads the token list up to the model's vocabulary, and t
 
 TEST_CASE("exports refuse what they cannot write and leave no damaged or temporary files") {
   const nn::PretrainedModel tiny = nn::load_pretrained((models_dir / "tiny_llama").string());
-  const nn::PretrainedModel gpt2 = nn::load_pretrained((models_dir / "tiny_gpt2").string());
+  const nn::LanguageModel rotary(nn::rotary_decoder(320, 16, 2, 1, 8));
   const std::string dir = test::process_path("refused_hf");
-  CHECK(contains(error_of<std::invalid_argument>([&] { nn::export_hf({gpt2.model, *gpt2.tokenizer, gpt2.chat_template}, dir); }),
-                 dir + ": only Llama models export (this model is 'gpt2')"));
+  CHECK(contains(error_of<std::invalid_argument>([&] { nn::export_hf({rotary, *tiny.tokenizer, std::nullopt}, dir); }),
+                 dir + ": only Llama and GPT-2 models export (this model is 'rotary')"));
   const auto chars = tokenizers::CharTokenizer::from_text("abc");
   CHECK(contains(error_of<std::invalid_argument>([&] { nn::export_gguf({tiny.model, chars, std::nullopt}, dir + ".gguf", nn::GgufExportType::F32); }),
                  ": only a byte-level BPE tokenizer exports (this one is 'char')"));
@@ -195,7 +212,7 @@ TEST_CASE("exports refuse what they cannot write and leave no damaged or tempora
   CHECK(!fs::exists(q8));
 }
 
-TEST_CASE("transformers loads the Hugging Face export to tapegrad's logits within 1e-5 and the gguf package reads the GGUF export (bench/.venv)") {
+TEST_CASE("transformers loads the Hugging Face exports (Llama, GPT-2) to tapegrad's logits within 1e-5 and the gguf package reads the GGUF export (bench/.venv)") {
   const fs::path python = fs::path(TAPEGRAD_SOURCE_DIR) / "bench" / ".venv" / "bin" / "python";
   if (!fs::exists(python)) {
     // scripts/test.sh and CI do not create the venv (bench/compare.sh does): skip, saying so.
@@ -203,22 +220,26 @@ TEST_CASE("transformers loads the Hugging Face export to tapegrad's logits withi
             "readers above");
     return;
   }
-  const nn::PretrainedModel original = nn::load_pretrained((models_dir / "tiny_llama").string());
-  const std::string dir = test::process_path("python_hf"), gguf = test::process_path("python.q8_0.gguf");
-  nn::export_hf({original.model, *original.tokenizer, original.chat_template}, dir);
-  nn::export_gguf({original.model, *original.tokenizer, original.chat_template}, gguf, nn::GgufExportType::Q8_0);
-  const std::vector<std::int32_t> ids = probe_ids(original);
-  const Tensor logits = logits_of(original, ids);
-  nlohmann::json expected = {{"text", kText}, {"ids", ids}, {"logits", std::vector<float>(logits.data(), logits.data() + logits.size())},
-                             {"chat_template", *original.chat_template}};
-  const std::string expected_path = test::process_path("expected.json"), out = test::process_path("check_export.out");
-  std::ofstream(expected_path) << expected.dump();
-  const std::string command = fmt::format("OMP_NUM_THREADS=1 HF_HUB_DISABLE_PROGRESS_BARS=1 '{}' '{}/scripts/check_export.py' '{}' '{}' '{}' > '{}' 2>&1",
-                                          python.string(), TAPEGRAD_SOURCE_DIR, dir, gguf, expected_path, out);
-  const int status = std::system(command.c_str());
-  const std::string output = test::slurp(out);
-  MESSAGE(output);
-  CHECK(status == 0);
-  CHECK(contains(output, "transformers: logits within 1e-5"));
-  CHECK(contains(output, "gguf: read"));
+  for (const auto& [model, arch] : {std::pair<std::string, std::string>{"tiny_llama", "llama"}, {"tiny_gpt2", "gpt2"}}) {
+    CAPTURE(model);
+    const nn::PretrainedModel original = nn::load_pretrained((models_dir / model).string());
+    const std::string dir = test::process_path(model + "_python_hf"),
+                      gguf = test::process_path(model + "_python.q8_0.gguf");
+    nn::export_hf({original.model, *original.tokenizer, original.chat_template}, dir);
+    nn::export_gguf({original.model, *original.tokenizer, original.chat_template}, gguf, nn::GgufExportType::Q8_0);
+    const std::vector<std::int32_t> ids = probe_ids(original);
+    const Tensor logits = logits_of(original, ids);
+    nlohmann::json expected = {{"text", kText}, {"ids", ids}, {"logits", std::vector<float>(logits.data(), logits.data() + logits.size())},
+                               {"chat_template", *original.chat_template}, {"gguf_arch", arch}};
+    const std::string expected_path = test::process_path("expected.json"), out = test::process_path("check_export.out");
+    std::ofstream(expected_path) << expected.dump();
+    const std::string command = fmt::format("OMP_NUM_THREADS=1 HF_HUB_DISABLE_PROGRESS_BARS=1 '{}' '{}/scripts/check_export.py' '{}' '{}' '{}' > '{}' 2>&1",
+                                            python.string(), TAPEGRAD_SOURCE_DIR, dir, gguf, expected_path, out);
+    const int status = std::system(command.c_str());
+    const std::string output = test::slurp(out);
+    MESSAGE(output);
+    CHECK(status == 0);
+    CHECK(contains(output, "transformers: logits within 1e-5"));
+    CHECK(contains(output, "gguf: read"));
+  }
 }
