@@ -7,11 +7,13 @@
 #include <algorithm>
 #include <exception>
 #include <stdexcept>
+#include <utility>
 
 namespace tapegrad::nn {
 
-CachePass::CachePass(KVCache& cache, std::span<const Run> runs, KVCache::Scratch& scratch, PrefillLogits logits)
-    : cache_(cache), runs_(runs), scratch_(scratch), logits_(logits) {
+CachePass::CachePass(KVCache& cache, std::span<const Run> runs, KVCache::Scratch& scratch, PrefillLogits logits,
+                     float* logits_out, std::size_t vocab)
+    : cache_(cache), runs_(runs), scratch_(scratch), logits_(logits), logits_out_(logits_out), vocab_(vocab) {
   for (const Run& run : runs_) rows_ += run.count;
   scratch_.rewind();
 }
@@ -19,6 +21,12 @@ CachePass::CachePass(KVCache& cache, std::span<const Run> runs, KVCache::Scratch
 Rows CachePass::take(std::size_t cols) { return take(rows_, cols); }
 
 Rows CachePass::take(std::size_t rows, std::size_t cols) { return {scratch_.take(rows * cols), rows, cols}; }
+
+// Once: a second head op must not overwrite the first's logits, which the description may still read.
+Rows CachePass::take_logits(std::size_t rows, std::size_t cols) {
+  if (!logits_out_ || rows != logit_rows() || cols != vocab_) return take(rows, cols);
+  return {std::exchange(logits_out_, nullptr), rows, cols};
+}
 
 void CachePass::check_cols(const char* op, const Rows& x, std::size_t cols) const {
   if (x.cols != cols || x.rows != rows_)
@@ -90,7 +98,10 @@ Rows CachePass::linear(const Rows& x, const Linear& layer) {
 
 Rows CachePass::head(const Rows& x, const Linear& layer) {
   check_cols("head", x, layer.in());
-  return product(head_input(x), layer);
+  const Rows in = head_input(x);
+  Rows y = take_logits(in.rows, layer.out());
+  product_into(y, in, layer);
+  return y;
 }
 
 // The products are row-stable, so a row's logits have the same bits whichever rows share them.
@@ -107,11 +118,15 @@ Rows CachePass::head_input(const Rows& x) {
 
 Rows CachePass::product(const Rows& x, const Linear& layer) {
   Rows y = take(x.rows, layer.out());
+  product_into(y, x, layer);
+  return y;
+}
+
+void CachePass::product_into(Rows& y, const Rows& x, const Linear& layer) {
   if (layer.packed) quant::packed_matmul(y.data, x.data, x.rows, *layer.packed, false);
   else kernels::row_stable_matmul(y.data, x.data, layer.weight.value().data(), x.rows, layer.in(), layer.out(), false);
   if (layer.bias.defined()) kernels::add_bias_forward(y.data, y.data, layer.bias.value().data(), x.rows, y.cols);
   if (layer.adapter) add_adapter(y, x, *layer.adapter);
-  return y;
 }
 
 void CachePass::add_adapter(Rows& y, const Rows& x, const LoraAdapter& adapter) {
@@ -126,14 +141,14 @@ Rows CachePass::tied_head(const Rows& x, const Embedding& table) {
   if (table.packed) {  // the table is already (out, in)
     check_cols("tied_head", x, table.packed->cols);
     const Rows in = head_input(x);
-    Rows y = take(in.rows, table.packed->rows);
+    Rows y = take_logits(in.rows, table.packed->rows);
     quant::packed_matmul(y.data, in.data, in.rows, *table.packed, false);
     return y;
   }
   check_cols("tied_head", x, table.weight.shape()[1]);
   const Rows in = head_input(x);
   const std::size_t vocab = table.weight.shape()[0], width = table.weight.shape()[1];
-  Rows y = take(in.rows, vocab);
+  Rows y = take_logits(in.rows, vocab);
   kernels::row_stable_matmul_transposed(y.data, in.data, table.weight.value().data(), in.rows, width, vocab);
   return y;
 }
@@ -276,7 +291,10 @@ void run_cache_passes(KVCache& cache, const DecodeRequest& request, const std::f
       }
       if (begin == runs.size()) return;
     }
-    CachePass p(cache, runs.subspan(begin, end - begin), cache.scratch[t], request.which);
+    // The pass's logit rows are contiguous in request.logits: its tokens' or its runs'.
+    float* destination =
+        request.logits + (request.which == PrefillLogits::every_token ? first_row : begin) * request.vocab;
+    CachePass p(cache, runs.subspan(begin, end - begin), cache.scratch[t], request.which, destination, request.vocab);
     Rows logits = describe(p);
     if (p.layers_used() != cache.layers())
       throw std::logic_error(fmt::format("CachePass: the model attended {} times per token, but the cache has {} "
@@ -287,8 +305,9 @@ void run_cache_passes(KVCache& cache, const DecodeRequest& request, const std::f
     if (!(every_row || logits.rows == p.logit_rows()) || logits.cols != request.vocab)
       throw std::logic_error(fmt::format("CachePass: the description returned ({}, {}) rows, expected logits ({}, {})",
                                          logits.rows, logits.cols, p.logit_rows(), request.vocab));
+    if (logits.data == destination) return;  // a head op wrote them in place
     if (request.which == PrefillLogits::every_token) {
-      std::copy_n(logits.data, logits.rows * logits.cols, request.logits + first_row * request.vocab);
+      std::copy_n(logits.data, logits.rows * logits.cols, destination);
     } else {
       for (std::size_t i = begin, row = 0; i < end; ++i) {
         row += every_row ? runs[i].count : 1;

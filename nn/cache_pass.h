@@ -36,9 +36,11 @@ class CachePass {
   using Run = TokenRun;  ///< Tokens appended to one sequence.
 
   /// A pass over `runs` (checked by check_decode), its buffers taken from `scratch`; its head ops
-  /// compute the logits of the rows `logits` names.
+  /// compute the logits of the rows `logits` names. Given `logits_out` (logit_rows() rows of
+  /// `vocab`), the first head op of that shape writes there rather than in the scratch, sparing
+  /// the caller a copy of them.
   CachePass(KVCache& cache, std::span<const Run> runs, KVCache::Scratch& scratch,
-            PrefillLogits logits = PrefillLogits::every_token);
+            PrefillLogits logits = PrefillLogits::every_token, float* logits_out = nullptr, std::size_t vocab = 0);
 
   // The ops of ModelPass (nn/model_pass.h), as kernel calls on rows.
   Rows embed(const Embedding& table);                        ///< The tokens' rows of the table.
@@ -79,7 +81,9 @@ class CachePass {
   Rows take(std::size_t cols);
   Rows take(std::size_t rows, std::size_t cols);
   Rows head_input(const Rows& x);                  // the rows the head ops compute logits for
+  Rows take_logits(std::size_t rows, std::size_t cols);  // logits_out_ the first time, then scratch
   Rows product(const Rows& x, const Linear& layer);  // x W (+ b) (+ adapter), for x's rows
+  void product_into(Rows& y, const Rows& x, const Linear& layer);  // product() into y
   void check_cols(const char* op, const Rows& x, std::size_t cols) const;
   // y += scale (x A) B: a layer's LoRA adapter (nn/linear.h).
   void add_adapter(Rows& y, const Rows& x, const LoraAdapter& adapter);
@@ -88,6 +92,8 @@ class CachePass {
   std::span<const Run> runs_;
   KVCache::Scratch& scratch_;
   PrefillLogits logits_;
+  float* logits_out_;
+  std::size_t vocab_;
   std::size_t rows_ = 0, layer_ = 0;
 };
 static_assert(ModelPass<CachePass>);
