@@ -29,6 +29,7 @@ class LanguageModel {
     std::size_t vocab = 0, max_len = 0;
     /// @}
   };
+  /// 0.2's name of Config.
   using Sizes [[deprecated("use LanguageModel::Config")]] = Config;
   /// Holds model (a RotaryDecoder, a Gpt2, or any class with the DecoderModel interface).
   template <class Model>
