@@ -1,3 +1,5 @@
+// Flash attention against a plain triple loop: values, the KV-cache form with a query offset, and
+// gradients by central differences.
 #include <doctest/doctest.h>
 
 #include <algorithm>

@@ -1,3 +1,4 @@
+// cross_entropy: its formula, its stability for huge logits and its gradient by central differences.
 #include <doctest/doctest.h>
 
 #include <cmath>

@@ -1,3 +1,4 @@
+// The elementwise ops: their formulas, large magnitudes, and gradients by central differences.
 #include <doctest/doctest.h>
 
 #include <cmath>

@@ -1,3 +1,4 @@
+// embedding: the row gather, the scatter-add of its gradient, and the errors for bad ids.
 #include <doctest/doctest.h>
 
 #include "core/ops.h"

@@ -1,3 +1,4 @@
+// gradcheck itself: a wrong gradient is caught, so the gradient checks can fail.
 #include <doctest/doctest.h>
 
 #include "core/ops.h"

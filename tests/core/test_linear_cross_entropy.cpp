@@ -1,3 +1,5 @@
+// linear_cross_entropy (the head fused with the loss): equal to matmul then cross_entropy, chunk
+// by chunk, in float32 and bf16, and its gradients by central differences.
 #include <doctest/doctest.h>
 
 #include <cmath>

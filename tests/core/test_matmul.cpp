@@ -1,3 +1,5 @@
+// matmul: every transpose flag against a triple loop, batched inputs, splits across threads, and
+// which products go to OpenBLAS.
 #include <doctest/doctest.h>
 #include <fmt/format.h>
 

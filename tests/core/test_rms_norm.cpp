@@ -1,3 +1,4 @@
+// rms_norm: its formula, its gradient by central differences, and its shape errors.
 #include <doctest/doctest.h>
 
 #include <cmath>

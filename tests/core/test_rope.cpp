@@ -1,3 +1,4 @@
+// rope: the rotation of interleaved pairs, its angle table, and its gradient by central differences.
 #include <doctest/doctest.h>
 
 #include <cmath>

@@ -1,3 +1,4 @@
+// The tape: backward order, accumulation into leaves, zero_grad and no-grad scopes.
 #include <doctest/doctest.h>
 
 #include <algorithm>

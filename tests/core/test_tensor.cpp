@@ -1,3 +1,4 @@
+// Tensor: shape checks, the xtensor interop, the random streams and the storage cache.
 #include <doctest/doctest.h>
 
 #include "core/random.h"

@@ -1,3 +1,4 @@
+// CausalAttention on grouped KV heads: equal to it on the heads repeated, dropout masks included.
 #include <doctest/doctest.h>
 
 #include "core/ops.h"

@@ -1,3 +1,5 @@
+// Checkpoints of every architecture: round trips, training extras, older files' names and the
+// errors for damaged or foreign files.
 #include <doctest/doctest.h>
 #include <unistd.h>
 

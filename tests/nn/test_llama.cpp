@@ -1,3 +1,5 @@
+// The Llama architecture: parameter names and shapes, refused configurations, gradients on grouped
+// and shared KV heads.
 #include <doctest/doctest.h>
 
 #include <cmath>

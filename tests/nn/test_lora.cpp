@@ -1,3 +1,4 @@
+// LoRA adapters: the frozen base, gradients by finite differences, merging and their files.
 #include <doctest/doctest.h>
 #include <fmt/format.h>
 

@@ -1,3 +1,4 @@
+// Rematerialised blocks: loss, gradients, training and generation bit for bit as without remat.
 #include <doctest/doctest.h>
 
 #include "core/ops.h"

@@ -1,3 +1,4 @@
+// The seed model (RotaryDecoder): its parameter count and names, initialisation and forward.
 #include <doctest/doctest.h>
 
 #include <cmath>

@@ -1,3 +1,4 @@
+// Sampling: greedy ties, seeded draws, and temperature, top-k and top-p in that order.
 #include <doctest/doctest.h>
 
 #include <algorithm>

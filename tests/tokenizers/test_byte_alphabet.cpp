@@ -1,3 +1,4 @@
+// GPT-2's byte alphabet: every byte one printable character, and back.
 #include <doctest/doctest.h>
 
 #include "tokenizers/byte_alphabet.h"

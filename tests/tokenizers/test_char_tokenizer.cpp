@@ -1,3 +1,4 @@
+// The character tokenizer: its ids, its errors, and its rebuilding from checkpoint metadata.
 #include <doctest/doctest.h>
 
 #include "support/helpers.h"

@@ -1,3 +1,4 @@
+// Chat templates recognised by their canonical form, whatever their Jinja spelling.
 #include <doctest/doctest.h>
 
 #include "support/helpers.h"

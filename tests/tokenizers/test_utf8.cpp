@@ -1,3 +1,4 @@
+// UTF-8: invalid input refused with the byte offset and reason, round trips, printable descriptions.
 #include <doctest/doctest.h>
 
 #include "support/helpers.h"

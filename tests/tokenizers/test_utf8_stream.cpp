@@ -1,3 +1,5 @@
+// The streaming UTF-8 decoder: characters split across pushes, invalid bytes as U+FFFD, random
+// pieces equal to the whole.
 #include <doctest/doctest.h>
 
 #include "core/random.h"
