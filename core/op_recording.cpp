@@ -56,6 +56,17 @@ GradTarget grad_target(const Var& x) {
   return {n.grad.data(), true};
 }
 
+bool adopt_grad(const Var& x, Tensor& gradient) {
+  Node& n = x.gradient_node();
+  if (!n.requires_grad || !n.grad.empty()) return false;
+  if (gradient.shape() != n.value.shape())
+    throw std::invalid_argument(fmt::format("adopt_grad: a gradient of shape {} for a value of shape {}",
+                                            to_string(gradient.shape()), to_string(n.value.shape())));
+  n.grad = std::move(gradient);
+  gradient = Tensor();
+  return true;
+}
+
 GradTarget grad_target(const Var& x, std::initializer_list<Var> others) {
   for (const Var& o : others)
     if (&o.node() == &x.node()) return {grad_ptr(x), false};

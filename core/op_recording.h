@@ -60,6 +60,11 @@ GradTarget grad_target(const Var& x);
 /// grad_target(x) when x is none of the op's other inputs; otherwise an adding target (never
 /// overwrite), since the same buffer then also takes those inputs' gradients.
 GradTarget grad_target(const Var& x, std::initializer_list<Var> others);
+/// Makes `gradient` (x's shape) x's gradient without a copy when none has reached x yet, and returns
+/// true (`gradient` is left empty); returns false, leaving it, when x needs no gradient or already
+/// has one. For a gradient made ahead of backward (linear_cross_entropy's weight: 113 MB at
+/// SmolLM2's size), so that it is not held twice.
+bool adopt_grad(const Var& x, Tensor& gradient);
 /// One overwrite flag for a kernel that writes several inputs' gradients of `size` floats at once:
 /// true when every target that is there says overwrite; otherwise those that do are zero-filled
 /// and false is returned, so that the kernel adds into all of them.

@@ -231,13 +231,16 @@ Var linear_cross_entropy(const Var& x, const Var& weight, std::span<const std::i
   const std::size_t bytes = dx.bytes() + dweight.bytes() + dbias.bytes();
   // d input += d result * (d loss / d input), the latter computed above.
   return op.finish(Tensor::scalar(loss), [x, weight, bias, dx = std::move(dx), dweight = std::move(dweight),
-                                          dbias = std::move(dbias)](const Tensor& dy, const Tensor&) {
-    auto hand_over = [&](const Var& input, const Tensor& saved) {
+                                          dbias = std::move(dbias)](const Tensor& dy, const Tensor&) mutable {
+    auto hand_over = [&](const Var& input, Tensor& saved) {
       if (saved.empty()) return;
-      const GradTarget g = grad_target(input);
-      if (!g.data) return;
-      if (g.overwrite) kernels::scale_forward(g.data, saved.data(), dy[0], saved.size());
-      else kernels::scale_backward(g.data, saved.data(), dy[0], saved.size());
+      const std::size_t size = saved.size();
+      if (adopt_grad(input, saved)) {  // the first gradient to reach the input: handed over, not copied
+        float* g = grad_ptr(input);
+        kernels::scale_forward(g, g, dy[0], size);
+        return;
+      }
+      if (float* g = grad_ptr(input)) kernels::scale_backward(g, saved.data(), dy[0], size);
     };
     hand_over(x, dx);
     hand_over(weight, dweight);

@@ -83,6 +83,7 @@ class Var {
   // the op API's gradient functions (core/op_recording.h) and the tape alone reach the node for that.
   friend Tensor* grad_if_needed(const Var& x);
   friend struct GradTarget grad_target(const Var& x);
+  friend bool adopt_grad(const Var& x, Tensor& gradient);
   friend class Tape;
   friend struct RecordedInput;
   Node& gradient_node() const;

@@ -417,7 +417,12 @@ bool is_pretrained_path(const std::string& path) {
 PretrainedModel load_pretrained(const std::string& path, const LoadOptions& options) {
   check_exists(path);
   try {
-    return std::filesystem::is_directory(path) ? load_hf(path, options) : load_gguf(path, options);
+    PretrainedModel loaded = std::filesystem::is_directory(path) ? load_hf(path, options) : load_gguf(path, options);
+    // The file's tensors, dequantized, split and transposed on the way, were this load's temporaries
+    // in sizes no step of the model allocates (SmolLM2's embedding alone is 113 MB; a Hugging Face
+    // folder's, the whole float32 model): back to the system, not kept by the storage cache.
+    release_cached_storage();
+    return loaded;
   } catch (const std::exception& e) {
     // The readers name the file; a model's own checks (impossible sizes) do not.
     if (std::string_view(e.what()).starts_with(path)) throw;

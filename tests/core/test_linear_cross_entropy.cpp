@@ -162,3 +162,43 @@ TEST_CASE("linear_cross_entropy names the shapes and targets it refuses") {
   CHECK(test::error_of([&] { linear_cross_entropy(x, w, bad); }) ==
         "linear_cross_entropy: target 5 at index 1 is outside the vocabulary of size 5");
 }
+
+TEST_CASE("linear_cross_entropy hands its weight's gradient over when it is the first, and adds when it is not") {
+  // Two heads on one weight (as a tied embedding and head): the later loss's backward runs first
+  // and hands its gradient over; the earlier one adds into it.
+  const std::vector<std::int32_t> targets = {4, 0, 12, 7};
+  const Tensor x1 = test::random_tensor({4, 6}, 1), x2 = test::random_tensor({4, 6}, 2);
+  const Tensor w = test::random_tensor({6, 13}, 3);
+  auto run = [&](bool fused) {
+    Var x1v(x1, true), x2v(x2, true), wv(w, true);
+    Tape tape;
+    auto head_loss = [&](const Var& x) {
+      return fused ? linear_cross_entropy(x, wv, targets, false) : cross_entropy(matmul(x, wv), targets);
+    };
+    tape.backward(head_loss(x1v) * 0.3f + head_loss(x2v) * 0.7f);
+    return std::vector<Tensor>{x1v.grad(), x2v.grad(), wv.grad()};
+  };
+  const std::vector<Tensor> fused = run(true), composed = run(false);
+  for (std::size_t k = 0; k < fused.size(); ++k) {
+    CAPTURE(k);
+    REQUIRE(fused[k].shape() == composed[k].shape());
+    for (std::size_t i = 0; i < fused[k].size(); ++i)
+      CHECK(std::fabs(fused[k][i] - composed[k][i]) <= 2e-6 + 1e-5 * std::fabs(composed[k][i]));
+  }
+}
+
+TEST_CASE("adopt_grad takes a gradient only for a value that needs one and has none yet, of its shape") {
+  Var x(Tensor({2, 3}, 0.0f), true), frozen(Tensor({2, 3}, 0.0f), false);
+  Tensor g({2, 3}, 1.5f);
+  CHECK_FALSE(adopt_grad(frozen, g));
+  CHECK(g.size() == 6);
+  Tensor wrong({3, 2}, 0.0f);
+  CHECK_THROWS_WITH_AS(adopt_grad(x, wrong), "adopt_grad: a gradient of shape [3, 2] for a value of shape [2, 3]",
+                       std::invalid_argument);
+  REQUIRE(adopt_grad(x, g));
+  CHECK(g.empty());
+  CHECK(x.grad()[5] == 1.5f);
+  Tensor again({2, 3}, 2.0f);
+  CHECK_FALSE(adopt_grad(x, again));  // x has a gradient now: the caller adds
+  CHECK(x.grad()[0] == 1.5f);
+}
