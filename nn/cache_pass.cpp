@@ -70,6 +70,7 @@ Rows CachePass::positions(const Embedding& table) {
 }
 
 Rows CachePass::add(const Rows& a, const Rows& b) {
+  run_deferred();
   check_cols("add", b, a.cols);
   Rows y = take(a.cols);
   kernels::add_forward(y.data, a.data, b.data, rows_ * a.cols);
@@ -77,6 +78,7 @@ Rows CachePass::add(const Rows& a, const Rows& b) {
 }
 
 Rows CachePass::rms_norm(const Rows& x, const RMSNorm& norm) {
+  run_deferred();
   check_cols("rms_norm", x, norm.weight.shape()[0]);
   Rows y = take(x.cols);
   kernels::rms_norm_forward<float>(y.data, nullptr, x.data, norm.weight.value().data(), rows_, x.cols, norm.eps);
@@ -84,6 +86,7 @@ Rows CachePass::rms_norm(const Rows& x, const RMSNorm& norm) {
 }
 
 Rows CachePass::layer_norm(const Rows& x, const LayerNorm& norm) {
+  run_deferred();
   check_cols("layer_norm", x, norm.weight.shape()[0]);
   Rows y = take(x.cols);
   kernels::layer_norm_forward<float>(y.data, nullptr, nullptr, x.data, norm.weight.value().data(),
@@ -93,10 +96,39 @@ Rows CachePass::layer_norm(const Rows& x, const LayerNorm& norm) {
 
 Rows CachePass::linear(const Rows& x, const Linear& layer) {
   check_cols("linear", x, layer.in());
-  return product(x, layer);
+  Rows y = take(x.rows, layer.out());
+  if (!defer_product(y, x, layer)) product_into(y, x, layer);
+  return y;
+}
+
+bool CachePass::defer_product(const Rows& y, const Rows& x, const Linear& layer) {
+  const bool deferrable = layer.packed && !layer.bias.defined() && !layer.adapter;
+  if (!deferrable || x.data != deferred_input_ || products_deferred_ == max_deferred) run_deferred();
+  if (!deferrable) return false;
+  deferred_input_ = x.data;
+  deferred_products_[products_deferred_++] = {y.data, layer.packed.get()};
+  return true;
+}
+
+bool CachePass::is_deferred_output(const Rows& x) const {
+  for (std::size_t i = 0; i < products_deferred_; ++i)
+    if (deferred_products_[i].y == x.data) return true;
+  return false;
+}
+
+void CachePass::run_deferred() {
+  if (products_deferred_ == 0) return;
+  quant::packed_matmuls(std::span(deferred_products_).first(products_deferred_), deferred_input_, rows_, false);
+  for (std::size_t i = 0; i < ropes_deferred_; ++i) {
+    const DeferredRope& r = deferred_ropes_[i];
+    rope_now(r.y, r.x, *r.table, r.n_heads);
+  }
+  products_deferred_ = ropes_deferred_ = 0;
+  deferred_input_ = nullptr;
 }
 
 Rows CachePass::head(const Rows& x, const Linear& layer) {
+  run_deferred();
   check_cols("head", x, layer.in());
   const Rows in = head_input(x);
   Rows y = take_logits(in.rows, layer.out());
@@ -116,12 +148,6 @@ Rows CachePass::head_input(const Rows& x) {
   return last;
 }
 
-Rows CachePass::product(const Rows& x, const Linear& layer) {
-  Rows y = take(x.rows, layer.out());
-  product_into(y, x, layer);
-  return y;
-}
-
 void CachePass::product_into(Rows& y, const Rows& x, const Linear& layer) {
   if (layer.packed) quant::packed_matmul(y.data, x.data, x.rows, *layer.packed, false);
   else kernels::row_stable_matmul(y.data, x.data, layer.weight.value().data(), x.rows, layer.in(), layer.out(), false);
@@ -138,6 +164,7 @@ void CachePass::add_adapter(Rows& y, const Rows& x, const LoraAdapter& adapter) 
 }
 
 Rows CachePass::tied_head(const Rows& x, const Embedding& table) {
+  run_deferred();
   if (table.packed) {  // the table is already (out, in)
     check_cols("tied_head", x, table.packed->cols);
     const Rows in = head_input(x);
@@ -156,15 +183,25 @@ Rows CachePass::tied_head(const Rows& x, const Embedding& table) {
 Rows CachePass::rope(const Rows& x, const std::shared_ptr<const kernels::RopeTable<float>>& table,
                      std::size_t n_heads) {
   Rows y = take(x.cols);
-  std::size_t r = 0;
-  for (const Run& run : runs_) {
-    kernels::rope_forward(y.row(r), x.row(r), *table, 1, run.count, n_heads, x.cols / n_heads, run.position);
-    r += run.count;
+  if (is_deferred_output(x) && ropes_deferred_ < max_deferred) {
+    deferred_ropes_[ropes_deferred_++] = {y, x, table.get(), n_heads};
+    return y;
   }
+  run_deferred();
+  rope_now(y, x, *table, n_heads);
   return y;
 }
 
+void CachePass::rope_now(const Rows& y, const Rows& x, const kernels::RopeTable<float>& table, std::size_t n_heads) {
+  std::size_t r = 0;
+  for (const Run& run : runs_) {
+    kernels::rope_forward(y.row(r), x.row(r), table, 1, run.count, n_heads, x.cols / n_heads, run.position);
+    r += run.count;
+  }
+}
+
 Rows CachePass::attention(const Rows& q, const Rows& k, const Rows& v, AttentionHeads heads, const Dropout&) {
+  run_deferred();
   const std::size_t width = cache_.width(), layer = layer_++, n_heads = heads.n_heads;
   if (layer >= cache_.layers())
     throw std::logic_error(fmt::format("CachePass::attention: the model attends {} times per token, but the cache "
@@ -194,6 +231,7 @@ Rows CachePass::attention(const Rows& q, const Rows& k, const Rows& v, Attention
 }
 
 Rows CachePass::residual(const Rows& x, const Rows& h, const Linear& out, const Dropout&) {
+  run_deferred();
   check_cols("residual", h, out.in());
   check_cols("residual", x, out.out());
   Rows y = take(x.cols);
@@ -213,6 +251,7 @@ Rows CachePass::residual(const Rows& x, const Rows& h, const Linear& out, const 
 }
 
 Rows CachePass::swiglu(const Rows& gate, const Rows& up) {
+  run_deferred();
   check_cols("swiglu", up, gate.cols);
   Rows y = take(gate.cols);
   kernels::swiglu_forward(y.data, gate.data, up.data, rows_ * gate.cols);  // elementwise: any stretch of rows
@@ -220,6 +259,7 @@ Rows CachePass::swiglu(const Rows& gate, const Rows& up) {
 }
 
 Rows CachePass::gelu_tanh(const Rows& x) {
+  run_deferred();
   Rows y = take(x.cols);
   kernels::gelu_tanh_forward<float>(y.data, nullptr, x.data, rows_ * x.cols);
   return y;
@@ -296,6 +336,7 @@ void run_cache_passes(KVCache& cache, const DecodeRequest& request, const std::f
         request.logits + (request.which == PrefillLogits::every_token ? first_row : begin) * request.vocab;
     CachePass p(cache, runs.subspan(begin, end - begin), cache.scratch[t], request.which, destination, request.vocab);
     Rows logits = describe(p);
+    p.run_deferred();
     if (p.layers_used() != cache.layers())
       throw std::logic_error(fmt::format("CachePass: the model attended {} times per token, but the cache has {} "
                                          "layers; make the cache with the model's make_cache()",

@@ -9,12 +9,14 @@
 // work row by row or per sequence), so a sequence decoded in a batch gets the bits it gets alone.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <functional>
 #include <memory>
 #include <span>
 
 #include "core/kernels.h"
+#include "core/quant/packed_matrix.h"
 #include "nn/kv_cache.h"
 #include "nn/model_pass.h"
 
@@ -76,17 +78,36 @@ class CachePass {
   std::size_t logit_rows() const { return logits_ == PrefillLogits::every_token ? rows_ : runs_.size(); }
   /// Attention layers the pass has used so far.
   std::size_t layers_used() const { return layer_; }
+  /// Computes what linear() and rope() have deferred; every other op does it first. Call it
+  /// before reading a value the description returns.
+  void run_deferred();
 
  private:
   Rows take(std::size_t cols);
   Rows take(std::size_t rows, std::size_t cols);
   Rows head_input(const Rows& x);                  // the rows the head ops compute logits for
   Rows take_logits(std::size_t rows, std::size_t cols);  // logits_out_ the first time, then scratch
-  Rows product(const Rows& x, const Linear& layer);  // x W (+ b) (+ adapter), for x's rows
-  void product_into(Rows& y, const Rows& x, const Linear& layer);  // product() into y
+  void product_into(Rows& y, const Rows& x, const Linear& layer);  // y = x W (+ b) (+ adapter), for x's rows
   void check_cols(const char* op, const Rows& x, std::size_t cols) const;
   // y += scale (x A) B: a layer's LoRA adapter (nn/linear.h).
   void add_adapter(Rows& y, const Rows& x, const LoraAdapter& adapter);
+
+  // Packed products of one input (q, k and v; gate and up) wait to run as one packed_matmuls,
+  // whose threads then meet once rather than once a product (each output is still computed whole
+  // by one thread: the same bits); RoPE of a waiting output waits with it.
+  struct DeferredRope {
+    Rows y, x;
+    const kernels::RopeTable<float>* table;
+    std::size_t n_heads;
+  };
+  static constexpr std::size_t max_deferred = 4;
+  bool defer_product(const Rows& y, const Rows& x, const Linear& layer);
+  bool is_deferred_output(const Rows& x) const;
+  void rope_now(const Rows& y, const Rows& x, const kernels::RopeTable<float>& table, std::size_t n_heads);
+  const float* deferred_input_ = nullptr;
+  std::array<quant::PackedProduct, max_deferred> deferred_products_{};
+  std::array<DeferredRope, max_deferred> deferred_ropes_{};
+  std::size_t products_deferred_ = 0, ropes_deferred_ = 0;
 
   KVCache& cache_;
   std::span<const Run> runs_;

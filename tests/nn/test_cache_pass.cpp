@@ -1,5 +1,6 @@
 // CachePass's logits: the first head op writes them into the caller's rows, and no later op of
-// the description overwrites what an earlier one returned.
+// the description overwrites what an earlier one returned; packed products of one input deferred
+// to run together give the bits of one product at a time.
 #include <doctest/doctest.h>
 
 #include <cstdint>
@@ -9,7 +10,9 @@
 
 #include "core/random.h"
 #include "nn/cache_pass.h"
+#include "core/quant/packed_matrix.h"
 #include "nn/embedding.h"
+#include "nn/linear.h"
 
 using namespace tapegrad;
 using namespace tapegrad::nn;
@@ -55,4 +58,38 @@ TEST_CASE("the head writes the caller's logits in place; a second head op leaves
   CachePass p(cache, runs, scratch);
   const Rows y = p.tied_head(p.embed(table), table);
   CHECK(std::memcmp(y.data, alone.data(), alone.size() * sizeof(float)) == 0);
+}
+
+TEST_CASE("packed products of one input, deferred with the RoPE of one of them, give the bits of each op run at once") {
+  constexpr std::size_t vocab = 40, dim = 64, heads = 4;
+  Rng rng(7);
+  Embedding table(vocab, dim, 0.5f, rng);
+  auto packed_linear = [&](std::size_t out) {
+    std::vector<float> w(out * dim);  // (out, in)
+    for (float& v : w) v = rng.normal() * 0.2f;
+    Linear layer(dim, out, false, 0.1f, rng);
+    layer.packed = std::make_shared<const quant::PackedMatrix>(quant::pack_matrix(w.data(), out, dim, quant::TensorType::Q8_0));
+    return layer;
+  };
+  const Linear wa = packed_linear(dim), wb = packed_linear(dim), wc = packed_linear(vocab);
+  const auto rope = std::make_shared<const kernels::RopeTable<float>>(kernels::make_rope_table<float>(8, dim / heads));
+  KVCache cache(0, 8, dim);
+  const std::vector<std::int32_t> tokens = {3, 30, 7, 0, 36};
+  std::vector<float> logits;
+  // The description ends on a deferred product: run_cache_passes runs it before reading the logits.
+  run(cache, tokens, logits, vocab, [&](CachePass& p) {
+    const Rows x = p.embed(table);
+    const Rows a = p.rope(p.linear(x, wa), rope, heads);
+    const Rows b = p.linear(x, wb);
+    return p.linear(p.add(a, b), wc);
+  });
+  const std::size_t M = tokens.size();
+  std::vector<float> x(M * dim), a(M * dim), roped(M * dim), b(M * dim), sum(M * dim), expected(M * vocab);
+  kernels::embedding_forward(x.data(), table.weight.value().data(), tokens.data(), M, dim);
+  quant::packed_matmul(a.data(), x.data(), M, *wa.packed, false);
+  kernels::rope_forward(roped.data(), a.data(), *rope, 1, M, heads, dim / heads, 0);
+  quant::packed_matmul(b.data(), x.data(), M, *wb.packed, false);
+  kernels::add_forward(sum.data(), roped.data(), b.data(), M * dim);
+  quant::packed_matmul(expected.data(), sum.data(), M, *wc.packed, false);
+  CHECK(std::memcmp(logits.data(), expected.data(), expected.size() * sizeof(float)) == 0);
 }
