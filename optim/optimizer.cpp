@@ -110,28 +110,38 @@ OptimizerState Optimizer::state() const {
     throw std::logic_error(fmt::format("{}::state: this optimizer keeps the state of elements [{}, {}) of {} only; "
                                        "gather the other ranks' pieces (state with a GatherSlot)",
                                        name_, held_.begin, held_.end, all));
-  return state([](std::span<const float> held) { return std::vector<float>(held.begin(), held.end()); });
+  return state_of_slots([this](std::size_t s) { return std::span<const float>(slots_[s]); });
 }
 
 OptimizerState Optimizer::state(const GatherSlot& gather) const {
-  const std::size_t all = flat_size(params_);
-  std::vector<std::vector<float>> flat;
-  for (std::size_t s = 0; s < slot_names_.size(); ++s) {
-    flat.push_back(gather(slots_[s]));
-    if (flat.back().size() != all)
-      throw std::logic_error(fmt::format("{}::state: the gathered slot '{}' has {} elements, the parameters {}",
-                                         name_, slot_names_[s], flat.back().size(), all));
-  }
+  std::vector<float> gathered;
+  return state_of_slots([&](std::size_t s) {
+    gathered = {};  // one gathered slot at a time: a slot of AdamW at SmolLM2's size is 538 MB
+    gathered = gather(slots_[s]);
+    return std::span<const float>(gathered);
+  });
+}
+
+// The copies go straight from each slot into the tensors (a training checkpoint is written while
+// they exist beside the weights, gradients and slots: every extra copy raised the save's peak).
+OptimizerState Optimizer::state_of_slots(const std::function<std::span<const float>(std::size_t)>& slot_values) const {
+  const std::size_t all = flat_size(params_), slots = slot_names_.size();
+  const std::vector<ParameterPiece> pieces = pieces_in(params_, {0, all});
   OptimizerState out;
   out.step = step_;
-  out.tensors.reserve(params_.size() * slot_names_.size());
-  for (const ParameterPiece& piece : pieces_in(params_, {0, all}))
-    for (std::size_t s = 0; s < slot_names_.size(); ++s) {
-      const NamedParameter& p = params_[piece.parameter];
-      Tensor value(p.var.shape());
-      std::copy_n(flat[s].data() + piece.flat, piece.count, value.data());
-      out.tensors.push_back({state_name(p.name, slot_names_[s]), std::move(value)});
+  out.tensors.resize(pieces.size() * slots);  // parameter by parameter, slot by slot
+  for (std::size_t s = 0; s < slots; ++s) {
+    const std::span<const float> values = slot_values(s);
+    if (values.size() != all)
+      throw std::logic_error(fmt::format("{}::state: the gathered slot '{}' has {} elements, the parameters {}",
+                                         name_, slot_names_[s], values.size(), all));
+    for (std::size_t i = 0; i < pieces.size(); ++i) {
+      const NamedParameter& p = params_[pieces[i].parameter];
+      Tensor value = Tensor::uninitialized(p.var.shape());
+      std::copy_n(values.data() + pieces[i].flat, pieces[i].count, value.data());
+      out.tensors[i * slots + s] = {state_name(p.name, slot_names_[s]), std::move(value)};
     }
+  }
   return out;
 }
 

@@ -138,6 +138,8 @@ class Optimizer {
   const char* name_;
   ParameterList params_;
   void hold(FlatRange range);  // sets held_ and each parameter's held part and slot offset
+  // state() from each slot's values over all elements in flat order, asked for slot by slot.
+  OptimizerState state_of_slots(const std::function<std::span<const float>(std::size_t slot)>& slot_values) const;
 
   std::vector<std::string> slot_names_;
   FlatRange held_;
