@@ -352,23 +352,31 @@ std::vector<Case> matmul_cases() {
 
 // ---- bf16 products ----
 
-/// bf16_gemm (the AVX512_BF16 instruction where the CPU has it) and float32 gemm side by side at
-/// SmolLM2-135M's training products (B 4 x T 256 = 1024 rows, d 576, KV 192, d_ff 1536, vocab
-/// 49152): forward, dX = dY W^T and dW = X^T dY. The operands are rounded to bf16 first, so that
-/// both results check against the same double reference.
+/// bf16_gemm's paths (AMX tiles, the AVX512_BF16 instruction, the FMA chain: each where the CPU
+/// has it, else the next one down; the same bits) and float32 gemm side by side at SmolLM2-135M's
+/// training products (B 4 x T 256 = 1024 rows, d 576, KV 192, d_ff 1536, vocab 49152): forward,
+/// dX = dY W^T and dW = X^T dY. The operands are rounded to bf16 first, so that every result
+/// checks against the same double reference.
 std::vector<Case> bf16_cases() {
   std::vector<Case> cases;
   auto add = [&](std::string what, bool ta, bool tb, std::size_t M, std::size_t N, std::size_t K) {
     const float beta = ta ? 1.0f : 0.0f;  // dW adds into the gradient
-    for (bool bf16 : {true, false})
+    for (auto [path, name] : {std::pair{kernels::Bf16Path::amx_tiles, "bf16 amx_tiles"},
+                              std::pair{kernels::Bf16Path::dot_product_instruction, "bf16 dot_product_instruction"},
+                              std::pair{kernels::Bf16Path::fma_chain, "bf16 fma_chain"}})
       cases.push_back(product_case(
-          fmt::format("{} {}", bf16 ? "bf16_gemm" : "gemm", what), ta, tb, M, N, K, beta,
+          fmt::format("{} {}", name, what), ta, tb, M, N, K, beta,
           [=](const float* a, const float* b, float* c) {
-            if (bf16) kernels::bf16_gemm<float>(ta, tb, M, N, K, a, ta ? M : K, b, tb ? K : N, beta != 0, c, N);
-            else kernels::gemm(ta, tb, M, N, K, 1.0f, a, ta ? M : K, b, tb ? K : N, beta, c, N);
+            kernels::bf16_gemm_path<float>(path, ta, tb, M, N, K, a, ta ? M : K, b, tb ? K : N, beta != 0, c, N);
           },
           true));
-    cases.end()[-2].group = cases.end()[-1].group = "bf16";
+    cases.push_back(product_case(
+        fmt::format("gemm {}", what), ta, tb, M, N, K, beta,
+        [=](const float* a, const float* b, float* c) {
+          kernels::gemm(ta, tb, M, N, K, 1.0f, a, ta ? M : K, b, tb ? K : N, beta, c, N);
+        },
+        true));
+    for (int last = 1; last <= 4; ++last) cases.end()[-last].group = "bf16";
   };
   add("NN q,o", false, false, 1024, 576, 576);
   add("NN k,v", false, false, 1024, 192, 576);

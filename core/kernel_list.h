@@ -42,21 +42,22 @@ TAPEGRAD_KERNEL(void, row_stable_matmul_transposed,
                 (T* y, const T* x, const T* w, std::size_t M, std::size_t K, std::size_t N), (y, x, w, M, K, N))
 
 /// C (M, N) = op(A) op(B) (+ C when accumulating) with bfloat16 inputs (rounded to nearest even)
-/// and float32 accumulation: per element one chain over k in pairs, the arithmetic of AVX512_BF16's
-/// VDPBF16PS (Note [bf16 products], core/kernels/matmul_bf16.cpp), bit for bit at every level: by
-/// that instruction where the CPU has it and it outruns an FMA chain (timed once), by the chain
+/// and float32 accumulation: per element and 32-element block of k, a chain over the even k and one
+/// over the odd k, their sum added to C, the arithmetic of AMX's TDPBF16PS (Note [bf16 products],
+/// core/kernels/matmul_bf16.cpp), bit for bit at every level: on AMX tiles where the CPU has them
+/// (unless TAPEGRAD_AMX=0), by VDPBF16PS where it outruns an FMA chain (timed once), by the chain
 /// otherwise. Float whatever T (T = double: the same kernel).
 TAPEGRAD_KERNEL(void, bf16_gemm,
                 (bool transpose_a, bool transpose_b, std::size_t M, std::size_t N, std::size_t K, const float* A,
                  std::size_t lda, const float* B, std::size_t ldb, bool accumulate, float* C, std::size_t ldc),
                 (transpose_a, transpose_b, M, N, K, A, lda, B, ldb, accumulate, C, ldc))
-/// bf16_gemm by the instruction (AVX-512 level on a CPU with AVX512_BF16; the chain elsewhere) or
-/// by the FMA chain, as the flag asks: tests compare the two.
+/// bf16_gemm by the path asked for (Bf16Path; where the CPU or level lacks it, the next one down),
+/// whatever TAPEGRAD_AMX says: tests compare them.
 TAPEGRAD_KERNEL(void, bf16_gemm_path,
-                (bool instruction, bool transpose_a, bool transpose_b, std::size_t M, std::size_t N, std::size_t K,
+                (Bf16Path path, bool transpose_a, bool transpose_b, std::size_t M, std::size_t N, std::size_t K,
                  const float* A, std::size_t lda, const float* B, std::size_t ldb, bool accumulate, float* C,
                  std::size_t ldc),
-                (instruction, transpose_a, transpose_b, M, N, K, A, lda, B, ldb, accumulate, C, ldc))
+                (path, transpose_a, transpose_b, M, N, K, A, lda, B, ldb, accumulate, C, ldc))
 
 // ---- elementwise ----------------------------------------------------------------------------
 

@@ -17,6 +17,13 @@ namespace kernels {
 
 // ---- the kernels' types ----------------------------------------------------------------------
 
+/// The implementations of bf16_gemm, fastest first; all give the same bits (Note [bf16 products]).
+enum class Bf16Path {
+  amx_tiles,                ///< AMX's TDPBF16PS (AVX-512 level, CPUs with AMX-BF16, Linux)
+  dot_product_instruction,  ///< AVX512_BF16's VDPBF16PS (AVX-512 level)
+  fma_chain,                ///< fused multiply-adds (every level)
+};
+
 /// RoPE, interleaved pairs (RoFormer, Su et al. 2021, Eq. 15): cos and sin of m * theta^(-2i/Dh)
 /// for m < max_len, i < Dh/2, computed in double and rounded once.
 template <class T> struct RopeTable {

@@ -1,58 +1,59 @@
 // bf16_gemm: C (M, N) = op(A) op(B) (+ C) with the inputs rounded to bfloat16 and float32
-// accumulation, the arithmetic of AVX512_BF16's VDPBF16PS bit for bit at every level: the
-// instruction where the CPU has it, a chain of fused multiply-adds elsewhere (Note [bf16 products]).
+// accumulation, the arithmetic of AMX's TDPBF16PS bit for bit at every level: AMX tiles where the
+// CPU has them, VDPBF16PS or fused multiply-adds elsewhere (Note [bf16 products]).
 #include <immintrin.h>
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
+#include <vector>
 
 #include "core/aligned.h"
-#include "core/bf16.h"
 #include "core/kernels/level.h"
+#include "core/kernels/matmul_bf16.h"
 
 namespace tapegrad::kernels::TAPEGRAD_SIMD_LEVEL {
 
 // Note [bf16 products]
-// VDPBF16PS adds two bf16 products into each float32 lane. Its arithmetic, as the Intel SDM's
-// pseudocode has it and as a probe measured on a family 6 model 167 Xeon (6 million random lanes,
-// every exponent range, and hand-made edge cases, all equal to the chain below):
-//   acc = acc + a[2i+1] b[2i+1];  then  acc = acc + a[2i] b[2i]
-// the pair's odd element first, each step rounded once to nearest even (a fused multiply-add: the
-// product of two bf16 values is exact, its exponent unbounded), a subnormal bf16 input or incoming
-// acc read as zero, every step's subnormal result flushed to zero; MXCSR is neither read nor
-// written. bf16_gemm's result is that chain, per output element: acc starts at +0 (at C's value
-// when accumulating), then runs over k in pairs, 2p+1 then 2p, K padded with a zero to even, one
-// chain per element whatever the tile, the thread or the level. The other paths compute the same
-// chain with fma under MXCSR's flush-to-zero and denormals-are-zero bits; SSE2, which has no fma,
-// adds the exact product in double and rounds to float once more, which is the single rounding
-// (the double rounding of a sum of two 24-bit numbers in 53 bits is innocuous: Figueroa 1995), as
-// the probe also measured. A NaN gives a NaN everywhere; its payload may differ between paths.
+// The contract, per output element c of sum_k a_k b_k, a_k and b_k rounded to bf16 (nearest even)
+// and a subnormal one read as a zero of its sign: K is cut into blocks of 32 elements counted
+// from k = 0, the last one padded with zeros. Per block,
+//   E = a chain over the block's even elements (k = 0, 2, ..., 30 of the block, in that order),
+//   O = a chain over its odd elements (k = 1, 3, ..., 31), each from +0,
+// a chain's step acc + a b rounded once to nearest even (the product of two bf16 values is exact,
+// so this is a fused multiply-add); then S = E + O and c = c + S. Every result, steps and sums,
+// is flushed to a zero of its sign when it rounds (exponent unbounded) below 2^-126, and an
+// incoming c below it is read as zero. c starts at +0, or at C's value when accumulating; a NaN
+// gives a NaN, its payload unspecified.
 //
-// Why AMX's TDPBF16PS is not a path: its arithmetic is another chain, which no packing maps onto
-// this one. Measured on the same Xeon (2.5 million elements, tiles of 1 to 16 pairs, random bits
-// over every exponent range; every non-NaN result as the SDM's pseudocode has it): per
-// instruction and output element, the even elements' products run a chain of their own from +0,
-// the odd elements' another, the two are added, and that sum is added to C: three roundings where
-// this chain has one per product. C = 1 plus 2^-24 twice gives 1 here and 1 + 2^-23 there. Even a
-// tile of one pair with one element of it zero (1/32 of the tile's work, no faster than the FMA
-// chain) rounds the product on its own before adding C: a product under 2^-126 beside a normal C
-// is flushed there, not here, and one over float's range is Inf there where C may cancel it here.
-// Its speed (one thread, SmolLM2's training shapes): 230-640 GFLOP/s with operands packed, against
-// 50-125 for the FMA chain. Using it means a new contract, the same at every level.
+// It is AMX's TDPBF16PS on one tile of 16 pairs, whose speed is the reason for this contract:
+// 230-640 GFLOP/s at SmolLM2's training shapes on one core of a family 6 model 167 Xeon, against
+// 50-125 for a chain of fused multiply-adds. Measured there: 4.9 million elements (tiles of 1 to
+// 16 pairs padded with zeros to 16, operands of every exponent, random bit patterns with
+// subnormals, infinities and NaNs, C = +0, -0 or random), every bit as this model says. The
+// padding is part of it: a shorter tile ends its chains early, where a pad's +0 product turns a
+// chain's -0 into +0. Every path gives the same bits, so results never depend on the machine:
+//   - AMX (matmul_bf16_amx.cpp): one TDPBF16PS per block and 16 x 16 tile of C, C kept in the tile
+//     registers over K. Used only if a self-check of hard cases agrees bit for bit at first use
+//     (amx_agrees_with_chain), and unless TAPEGRAD_AMX=0.
+//   - VDPBF16PS (AVX512_BF16 without AMX): per lane it adds a pair's slot 1 product, then its slot
+//     0 product, each step rounded and flushed as above whatever MXCSR says. Packing the block's
+//     even elements e_0, e_1, ... as pairs (slot 1 <- e_2i, slot 0 <- e_2i+1) for one accumulator
+//     and its odd elements likewise for another computes E and O at the instruction's full rate;
+//     S and c + S are two vector adds under MXCSR's flush-to-zero and denormals-are-zero bits.
+//   - fused multiply-adds (every level, emulated16): E and O as two chains under those MXCSR bits,
+//     which flush a result that is tiny after rounding, as the contract says. SSE2, which has no
+//     fma, adds the exact product in double and rounds to float once more: the double rounding of
+//     a sum of two 24-bit numbers in 53 bits is innocuous (Figueroa 1995), and the conversion to
+//     float flushes on the rounded value.
 
-// The register tile: MR rows by `vectors` vectors of C, KC-deep slices of K (even, so that pairs
-// never straddle two slices), blocks of MC rows of op(A).
-constexpr std::size_t MR = 6, KC = 256, MC = 96;
+// Blocks of the contract: 32 elements of k.
+constexpr std::size_t block = 32;
 
-static std::size_t round_up_even(std::size_t n) { return (n + 1) / 2 * 2; }
-
-// The bf16 bits of x, subnormals flushed to a zero of x's sign: what the instruction reads.
-static std::uint16_t bf16_operand(float x) {
-  std::uint16_t bits = to_bf16_bits(x);
-  return (bits & 0x7F80) == 0 ? std::uint16_t(bits & 0x8000) : bits;
-}
+static std::size_t round_up_to_block(std::size_t n) { return (n + block - 1) / block * block; }
 
 // Sets MXCSR's flush-to-zero and denormals-are-zero bits on this thread while it lives.
 class FlushSubnormals {
@@ -67,7 +68,7 @@ class FlushSubnormals {
   unsigned saved_;
 };
 
-// One step of the chain, acc + x y rounded once (x y is exact).
+// One step of a chain, acc + x y rounded once (x y is exact).
 template <class V>
 static V chain_step(const V& acc, const V& x, const V& y) {
 #ifdef __FMA__
@@ -81,69 +82,101 @@ static V chain_step(const V& acc, const V& x, const V& y) {
 #endif
 }
 
-// The portable path: panels of floats (the rounded values) with each pair of k swapped, so that
-// the tile's plain k loop runs the chain's order.
+// The register tile: MR rows by `vectors` vectors of C, with an E and an O accumulator each (the
+// widths keep both sets and the operands in registers), KC-deep slices of K (whole blocks), blocks
+// of MC rows of op(A).
+constexpr std::size_t KC = 256, MC = 96;
+static_assert(KC % block == 0, "a slice of K holds whole blocks");
+
+// The portable path: panels of floats (the rounded values), k in order.
 struct ChainPath {
   using Element = float;
   using V = Batch<float>;
-  static constexpr std::size_t vectors = V::size == 16 ? 4 : 2, NR = vectors * V::size;
-  static std::size_t index(std::size_t k, std::size_t j, std::size_t width) { return (k ^ 1) * width + j; }
+  static constexpr std::size_t vectors = 2, MR = V::size == 16 ? 6 : V::size == 8 ? 3 : 2, NR = vectors * V::size;
+  static std::size_t index(std::size_t k, std::size_t j, std::size_t width) { return k * width + j; }
   static Element element(std::uint16_t bits) { return from_bf16_bits(bits); }
 
-  // c (MR, NR) = (accumulate ? c : 0) + the chain over `rows` (even) k of the panels a (rows, MR)
-  // and b (rows, NR).
+  // c (MR, NR) = the contract over `rows` (whole blocks) k of the panels a (rows, MR) and b (rows,
+  // NR), from C's values when accumulating, else from +0.
   [[gnu::noinline]] static void tile(float* c, std::size_t ldc, const float* a, const float* b, std::size_t rows,
                                      bool accumulate) {
     constexpr std::size_t W = V::size;
-    V acc[MR][vectors];
-    for (std::size_t r = 0; r < MR; ++r)
-      for (std::size_t v = 0; v < vectors; ++v) acc[r][v] = accumulate ? V::load_unaligned(c + r * ldc + v * W) : V(0.0f);
-    for (std::size_t k = 0; k < rows; ++k) {
-      V col[vectors];
-      for (std::size_t v = 0; v < vectors; ++v) col[v] = V::load_aligned(b + k * NR + v * W);
-      for (std::size_t r = 0; r < MR; ++r) {
-        V x(a[k * MR + r]);
-        for (std::size_t v = 0; v < vectors; ++v) acc[r][v] = chain_step(acc[r][v], x, col[v]);
+    for (std::size_t k0 = 0; k0 < rows; k0 += block) {
+      V even[MR][vectors], odd[MR][vectors];
+      for (std::size_t r = 0; r < MR; ++r)
+        for (std::size_t v = 0; v < vectors; ++v) even[r][v] = odd[r][v] = V(0.0f);
+      for (std::size_t k = k0; k < k0 + block; k += 2) {
+        V col_even[vectors], col_odd[vectors];
+        for (std::size_t v = 0; v < vectors; ++v) {
+          col_even[v] = V::load_aligned(b + k * NR + v * W);
+          col_odd[v] = V::load_aligned(b + (k + 1) * NR + v * W);
+        }
+        for (std::size_t r = 0; r < MR; ++r) {
+          V x_even(a[k * MR + r]), x_odd(a[(k + 1) * MR + r]);
+          for (std::size_t v = 0; v < vectors; ++v) {
+            even[r][v] = chain_step(even[r][v], x_even, col_even[v]);
+            odd[r][v] = chain_step(odd[r][v], x_odd, col_odd[v]);
+          }
+        }
       }
+      const bool from_c = accumulate || k0 > 0;
+      for (std::size_t r = 0; r < MR; ++r)
+        for (std::size_t v = 0; v < vectors; ++v) {
+          V sum = even[r][v] + odd[r][v], start = from_c ? V::load_unaligned(c + r * ldc + v * W) : V(0.0f);
+          (start + sum).store_unaligned(c + r * ldc + v * W);
+        }
     }
-    for (std::size_t r = 0; r < MR; ++r)
-      for (std::size_t v = 0; v < vectors; ++v) acc[r][v].store_unaligned(c + r * ldc + v * W);
   }
 };
 
 #if defined(__AVX512F__) && !defined(TAPEGRAD_EMULATED_BATCH)
-// The instruction's path (AVX-512 level, CPUs with AVX512_BF16 only): panels of bf16 bits, each
-// pair of k in one 32-bit word, the layout VDPBF16PS reads.
+// The instruction's path (AVX-512 level, CPUs with AVX512_BF16 only): panels of bf16 bits, two k
+// in each 32-bit word, per block 16 words: word 2s + p holds the elements 4s + p (slot 1, the
+// instruction's first) and 4s + 2 + p (slot 0) of the block, so that word 2s runs E's chain and
+// word 2s + 1 O's.
 struct InstructionPath {
   using Element = std::uint16_t;
-  static constexpr std::size_t vectors = 4, NR = vectors * 16;
+  static constexpr std::size_t vectors = 2, MR = 6, NR = vectors * 16;
   static std::size_t index(std::size_t k, std::size_t j, std::size_t width) {
-    return ((k >> 1) * width + j) * 2 + (k & 1);
+    const std::size_t kk = k % block, word = k / block * (block / 2) + kk / 4 * 2 + kk % 2, slot = 1 - kk / 2 % 2;
+    return (word * width + j) * 2 + slot;
   }
   static Element element(std::uint16_t bits) { return bits; }
 
   [[gnu::target("avx512bf16"), gnu::noinline]] static void tile(float* c, std::size_t ldc, const std::uint16_t* a,
                                                                  const std::uint16_t* b, std::size_t rows,
                                                                  bool accumulate) {
-    __m512 acc[MR][vectors];
-    for (std::size_t r = 0; r < MR; ++r)
-      for (std::size_t v = 0; v < vectors; ++v)
-        acc[r][v] = accumulate ? _mm512_loadu_ps(c + r * ldc + v * 16) : _mm512_setzero_ps();
-    for (std::size_t p = 0; p < rows / 2; ++p) {
-      __m512i col[vectors];
-      for (std::size_t v = 0; v < vectors; ++v) col[v] = _mm512_load_si512(b + (p * NR + v * 16) * 2);
-      for (std::size_t r = 0; r < MR; ++r) {
-        std::int32_t pair;
-        std::memcpy(&pair, a + (p * MR + r) * 2, sizeof pair);
-        __m512i x = _mm512_set1_epi32(pair);
-        for (std::size_t v = 0; v < vectors; ++v) acc[r][v] = _mm512_dpbf16_ps(acc[r][v], (__m512bh)x, (__m512bh)col[v]);
+    for (std::size_t k0 = 0; k0 < rows; k0 += block) {
+      __m512 even[MR][vectors], odd[MR][vectors];
+      for (std::size_t r = 0; r < MR; ++r)
+        for (std::size_t v = 0; v < vectors; ++v) even[r][v] = odd[r][v] = _mm512_setzero_ps();
+      for (std::size_t word = k0 / 2; word < (k0 + block) / 2; word += 2) {
+        __m512i col_even[vectors], col_odd[vectors];
+        for (std::size_t v = 0; v < vectors; ++v) {
+          col_even[v] = _mm512_load_si512(b + (word * NR + v * 16) * 2);
+          col_odd[v] = _mm512_load_si512(b + ((word + 1) * NR + v * 16) * 2);
+        }
+        for (std::size_t r = 0; r < MR; ++r) {
+          std::int32_t pair_even, pair_odd;
+          std::memcpy(&pair_even, a + (word * MR + r) * 2, sizeof pair_even);
+          std::memcpy(&pair_odd, a + ((word + 1) * MR + r) * 2, sizeof pair_odd);
+          __m512bh x_even = (__m512bh)_mm512_set1_epi32(pair_even), x_odd = (__m512bh)_mm512_set1_epi32(pair_odd);
+          for (std::size_t v = 0; v < vectors; ++v) {
+            even[r][v] = _mm512_dpbf16_ps(even[r][v], x_even, (__m512bh)col_even[v]);
+            odd[r][v] = _mm512_dpbf16_ps(odd[r][v], x_odd, (__m512bh)col_odd[v]);
+          }
+        }
       }
+      const bool from_c = accumulate || k0 > 0;
+      for (std::size_t r = 0; r < MR; ++r)
+        for (std::size_t v = 0; v < vectors; ++v) {
+          __m512 sum = _mm512_add_ps(even[r][v], odd[r][v]);
+          __m512 start = from_c ? _mm512_loadu_ps(c + r * ldc + v * 16) : _mm512_setzero_ps();
+          _mm512_storeu_ps(c + r * ldc + v * 16, _mm512_add_ps(start, sum));
+        }
     }
-    for (std::size_t r = 0; r < MR; ++r)
-      for (std::size_t v = 0; v < vectors; ++v) _mm512_storeu_ps(c + r * ldc + v * 16, acc[r][v]);
   }
 };
-
 static bool cpu_has_bf16_dot_products() {
   __builtin_cpu_init();
   return __builtin_cpu_supports("avx512bf16");
@@ -155,11 +188,11 @@ static bool cpu_has_bf16_dot_products() {
 // as fast. The two give the same bits, so the choice is timed, once: each tile on one panel
 // (K = 256, about 2 us), the best of 15 runs each, alternated.
 static bool instruction_outruns_chain() {
-  constexpr std::size_t rows = 256;
-  static_assert(ChainPath::NR == InstructionPath::NR, "both tiles cover the same columns at AVX-512");
-  AlignedVector<std::uint16_t> a_bits(rows * MR, 0x3F80), b_bits(rows * InstructionPath::NR, 0x3F80);
-  AlignedVector<float> a_floats(rows * MR, 1.0f), b_floats(rows * ChainPath::NR, 1.0f);
-  alignas(64) float c[MR * InstructionPath::NR];
+  constexpr std::size_t rows = 256, MR = InstructionPath::MR, NR = InstructionPath::NR;
+  static_assert(ChainPath::NR == NR && ChainPath::MR == MR, "both tiles cover the same block of C at AVX-512");
+  AlignedVector<std::uint16_t> a_bits(rows * MR, 0x3F80), b_bits(rows * NR, 0x3F80);
+  AlignedVector<float> a_floats(rows * MR, 1.0f), b_floats(rows * NR, 1.0f);
+  alignas(64) float c[MR * NR];
   auto seconds = [](auto tile) {
     auto start = std::chrono::steady_clock::now();
     tile();
@@ -168,27 +201,27 @@ static bool instruction_outruns_chain() {
   double instruction = 1e9, chain = 1e9;
   for (int run = 0; run < 15; ++run) {
     instruction = std::min(instruction, seconds([&] {
-      InstructionPath::tile(c, InstructionPath::NR, a_bits.data(), b_bits.data(), rows, false);
+      InstructionPath::tile(c, NR, a_bits.data(), b_bits.data(), rows, false);
     }));
-    chain = std::min(chain, seconds([&] { ChainPath::tile(c, ChainPath::NR, a_floats.data(), b_floats.data(), rows, false); }));
+    chain = std::min(chain, seconds([&] { ChainPath::tile(c, NR, a_floats.data(), b_floats.data(), rows, false); }));
   }
   return instruction < chain;
 }
 #endif
 
 // Writes the operand bits of X(k0 + k, j0 + j), X(k, j) = trans ? X[j * ld + k] : X[k * ld + j],
-// for k < kc and j < cols into a panel of `width` columns and round_up_even(kc) rows in Path's
+// for k < kc and j < cols into a panel of `width` columns and round_up_to_block(kc) rows in Path's
 // layout, zeros everywhere else.
 template <class Path>
 static void pack_panel(typename Path::Element* panel, std::size_t width, const float* X, bool trans, std::size_t ld,
                        std::size_t k0, std::size_t kc, std::size_t j0, std::size_t cols) {
   using Element = typename Path::Element;
-  std::fill(panel, panel + round_up_even(kc) * width, Element(0));
+  std::fill(panel, panel + round_up_to_block(kc) * width, Element(0));
   if (trans) {  // the source's rows run along k: per 16 k, each column's rounded (a loop that
-    // vectorizes), then written a panel row at a time (the panel, 64 KiB at AVX-512, is written
+    // vectorizes), then written a panel row at a time (the panel, 32 KiB at AVX-512, is written
     // along its rows, not down its columns)
     constexpr std::size_t depth = 16, widest = 64;
-    static_assert(Path::NR <= widest && MR <= widest, "a panel is at most `widest` columns wide");
+    static_assert(Path::NR <= widest && Path::MR <= widest, "a panel is at most `widest` columns wide");
     alignas(64) Element operands[widest][depth];
     for (std::size_t kb = 0; kb < kc; kb += depth) {
       const std::size_t ks = std::min(depth, kc - kb);
@@ -207,28 +240,32 @@ static void pack_panel(typename Path::Element* panel, std::size_t width, const f
   }
 }
 
+// C = 0 when not accumulating: what a product over K = 0 gives (no block, nothing read or flushed).
+static void zero_unless_accumulating(std::size_t M, std::size_t N, bool accumulate, float* C, std::size_t ldc) {
+  if (!accumulate)
+    for (std::size_t i = 0; i < M; ++i) std::fill_n(C + i * ldc, N, 0.0f);
+}
+
 // The BLIS loop order of packed_gemm (core/kernels/matmul.cpp): per KC slice, op(B) packed into
 // panels of NR columns; per block of MC rows, op(A) packed into panels of MR rows; the tile runs
 // one panel of each. Partial tiles run on a copy of C's corner, so that every element gets the
-// same chain.
+// same arithmetic.
 template <class Path>
 static void bf16_product(bool transpose_a, bool transpose_b, std::size_t M, std::size_t N, std::size_t K, const float* A,
                          std::size_t lda, const float* B, std::size_t ldb, bool accumulate, float* C,
                          std::size_t ldc) {
   using Element = typename Path::Element;
-  constexpr std::size_t NR = Path::NR;
-  if (K == 0) {
-    if (!accumulate)
-      for (std::size_t i = 0; i < M; ++i) std::fill_n(C + i * ldc, N, 0.0f);
-    return;
-  }
+  constexpr std::size_t MR = Path::MR, NR = Path::NR;
+  static_assert(MC % MR == 0, "a block of rows holds whole panels");
+  if (K == 0) return zero_unless_accumulating(M, N, accumulate, C, ldc);
+  FlushSubnormals flush;  // MXCSR is per thread; VDPBF16PS ignores it, its sums do not
   const std::size_t panels = (N + NR - 1) / NR;
   thread_local AlignedVector<Element> b_pack, a_pack;
   b_pack.resize(panels * KC * NR);
-  a_pack.resize((MC + MR) * KC);
+  a_pack.resize(MC * KC);
   alignas(64) float edge[MR * NR];
   for (std::size_t p0 = 0; p0 < K; p0 += KC) {
-    const std::size_t kc = std::min(KC, K - p0), rows = round_up_even(kc);
+    const std::size_t kc = std::min(KC, K - p0), rows = round_up_to_block(kc);
     const bool continues = p0 > 0 || accumulate;
     for (std::size_t jp = 0; jp < panels; ++jp)
       pack_panel<Path>(b_pack.data() + jp * rows * NR, NR, B, transpose_b, ldb, p0, kc, jp * NR,
@@ -258,42 +295,117 @@ static void bf16_product(bool transpose_a, bool transpose_b, std::size_t M, std:
   }
 }
 
-// bf16_product over the kernel threads, each on its block of C.
-template <class Path>
-static void split_bf16_product(bool transpose_a, bool transpose_b, std::size_t M, std::size_t N, std::size_t K,
-                               const float* A, std::size_t lda, const float* B, std::size_t ldb, bool accumulate,
-                               float* C, std::size_t ldc) {
+// A product (bf16_product's signature) over the kernel threads, each on its block of C.
+template <class Product>
+static void split_bf16_product(Product product, bool transpose_a, bool transpose_b, std::size_t M, std::size_t N,
+                               std::size_t K, const float* A, std::size_t lda, const float* B, std::size_t ldb,
+                               bool accumulate, float* C, std::size_t ldc) {
   if (M == 0 || N == 0) return;
   detail::split_product(M, N, K, [&](std::size_t m0, std::size_t m, std::size_t n0, std::size_t n) {
-    FlushSubnormals flush;  // MXCSR is per thread; the instruction ignores it
-    bf16_product<Path>(transpose_a, transpose_b, m, n, K, A + (transpose_a ? m0 : m0 * lda), lda,
-                       B + (transpose_b ? n0 * ldb : n0), ldb, accumulate, C + m0 * ldc + n0, ldc);
+    product(transpose_a, transpose_b, m, n, K, A + (transpose_a ? m0 : m0 * lda), lda, B + (transpose_b ? n0 * ldb : n0),
+            ldb, accumulate, C + m0 * ldc + n0, ldc);
   });
 }
 
+#if TAPEGRAD_BF16_AMX
+// The AMX path over K = 0 as the others.
+static void amx_product(bool transpose_a, bool transpose_b, std::size_t M, std::size_t N, std::size_t K, const float* A,
+                        std::size_t lda, const float* B, std::size_t ldb, bool accumulate, float* C, std::size_t ldc) {
+  if (K == 0) return zero_unless_accumulating(M, N, accumulate, C, ldc);
+  amx_bf16_product(transpose_a, transpose_b, M, N, K, A, lda, B, ldb, accumulate, C, ldc);
+}
+
+// Whether AMX gives this contract's bits on this CPU: a product of hard cases through the tiles
+// and through the chain, equal bit for bit (NaN as NaN). Operands of three kinds mixed: exponents
+// near 1 (the order of the roundings shows), random bit patterns (subnormals, infinities, NaNs,
+// zeros of both signs) and extremes (products that overflow or underflow); C likewise; and
+// chains that end at 2^-126 or just under it (flushed or not), K past two blocks.
+static bool amx_agrees_with_chain() {
+  constexpr std::size_t M = 19, N = 35, K = 77;
+  std::uint64_t state = 0x9E3779B97F4A7C15u;
+  auto random_bits = [&] {
+    state ^= state << 13, state ^= state >> 7, state ^= state << 17;
+    return std::uint16_t(state >> 20);
+  };
+  auto operand = [&](std::size_t n) {
+    std::uint16_t bits = random_bits();
+    const std::uint16_t exponent = n % 3 == 0 ? 120 + random_bits() % 16 : random_bits() % 2 ? random_bits() % 4 : 250 + random_bits() % 6;
+    if (n % 3 != 1) bits = std::uint16_t((bits & 0x807F) | exponent << 7);
+    return from_bf16_bits(bits);
+  };
+  std::vector<float> A(M * K), B(K * N), C(M * N);
+  for (std::size_t n = 0; n < A.size(); ++n) A[n] = operand(n);
+  for (std::size_t n = 0; n < B.size(); ++n) B[n] = operand(n + random_bits());
+  for (std::size_t n = 0; n < C.size(); ++n) C[n] = operand(n) * 1.375f;
+  // B is transposed: column j is B[j * K ...]. Row 0 times column 0: 2^-126 (k = 0), then
+  // -2^-150 (k = 2) on the same chain, tiny after rounding: flushed; times column 1: -2^-152
+  // instead (k = 4), which rounds back to 2^-126: kept. Row 1 times column 2: C = 1 plus 2^-24 on
+  // each chain, 1 + 2^-23.
+  for (std::size_t k = 0; k < K; ++k) A[k] = A[K + k] = B[k] = B[K + k] = B[2 * K + k] = 0.0f;
+  A[0] = std::ldexp(1.0f, -63), A[2] = -std::ldexp(1.0f, -75), A[4] = -std::ldexp(1.0f, -76);
+  B[0] = B[K] = std::ldexp(1.0f, -63), B[2] = std::ldexp(1.0f, -75), B[K + 4] = std::ldexp(1.0f, -76);
+  A[K] = A[K + 1] = B[2 * K] = B[2 * K + 1] = std::ldexp(1.0f, -12);
+  C[0] = C[1] = 0.0f, C[N + 2] = 1.0f;
+  for (bool accumulate : {false, true}) {
+    std::vector<float> tiles = C, chain = C;
+    amx_product(false, true, M, N, K, A.data(), K, B.data(), K, accumulate, tiles.data(), N);
+    bf16_product<ChainPath>(false, true, M, N, K, A.data(), K, B.data(), K, accumulate, chain.data(), N);
+    for (std::size_t n = 0; n < C.size(); ++n)
+      if (std::memcmp(&tiles[n], &chain[n], sizeof(float)) != 0 && !(std::isnan(tiles[n]) && std::isnan(chain[n])))
+        return false;
+  }
+  return true;
+}
+
+// Whether bf16_gemm runs on AMX here: the CPU has it, the process got the tile state, the
+// self-check agrees, and TAPEGRAD_AMX is not 0. Decided once.
+static bool amx_chosen() {
+  static const bool chosen = [] {
+    const char* setting = std::getenv("TAPEGRAD_AMX");
+    if (setting && std::strcmp(setting, "0") == 0) return false;
+    return amx_tiles_usable() && amx_agrees_with_chain();
+  }();
+  return chosen;
+}
+#endif
+
 template <class T>
-void bf16_gemm_path(bool instruction, bool transpose_a, bool transpose_b, std::size_t M, std::size_t N, std::size_t K,
+void bf16_gemm_path(Bf16Path path, bool transpose_a, bool transpose_b, std::size_t M, std::size_t N, std::size_t K,
                     const float* A, std::size_t lda, const float* B, std::size_t ldb, bool accumulate, float* C,
                     std::size_t ldc) {
+#if TAPEGRAD_BF16_AMX
+  if (path == Bf16Path::amx_tiles && amx_tiles_usable())
+    return split_bf16_product(amx_product, transpose_a, transpose_b, M, N, K, A, lda, B, ldb, accumulate, C, ldc);
+#endif
 #if defined(__AVX512F__) && !defined(TAPEGRAD_EMULATED_BATCH)
   static const bool has_instruction = cpu_has_bf16_dot_products();
-  if (instruction && has_instruction)
-    return split_bf16_product<InstructionPath>(transpose_a, transpose_b, M, N, K, A, lda, B, ldb, accumulate, C, ldc);
+  if (path != Bf16Path::fma_chain && has_instruction)
+    return split_bf16_product(bf16_product<InstructionPath>, transpose_a, transpose_b, M, N, K, A, lda, B, ldb,
+                              accumulate, C, ldc);
 #endif
-  (void)instruction;
-  split_bf16_product<ChainPath>(transpose_a, transpose_b, M, N, K, A, lda, B, ldb, accumulate, C, ldc);
+  (void)path;
+  split_bf16_product(bf16_product<ChainPath>, transpose_a, transpose_b, M, N, K, A, lda, B, ldb, accumulate, C, ldc);
 }
 TAPEGRAD_INSTANTIATE_KERNEL(bf16_gemm_path)
 
 template <class T>
 void bf16_gemm(bool transpose_a, bool transpose_b, std::size_t M, std::size_t N, std::size_t K, const float* A,
                std::size_t lda, const float* B, std::size_t ldb, bool accumulate, float* C, std::size_t ldc) {
-#if defined(__AVX512F__) && !defined(TAPEGRAD_EMULATED_BATCH)
-  static const bool instruction = cpu_has_bf16_dot_products() && instruction_outruns_chain();
+#if TAPEGRAD_BF16_AMX
+  static const bool amx = amx_chosen();
 #else
-  constexpr bool instruction = false;
+  constexpr bool amx = false;
 #endif
-  bf16_gemm_path<T>(instruction, transpose_a, transpose_b, M, N, K, A, lda, B, ldb, accumulate, C, ldc);
+#if defined(__AVX512F__) && !defined(TAPEGRAD_EMULATED_BATCH)
+  static const Bf16Path fastest = amx ? Bf16Path::amx_tiles
+                                  : cpu_has_bf16_dot_products() && instruction_outruns_chain()
+                                      ? Bf16Path::dot_product_instruction
+                                      : Bf16Path::fma_chain;
+#else
+  constexpr Bf16Path fastest = Bf16Path::fma_chain;
+  (void)amx;
+#endif
+  TAPEGRAD_SIMD_LEVEL::bf16_gemm_path<T>(fastest, transpose_a, transpose_b, M, N, K, A, lda, B, ldb, accumulate, C, ldc);
 }
 TAPEGRAD_INSTANTIATE_KERNEL(bf16_gemm)
 

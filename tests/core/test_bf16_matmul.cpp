@@ -1,7 +1,8 @@
 // bf16 matrix products (core/kernels/matmul_bf16.cpp, core/precision.h): the rounding, the
-// kernel against a float64 reference of the rounded inputs and against a scalar model of
-// VDPBF16PS's chain, its bits at every level, at emulated16 and by the instruction, and the
-// matmul ops under a bf16 precision scope.
+// kernel against a float64 reference of the rounded inputs and against a scalar model of its
+// contract (AMX's TDPBF16PS), hand-made cases of that contract, its bits at every level, at
+// emulated16 and by every path (AMX, VDPBF16PS, fused multiply-adds), and the matmul ops under a
+// bf16 precision scope.
 #include <doctest/doctest.h>
 
 #include <fmt/format.h>
@@ -9,7 +10,11 @@
 #include <bit>
 #include <cmath>
 #include <cstdint>
+#include <fstream>
+#include <functional>
 #include <limits>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "core/bf16.h"
@@ -62,21 +67,63 @@ Product random_product(bool transpose_a, bool transpose_b, std::size_t M, std::s
   return p;
 }
 
-// VDPBF16PS's chain (Note [bf16 products]) for one element, for operands whose products and sums
-// stay in float's normal range (no flushing to model): odd element of each pair first, one
-// rounding per step.
-float chain_model(const Product& p, std::size_t i, std::size_t j, bool accumulate) {
-  float acc = accumulate ? p.C[i * p.N + j] : 0.0f;
-  auto term = [&](std::size_t k) {
-    return k < p.K ? std::pair{round_to_bf16(p.a(i, k)), round_to_bf16(p.b(k, j))} : std::pair{0.0f, 0.0f};
+// x rounded to float, its exponent unbounded, then flushed to a zero of its sign below 2^-126:
+// the contract's rounding of every step and sum (Note [bf16 products]).
+float rounded_and_flushed(double x) {
+  if (!(std::fabs(x) < 0x1p-100)) return float(x);
+  const float scaled = float(x * 0x1p100);  // exact in double; a normal float
+  return std::fabs(scaled) < 0x1p-26f ? std::copysign(0.0f, scaled) : scaled * 0x1p-100f;
+}
+
+// A bf16 operand as the paths read it: rounded, a subnormal read as a zero of its sign.
+float operand(float x) {
+  const float rounded = round_to_bf16(x);
+  return std::fabs(rounded) < 0x1p-126f ? std::copysign(0.0f, rounded) : rounded;
+}
+
+// The contract for one element: blocks of 32 k from k = 0 (zero-padded), per block a chain over
+// the even k and one over the odd k from +0, S = E + O, c = c + S (a subnormal c read as zero).
+// Exact for finite operands whose products fit a double (the double sum rounds innocuously).
+float contract_model(const Product& p, std::size_t i, std::size_t j, bool accumulate) {
+  float c = accumulate ? p.C[i * p.N + j] : 0.0f;
+  auto step = [&](float acc, std::size_t k) {
+    if (k >= p.K) return rounded_and_flushed(double(acc) + 0.0);
+    return rounded_and_flushed(double(acc) + double(operand(p.a(i, k))) * double(operand(p.b(k, j))));
   };
-  for (std::size_t k = 0; k < p.K; k += 2) {
-    auto [a1, b1] = term(k + 1);
-    acc = std::fma(a1, b1, acc);
-    auto [a0, b0] = term(k);
-    acc = std::fma(a0, b0, acc);
+  for (std::size_t k0 = 0; k0 < p.K; k0 += 32) {
+    float even = 0.0f, odd = 0.0f;
+    for (std::size_t k = k0; k < k0 + 32; k += 2) even = step(even, k), odd = step(odd, k + 1);
+    const float sum = rounded_and_flushed(double(even) + double(odd));
+    c = rounded_and_flushed(double(std::fabs(c) < 0x1p-126f ? std::copysign(0.0f, c) : c) + double(sum));
   }
-  return acc;
+  return c;
+}
+
+// Every way to run bf16_gemm at the level in use, named: the kernel and each path.
+std::vector<std::pair<std::string, std::function<void(bool, bool, std::size_t, std::size_t, std::size_t, const float*,
+                                                      std::size_t, const float*, std::size_t, bool, float*,
+                                                      std::size_t)>>>
+every_path() {
+  const auto& table = kernels::active_table<float>();
+  std::vector<std::pair<std::string, std::function<void(bool, bool, std::size_t, std::size_t, std::size_t, const float*,
+                                                        std::size_t, const float*, std::size_t, bool, float*,
+                                                        std::size_t)>>>
+      paths{{fmt::format("{} bf16_gemm", simd_level_name(simd_level())), table.bf16_gemm}};
+  for (auto [path, name] : {std::pair{kernels::Bf16Path::amx_tiles, "amx_tiles"},
+                            std::pair{kernels::Bf16Path::dot_product_instruction, "dot_product_instruction"},
+                            std::pair{kernels::Bf16Path::fma_chain, "fma_chain"}})
+    paths.emplace_back(fmt::format("{} {}", simd_level_name(simd_level()), name),
+                       [kernels = &table, path](auto... arguments) { kernels->bf16_gemm_path(path, arguments...); });
+  return paths;
+}
+
+// Whether this CPU has AMX-BF16 (Linux's name for it in /proc/cpuinfo).
+bool cpu_has_amx_bf16() {
+  std::ifstream cpuinfo("/proc/cpuinfo");
+  std::string line;
+  while (std::getline(cpuinfo, line))
+    if (line.rfind("flags", 0) == 0) return line.find(" amx_bf16") != std::string::npos;
+  return false;
 }
 
 const std::size_t sizes[][3] = {{13, 70, 301}, {6, 64, 256}, {1, 1, 1}, {7, 131, 2}, {20, 17, 513}};
@@ -124,7 +171,7 @@ TEST_CASE("a bf16 product equals a float64 reference of the rounded inputs withi
     }
 }
 
-TEST_CASE("a bf16 product is VDPBF16PS's chain: per element, pairs of k, the odd one first, one rounding each") {
+TEST_CASE("a bf16 product is its contract: blocks of 32 k, per block an even and an odd chain, their sum added") {
   // Products of bf16 values with sums near each other's size make the order and the roundings show.
   for (const auto& [M, N, K] : sizes)
     for (int form = 0; form < 8; ++form) {
@@ -133,13 +180,54 @@ TEST_CASE("a bf16 product is VDPBF16PS's chain: per element, pairs of k, the odd
       std::vector<float> c = p.run(kernels::bf16_gemm<float>, accumulate);
       std::size_t differ = 0;
       for (std::size_t i = 0; i < M; ++i)
-        for (std::size_t j = 0; j < N; ++j) differ += bits_of(c[i * N + j]) != bits_of(chain_model(p, i, j, accumulate));
+        for (std::size_t j = 0; j < N; ++j) differ += bits_of(c[i * N + j]) != bits_of(contract_model(p, i, j, accumulate));
       CAPTURE(M);
       CAPTURE(N);
       CAPTURE(K);
       CAPTURE(form);
       CHECK(differ == 0);
     }
+}
+
+TEST_CASE("hand-made cases pin the bf16 contract's order, blocks, signed zeros and flushes at every level and path") {
+  struct Case {
+    const char* what;
+    std::vector<float> a, b;  // one row of op(A), one column of op(B): K = a.size()
+    float c;                  // C, accumulated into
+    float expected;
+  };
+  const float tiny = 0x1p-126f;
+  std::vector<Case> cases = {
+      {"C = 1 plus 2^-24 on each chain: the chains' sum is added once", {0x1p-12f, 0x1p-12f}, {0x1p-12f, 0x1p-12f}, 1.0f,
+       1.0f + 0x1p-23f},
+      {"2^-24 twice after 1 on one chain: each step rounds (a tie, to even)", {1, 0, 0x1p-12f, 0, 0x1p-12f},
+       {1, 0, 0x1p-12f, 0, 0x1p-12f}, 0.0f, 1.0f},
+      {"a second block starts its chains from +0", [] { std::vector<float> v(34, 0.0f); v[0] = 1, v[32] = v[33] = 0x1p-12f; return v; }(),
+       [] { std::vector<float> v(34, 0.0f); v[0] = 1, v[32] = v[33] = 0x1p-12f; return v; }(), 0.0f, 1.0f + 0x1p-23f},
+      {"a full block of negative underflows keeps C = -0", std::vector<float>(32, -0x1p-70f), std::vector<float>(32, 0x1p-70f),
+       -0.0f, -0.0f},
+      {"a padded block's +0 turns a chain's -0 into +0", std::vector<float>(31, -0x1p-70f), std::vector<float>(31, 0x1p-70f),
+       -0.0f, 0.0f},
+      {"2^-126 - 2^-150 is tiny after rounding: flushed", {0x1p-63f, 0, -0x1p-75f}, {0x1p-63f, 0, 0x1p-75f}, 0.0f, 0.0f},
+      {"2^-126 - 2^-152 rounds to 2^-126: kept", {0x1p-63f, 0, -0x1p-76f}, {0x1p-63f, 0, 0x1p-76f}, 0.0f, tiny},
+      {"a subnormal C is read as zero", {0x1p-63f}, {0x1p-63f}, 0x1p-140f, tiny},
+      {"a subnormal operand is read as zero", {1e-40f, 1.0f}, {0x1p120f, 1.0f}, 0.0f, 1.0f},
+      {"a product past float's range is infinite on its chain", {0x1p100f, 0, -0x1p100f}, {0x1p100f, 0, 0x1p100f}, 0.0f,
+       std::numeric_limits<float>::infinity()},
+  };
+  for (SimdLevel level : testable_simd_levels()) {
+    LevelGuard guard;
+    set_simd_level(level);
+    for (const auto& [name, run] : every_path())
+      for (const Case& test : cases) {
+        const std::size_t K = test.a.size();
+        float c = test.c;
+        run(false, false, 1, 1, K, test.a.data(), K, test.b.data(), 1, true, &c, 1);
+        CAPTURE(name);
+        CAPTURE(test.what);
+        CHECK(bits_of(c) == bits_of(test.expected));
+      }
+  }
 }
 
 TEST_CASE("bf16 products have the same bits at every level, at emulated16 and by the instruction") {
@@ -154,28 +242,50 @@ TEST_CASE("bf16 products have the same bits at every level, at emulated16 and by
   p.A[7] = std::bit_cast<float>(0x00400000u);
   std::vector<std::vector<float>> results;
   std::vector<std::string> names;
-  for (SimdLevel level : testable_simd_levels()) {
-    LevelGuard guard;
-    set_simd_level(level);
-    for (bool accumulate : {false, true}) {
-      const auto& table = kernels::active_table<float>();
-      results.push_back(p.run(table.bf16_gemm, accumulate));
-      names.push_back(fmt::format("{} bf16_gemm, accumulate {}", simd_level_name(level), accumulate));
-      for (bool instruction : {true, false}) {
-        results.push_back(p.run(
-            [&](auto... arguments) { table.bf16_gemm_path(instruction, arguments...); }, accumulate));
-        names.push_back(fmt::format("{} bf16_gemm_path instruction {}, accumulate {}", simd_level_name(level),
-                                    instruction, accumulate));
+  for (bool accumulate : {false, true})
+    for (SimdLevel level : testable_simd_levels()) {
+      LevelGuard guard;
+      set_simd_level(level);
+      for (const auto& [name, run] : every_path()) {
+        results.push_back(p.run(run, accumulate));
+        names.push_back(fmt::format("{}, accumulate {}", name, accumulate));
       }
     }
-  }
+  const std::size_t per_flag = results.size() / 2;
   for (std::size_t r = 1; r < results.size(); ++r) {
-    const auto& reference = results[r % 6 < 3 ? 0 : 3];  // the same accumulate flag
+    const auto& reference = results[r / per_flag * per_flag];  // the same accumulate flag
     std::size_t differ = 0;
     for (std::size_t i = 0; i < reference.size(); ++i) differ += bits_of(results[r][i]) != bits_of(reference[i]);
     CAPTURE(names[r]);
     CHECK(differ == 0);
   }
+}
+
+TEST_CASE("AMX tiles give the fused multiply-adds' bits on ragged shapes, every transposition, accumulating or not") {
+  // M, N, K from 1 to 70 (partial tiles of rows, columns and blocks, odd K), operands over many
+  // exponents. Where the CPU has no AMX, the path falls back to the next and the test says so.
+  if (!cpu_has_amx_bf16()) MESSAGE("this CPU has no AMX-BF16: the amx_tiles path runs VDPBF16PS or the chain");
+  LevelGuard guard;
+  set_simd_level(supported_simd_levels().back());
+  const auto& table = kernels::active_table<float>();
+  Rng rng(90);
+  auto extent = [&] { return std::size_t(1 + rng.uniform() * 69.99); };
+  std::size_t differ = 0, shapes = 0;
+  for (int trial = 0; trial < 40; ++trial) {
+    const bool transpose_a = trial % 3 == 1, transpose_b = trial % 3 == 2, accumulate = trial % 2;
+    Product p = random_product(transpose_a, transpose_b, extent(), extent(), trial % 4 == 0 ? 2 * extent() + 1 : extent(),
+                               100 + trial);
+    for (auto* v : {&p.A, &p.B, &p.C})
+      for (float& x : *v) x = std::ldexp(x, int(rng.uniform() * 60) - 30);
+    auto run = [&](kernels::Bf16Path path) {
+      return p.run([&](auto... arguments) { table.bf16_gemm_path(path, arguments...); }, accumulate);
+    };
+    std::vector<float> tiles = run(kernels::Bf16Path::amx_tiles), chain = run(kernels::Bf16Path::fma_chain);
+    for (std::size_t i = 0; i < tiles.size(); ++i) differ += bits_of(tiles[i]) != bits_of(chain[i]);
+    ++shapes;
+  }
+  CHECK(shapes == 40);
+  CHECK(differ == 0);
 }
 
 TEST_CASE("a bf16 product's row and column do not depend on the rest of the call nor the thread count") {
