@@ -20,11 +20,19 @@ CachePass::CachePass(KVCache& cache, std::span<const Run> runs, KVCache::Scratch
 
 Rows CachePass::take(std::size_t cols) { return take(rows_, cols); }
 
-Rows CachePass::take(std::size_t rows, std::size_t cols) { return {scratch_.take(rows * cols), rows, cols}; }
+// Every op but linear and rope takes its output here before it reads an input, so that none can
+// read the rows of a deferred product before they are computed.
+Rows CachePass::take(std::size_t rows, std::size_t cols) {
+  run_deferred();
+  return take_deferrable(rows, cols);
+}
+
+Rows CachePass::take_deferrable(std::size_t rows, std::size_t cols) { return {scratch_.take(rows * cols), rows, cols}; }
 
 // Once: a second head op must not overwrite the first's logits, which the description may still read.
 Rows CachePass::take_logits(std::size_t rows, std::size_t cols) {
   if (!logits_out_ || rows != logit_rows() || cols != vocab_) return take(rows, cols);
+  run_deferred();
   return {std::exchange(logits_out_, nullptr), rows, cols};
 }
 
@@ -70,7 +78,6 @@ Rows CachePass::positions(const Embedding& table) {
 }
 
 Rows CachePass::add(const Rows& a, const Rows& b) {
-  run_deferred();
   check_cols("add", b, a.cols);
   Rows y = take(a.cols);
   kernels::add_forward(y.data, a.data, b.data, rows_ * a.cols);
@@ -78,7 +85,6 @@ Rows CachePass::add(const Rows& a, const Rows& b) {
 }
 
 Rows CachePass::rms_norm(const Rows& x, const RMSNorm& norm) {
-  run_deferred();
   check_cols("rms_norm", x, norm.weight.shape()[0]);
   Rows y = take(x.cols);
   kernels::rms_norm_forward<float>(y.data, nullptr, x.data, norm.weight.value().data(), rows_, x.cols, norm.eps);
@@ -86,7 +92,6 @@ Rows CachePass::rms_norm(const Rows& x, const RMSNorm& norm) {
 }
 
 Rows CachePass::layer_norm(const Rows& x, const LayerNorm& norm) {
-  run_deferred();
   check_cols("layer_norm", x, norm.weight.shape()[0]);
   Rows y = take(x.cols);
   kernels::layer_norm_forward<float>(y.data, nullptr, nullptr, x.data, norm.weight.value().data(),
@@ -96,7 +101,7 @@ Rows CachePass::layer_norm(const Rows& x, const LayerNorm& norm) {
 
 Rows CachePass::linear(const Rows& x, const Linear& layer) {
   check_cols("linear", x, layer.in());
-  Rows y = take(x.rows, layer.out());
+  Rows y = take_deferrable(x.rows, layer.out());
   if (!defer_product(y, x, layer)) product_into(y, x, layer);
   return y;
 }
@@ -128,7 +133,6 @@ void CachePass::run_deferred() {
 }
 
 Rows CachePass::head(const Rows& x, const Linear& layer) {
-  run_deferred();
   check_cols("head", x, layer.in());
   const Rows in = head_input(x);
   Rows y = take_logits(in.rows, layer.out());
@@ -164,7 +168,6 @@ void CachePass::add_adapter(Rows& y, const Rows& x, const LoraAdapter& adapter) 
 }
 
 Rows CachePass::tied_head(const Rows& x, const Embedding& table) {
-  run_deferred();
   if (table.packed) {  // the table is already (out, in)
     check_cols("tied_head", x, table.packed->cols);
     const Rows in = head_input(x);
@@ -182,7 +185,7 @@ Rows CachePass::tied_head(const Rows& x, const Embedding& table) {
 
 Rows CachePass::rope(const Rows& x, const std::shared_ptr<const kernels::RopeTable<float>>& table,
                      std::size_t n_heads) {
-  Rows y = take(x.cols);
+  Rows y = take_deferrable(rows_, x.cols);
   if (is_deferred_output(x) && ropes_deferred_ < max_deferred) {
     deferred_ropes_[ropes_deferred_++] = {y, x, table.get(), n_heads};
     return y;
@@ -201,7 +204,6 @@ void CachePass::rope_now(const Rows& y, const Rows& x, const kernels::RopeTable<
 }
 
 Rows CachePass::attention(const Rows& q, const Rows& k, const Rows& v, AttentionHeads heads, const Dropout&) {
-  run_deferred();
   const std::size_t width = cache_.width(), layer = layer_++, n_heads = heads.n_heads;
   if (layer >= cache_.layers())
     throw std::logic_error(fmt::format("CachePass::attention: the model attends {} times per token, but the cache "
@@ -222,16 +224,43 @@ Rows CachePass::attention(const Rows& q, const Rows& k, const Rows& v, Attention
   std::size_t r = 0;
   for (const Run& run : runs_) {
     cache_.write(layer, run.sequence, run.position, run.count, k.row(r), v.row(r));
-    kernels::cached_attention_forward<float>(
-        y.row(r), q.row(r), cache_.keys(layer, run.sequence), cache_.values(layer, run.sequence),
-        {1, run.count, run.position + run.count, n_heads, head_dim, run.position, heads.n_kv_heads}, scratch);
+    const kernels::AttentionShape shape{1, run.count, run.position + run.count, n_heads, head_dim, run.position,
+                                        heads.n_kv_heads};
+    attend(y.row(r), q.row(r), cache_.keys(layer, run.sequence), cache_.values(layer, run.sequence), shape, scratch);
     r += run.count;
   }
   return y;
 }
 
+// One sequence's heads split over the kernel threads when the pass runs alone (several sequences
+// are split by sequence in run_cache_passes): each head computed whole by one thread, whose bits
+// do not depend on the split (kernels::cached_attention_forward).
+void CachePass::attend(float* y, const float* q, const float* keys, const float* values,
+                       const kernels::AttentionShape& shape, float* scratch) {
+  const std::size_t work = shape.q_len * shape.kv_len * shape.model_dim();
+  const std::size_t threads = std::min<std::size_t>(std::max(1, num_threads()), shape.n_heads);
+  if (threads <= 1 || omp_in_parallel() || work < min_split_attention) {
+    kernels::cached_attention_forward<float>(y, q, keys, values, shape, scratch);
+    return;
+  }
+  std::exception_ptr failure;
+#pragma omp parallel num_threads(int(threads))
+  {
+    const std::size_t t = std::size_t(omp_get_thread_num()), n = std::size_t(omp_get_num_threads());
+    kernels::AttentionShape part = shape;
+    part.first_head = shape.n_heads * t / n;
+    part.head_count = shape.n_heads * (t + 1) / n - part.first_head;
+    try {
+      if (part.head_count > 0) kernels::cached_attention_forward<float>(y, q, keys, values, part, scratch);
+    } catch (...) {
+#pragma omp critical(tapegrad_cache_pass_failure)
+      if (!failure) failure = std::current_exception();
+    }
+  }
+  if (failure) std::rethrow_exception(failure);
+}
+
 Rows CachePass::residual(const Rows& x, const Rows& h, const Linear& out, const Dropout&) {
-  run_deferred();
   check_cols("residual", h, out.in());
   check_cols("residual", x, out.out());
   Rows y = take(x.cols);
@@ -251,7 +280,6 @@ Rows CachePass::residual(const Rows& x, const Rows& h, const Linear& out, const 
 }
 
 Rows CachePass::swiglu(const Rows& gate, const Rows& up) {
-  run_deferred();
   check_cols("swiglu", up, gate.cols);
   Rows y = take(gate.cols);
   kernels::swiglu_forward(y.data, gate.data, up.data, rows_ * gate.cols);  // elementwise: any stretch of rows
@@ -259,7 +287,6 @@ Rows CachePass::swiglu(const Rows& gate, const Rows& up) {
 }
 
 Rows CachePass::gelu_tanh(const Rows& x) {
-  run_deferred();
   Rows y = take(x.cols);
   kernels::gelu_tanh_forward<float>(y.data, nullptr, x.data, rows_ * x.cols);
   return y;

@@ -81,14 +81,23 @@ class CachePass {
   /// Computes what linear() and rope() have deferred; every other op does it first. Call it
   /// before reading a value the description returns.
   void run_deferred();
+  /// The least attention work (query rows x keys x query width) of one sequence that attention()
+  /// splits by heads over the kernel threads when the pass runs alone.
+  static constexpr std::size_t min_split_attention = std::size_t(1) << 15;
 
  private:
+  // An op's output: every op takes it before reading any input, and taking runs the deferred
+  // work, so no op can read a deferred output unfilled (only linear and rope, which may defer
+  // theirs, take without running it).
   Rows take(std::size_t cols);
   Rows take(std::size_t rows, std::size_t cols);
+  Rows take_deferrable(std::size_t rows, std::size_t cols);
   Rows head_input(const Rows& x);                  // the rows the head ops compute logits for
   Rows take_logits(std::size_t rows, std::size_t cols);  // logits_out_ the first time, then scratch
   void product_into(Rows& y, const Rows& x, const Linear& layer);  // y = x W (+ b) (+ adapter), for x's rows
   void check_cols(const char* op, const Rows& x, std::size_t cols) const;
+  void attend(float* y, const float* q, const float* keys, const float* values, const kernels::AttentionShape& shape,
+              float* scratch);
   // y += scale (x A) B: a layer's LoRA adapter (nn/linear.h).
   void add_adapter(Rows& y, const Rows& x, const LoraAdapter& adapter);
 

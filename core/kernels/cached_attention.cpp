@@ -26,6 +26,9 @@ void cached_attention_forward(T* out, const T* q, const T* keys, const T* values
     throw std::invalid_argument(fmt::format("cached_attention: the KV heads must divide the heads; got n_heads {}, "
                                             "n_kv_heads {}",
                                             s.n_heads, s.n_kv_heads));
+  if (s.first_head >= s.n_heads || s.heads_end() > s.n_heads)
+    throw std::invalid_argument(fmt::format("cached_attention: heads {}..{} of {}", s.first_head, s.heads_end(),
+                                            s.n_heads));
   using B = Batch<T>;
   // G heads at once; chains of FMAs: 16 where 32 registers hold them with the broadcasts and loads
   // (AVX-512: 4 heads of 16 floats, 4 key blocks at once rather than 2, took the scores of a query
@@ -34,9 +37,12 @@ void cached_attention_forward(T* out, const T* q, const T* keys, const T* values
   static_assert(key_block % W == 0, "a key block holds whole vectors at every SIMD width");
   const std::size_t D = s.model_dim(), Dkv = s.kv_dim(), Dh = s.head_dim, H = s.n_heads, group = s.group();
   const T scale = T(1) / std::sqrt(T(Dh));
+  const std::size_t h0 = s.first_head, h1 = s.heads_end();  // this call's heads; scratch rows h0..h1-1
+  // One layout of the scratch for every query, so that calls on disjoint head ranges can share it.
+  const std::size_t ld = (s.q_offset + s.q_len + key_block - 1) / key_block * key_block;
   for (std::size_t i = 0; i < s.q_len; ++i) {
     const std::size_t n = s.q_offset + i + 1;  // query i sees keys 0..n-1
-    const std::size_t blocks = (n + key_block - 1) / key_block, ld = blocks * key_block;
+    const std::size_t blocks = (n + key_block - 1) / key_block;
     T* p = scratch;           // (H, ld): scores, then probabilities
     T* inv = scratch + H * ld;  // (H): 1 / each head's sum of exponentials
     const T* qi = q + i * D;
@@ -69,31 +75,35 @@ void cached_attention_forward(T* out, const T* q, const T* keys, const T* values
       if constexpr (G > 2) run(std::integral_constant<std::size_t, 2>{});
       run(std::integral_constant<std::size_t, 1>{});
     };
-    if (group == 1) in_runs(0, H, scores);
-    else
-      for (std::size_t first = 0; first < H; first += group) in_runs(first, first + group, scores);
+    // Each group's heads of the range, side by side (a range may start or end inside a group).
+    auto in_groups = [&](auto each) {
+      if (group == 1) return in_runs(h0, h1, each);
+      for (std::size_t first = h0 / group * group; first < h1; first += group)
+        in_runs(std::max(first, h0), std::min(first + group, h1), each);
+    };
+    in_groups(scores);
     // The softmax over whole vectors: keys n..n_pad-1 of the last block are not this query's (stale
     // or not yet written), and exp(-inf) = 0 leaves them out of the sum. The heads' maxima, then
     // their exponentials side by side; inv holds the maxima until it holds 1 / the sums.
     const std::size_t n_pad = (n + W - 1) / W * W;
-    for (std::size_t h = 0; h < H; ++h) {
+    for (std::size_t h = h0; h < h1; ++h) {
       T* ph = p + h * ld;
       std::fill(ph + n, ph + n_pad, -std::numeric_limits<T>::infinity());
       inv[h] = detail::max_of<B>(ph, n_pad);
     }
-    detail::exp_shifted_sums<B>(p, ld, H, n_pad, inv, inv);
-    for (std::size_t h = 0; h < H; ++h) inv[h] = T(1) / inv[h];
+    detail::exp_shifted_sums<B>(p + h0 * ld, ld, h1 - h0, n_pad, inv + h0, inv + h0);
+    for (std::size_t h = h0; h < h1; ++h) inv[h] = T(1) / inv[h];
     T* oi = out + i * D;
     if (Dh % W == 0 && group == 1) {
-      detail::head_weighted_rows<B>(oi, p, ld, inv, values, D, n, D, Dh);
+      detail::head_weighted_rows<B>(oi + h0 * Dh, p + h0 * ld, ld, inv + h0, values + h0 * Dh, D, n, (h1 - h0) * Dh,
+                                    Dh);
     } else if (Dh % W == 0) {  // each group's heads side by side over their KV head's values
-      for (std::size_t first = 0; first < H; first += group)
-        in_runs(first, first + group, [&](auto side_by_side, std::size_t h) {
-          detail::group_weighted_rows<B, decltype(side_by_side)::value>(oi + h * Dh, p + h * ld, ld, inv + h,
-                                                                         values + h / group * Dh, Dkv, n, Dh);
-        });
+      in_groups([&](auto side_by_side, std::size_t h) {
+        detail::group_weighted_rows<B, decltype(side_by_side)::value>(oi + h * Dh, p + h * ld, ld, inv + h,
+                                                                       values + h / group * Dh, Dkv, n, Dh);
+      });
     } else {  // a vector would span heads: one head at a time
-      for (std::size_t h = 0; h < H; ++h)
+      for (std::size_t h = h0; h < h1; ++h)
         detail::row_times_matrix<B>(oi + h * Dh, p + h * ld, 1, values + h / group * Dh, Dkv, n, Dh, inv[h], false);
     }
   }

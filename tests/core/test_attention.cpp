@@ -414,6 +414,40 @@ TEST_CASE("cached grouped-query attention gives every head the bits it gets atte
     }
 }
 
+TEST_CASE("cached attention over a range of heads gives those heads the whole call's bits and writes no other") {
+  // Ranges that start and end inside a group, as two threads splitting a sequence's heads do.
+  for (auto [H, KVH] : {std::pair<std::size_t, std::size_t>{4, 4}, {9, 3}, {8, 2}, {9, 1}})
+    for (std::size_t Dh : {std::size_t(64), std::size_t(16), std::size_t(6)}) {
+      const std::size_t q_len = 3, T = 40, D = H * Dh, Dkv = KVH * Dh;
+      CAPTURE(H);
+      CAPTURE(KVH);
+      CAPTURE(Dh);
+      auto q = test::random_vector<float>(q_len * D, 1), k = test::random_vector<float>(T * Dkv, 2);
+      auto v = test::random_vector<float>(T * Dkv, 3);
+      const std::vector<float> blocks = key_blocks(k, T, Dkv);
+      std::vector<float> whole(q_len * D), scratch(H * ((T + kernels::key_block - 1) / kernels::key_block * kernels::key_block + 1));
+      const kernels::AttentionShape shape{1, q_len, T, H, Dh, T - q_len, KVH};
+      kernels::cached_attention_forward(whole.data(), q.data(), blocks.data(), v.data(), shape, scratch.data());
+      for (std::size_t first = 0; first < H; ++first)
+        for (std::size_t count = 1; first + count <= H; ++count) {
+          kernels::AttentionShape part = shape;
+          part.first_head = first, part.head_count = count;
+          std::vector<float> out(q_len * D, -7.0f);
+          kernels::cached_attention_forward(out.data(), q.data(), blocks.data(), v.data(), part, scratch.data());
+          for (std::size_t i = 0; i < out.size(); ++i) {
+            const std::size_t h = i % D / Dh;
+            const bool in_range = h >= first && h < first + count;
+            REQUIRE_MESSAGE(out[i] == (in_range ? whole[i] : -7.0f), "heads ", first, "..", first + count - 1, " i ", i);
+          }
+        }
+      kernels::AttentionShape past = shape;
+      past.first_head = H - 1, past.head_count = 2;
+      CHECK_THROWS_AS(kernels::cached_attention_forward(whole.data(), q.data(), blocks.data(), v.data(), past,
+                                                        scratch.data()),
+                      std::invalid_argument);
+    }
+}
+
 TEST_CASE("the grouped-query attention op's gradients match central differences in float, and it names bad heads") {
   test::check_float_op("attention", [](const std::vector<Var>& v) { return attention(v[0], v[1], v[2], {4, 2}); },
                        {test::random_tensor({2, 3, 8}, 5), test::random_tensor({2, 3, 4}, 6),

@@ -267,6 +267,16 @@ TEST_CASE("one sequence decodes to the same bits on 1 and 2 threads where its ma
   check_batched_equals_alone(model, {random_ids(9, 13, 70)}, random_ids(6, 13, 71));
 }
 
+TEST_CASE("one sequence's attention split by heads over 2 threads gives the bits of 1 thread, and of a batch") {
+  // 6 heads on 3 KV heads: 2 threads take heads 0-2 and 3-5, splitting KV head 1's group. A prompt
+  // of 175 tokens and steps after it are past the work from which attention splits.
+  Llama model = grouped_llama(192, 6, 3, 1, 200, 64);
+  sharpen(model, 176);
+  REQUIRE(176 * 192 >= CachePass::min_split_attention);  // the first step: 176 keys of 192 floats
+  check_batched_equals_alone(model, {random_ids(175, 13, 72)}, random_ids(6, 13, 73));
+  check_batched_equals_alone(model, {random_ids(175, 13, 72), random_ids(4, 13, 74)}, random_ids(12, 13, 75));
+}
+
 TEST_CASE_TEMPLATE("batched decoding is bit for bit at sizes no SIMD width divides, prompts of 1 to 17 tokens", M,
                    RotaryDecoder, Gpt2, Llama) {
   for (const ModelSize& shape : odd_shapes) {
