@@ -67,16 +67,24 @@ static_assert(sizeof(TileConfig) == 64);
 
 [[gnu::target("amx-tile")]] void release_tiles() { _tile_release(); }
 
-// c (32, 32 floats, rows 128 bytes apart) += the contract over `blocks` blocks of the packed
-// op(A) row tiles a0, a1 and op(B) column tiles b0, b1 (each tile_elements per block).
-[[gnu::target("amx-tile,amx-bf16")]] void run_tiles(float* c, const std::uint16_t* a0, const std::uint16_t* a1,
-                                                     const std::uint16_t* b0, const std::uint16_t* b1,
-                                                     std::size_t blocks) {
-  constexpr std::size_t stride = span * sizeof(float), half = tile_rows;
-  _tile_loadd(0, c, stride);
-  _tile_loadd(1, c + half, stride);
-  _tile_loadd(2, c + half * span, stride);
-  _tile_loadd(3, c + half * span + half, stride);
+// c (32, 32 floats, rows ldc apart) = (c when accumulating, else +0) + the contract over `blocks`
+// blocks of the packed op(A) row tiles a0, a1 and op(B) column tiles b0, b1 (each tile_elements
+// per block).
+[[gnu::target("amx-tile,amx-bf16")]] void run_tiles(float* c, std::size_t ldc, bool accumulate, const std::uint16_t* a0,
+                                                     const std::uint16_t* a1, const std::uint16_t* b0,
+                                                     const std::uint16_t* b1, std::size_t blocks) {
+  const std::size_t stride = ldc * sizeof(float), half = tile_rows;
+  if (accumulate) {
+    _tile_loadd(0, c, stride);
+    _tile_loadd(1, c + half, stride);
+    _tile_loadd(2, c + half * ldc, stride);
+    _tile_loadd(3, c + half * ldc + half, stride);
+  } else {
+    _tile_zero(0);
+    _tile_zero(1);
+    _tile_zero(2);
+    _tile_zero(3);
+  }
   for (std::size_t kb = 0; kb < blocks; ++kb) {
     const std::size_t offset = kb * tile_elements;
     _tile_loadd(4, a0 + offset, 64);
@@ -90,8 +98,35 @@ static_assert(sizeof(TileConfig) == 64);
   }
   _tile_stored(0, c, stride);
   _tile_stored(1, c + half, stride);
-  _tile_stored(2, c + half * span, stride);
-  _tile_stored(3, c + half * span + half, stride);
+  _tile_stored(2, c + half * ldc, stride);
+  _tile_stored(3, c + half * ldc + half, stride);
+}
+
+// bf16_operand of 16 floats' bits, one per 32-bit lane (in its low half): rounded to nearest
+// even, a NaN kept quiet, a subnormal result flushed to a zero of its sign (core/bf16.h).
+__m512i operand_lanes(__m512i bits) {
+  const __m512i one = _mm512_set1_epi32(1), exponent = _mm512_set1_epi32(0x7F80);
+  const __mmask16 nan = _mm512_cmpgt_epu32_mask(_mm512_and_si512(bits, _mm512_set1_epi32(0x7FFFFFFF)),
+                                                _mm512_set1_epi32(0x7F800000));
+  const __m512i upper = _mm512_srli_epi32(bits, 16);
+  const __m512i bias = _mm512_add_epi32(_mm512_set1_epi32(0x7FFF), _mm512_and_si512(upper, one));
+  __m512i rounded = _mm512_srli_epi32(_mm512_add_epi32(bits, bias), 16);
+  rounded = _mm512_mask_or_epi32(rounded, nan, upper, _mm512_set1_epi32(0x40));
+  const __mmask16 subnormal = _mm512_testn_epi32_mask(rounded, exponent);
+  return _mm512_mask_and_epi32(rounded, subnormal, rounded, _mm512_set1_epi32(0x8000));
+}
+
+// The operand lanes of count (0..16) floats from x, zeros past them.
+__m512i operand_lanes(const float* x, std::size_t count) {
+  const __mmask16 mask = count >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << count) - 1);
+  return operand_lanes(_mm512_maskz_loadu_epi32(mask, x));
+}
+
+// Writes the bf16 operands of count (0..32) floats from x, zeros past them, to out[0..32).
+void store_operands(std::uint16_t* out, const float* x, std::size_t count) {
+  const std::size_t low = std::min<std::size_t>(count, 16), high = count - low;
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(out), _mm512_cvtepi32_epi16(operand_lanes(x, low)));
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + 16), _mm512_cvtepi32_epi16(operand_lanes(x + low, high)));
 }
 
 // op(A) (M, K) into row tiles: tile (r / 16, k / 32) at (r / 16 * blocks + k / 32) tile_elements,
@@ -100,35 +135,62 @@ void pack_rows(std::uint16_t* packed, const float* A, bool transpose_a, std::siz
                std::size_t K, std::size_t blocks) {
   const std::size_t rows = (M + span - 1) / span * span;
   std::fill(packed, packed + rows * blocks * block, std::uint16_t(0));
-  auto at = [&](std::size_t r, std::size_t k) -> std::uint16_t& {
-    return packed[(r / tile_rows * blocks + k / block) * tile_elements + r % tile_rows * block + k % block];
-  };
-  if (transpose_a) {  // A (K, M): read along rows of A
-    for (std::size_t k = 0; k < K; ++k)
-      for (std::size_t r = 0; r < M; ++r) at(r, k) = bf16_operand(A[k * lda + r]);
-  } else {
+  auto tile = [&](std::size_t r, std::size_t kb) { return packed + (r / tile_rows * blocks + kb) * tile_elements; };
+  if (!transpose_a) {  // a row's block of k is a tile row
     for (std::size_t r = 0; r < M; ++r)
-      for (std::size_t k = 0; k < K; ++k) at(r, k) = bf16_operand(A[r * lda + k]);
+      for (std::size_t kb = 0; kb < blocks; ++kb)
+        store_operands(tile(r, kb) + r % tile_rows * block, A + r * lda + kb * block, std::min(block, K - kb * block));
+    return;
+  }
+  // A (K, M): per block of k, each row of A converted whole (read in order) into `lines`, 32 k by
+  // `rows`, then each tile transposed out of it
+  thread_local AlignedVector<std::uint16_t> lines;
+  lines.resize(block * rows);
+  for (std::size_t kb = 0; kb < blocks; ++kb) {
+    const std::size_t depth = std::min(block, K - kb * block);
+    for (std::size_t k = 0; k < depth; ++k)
+      for (std::size_t r0 = 0; r0 < M; r0 += tile_rows)
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(lines.data() + k * rows + r0),
+                            _mm512_cvtepi32_epi16(operand_lanes(A + (kb * block + k) * lda + r0, std::min(tile_rows, M - r0))));
+    for (std::size_t r0 = 0; r0 < M; r0 += tile_rows) {
+      std::uint16_t* out = tile(r0, kb);
+      for (std::size_t r = 0; r < std::min(tile_rows, M - r0); ++r)
+        for (std::size_t k = 0; k < depth; ++k) out[r * block + k] = lines[k * rows + r0 + r];
+    }
   }
 }
 
 // op(B) (K, columns j0 .. j0 + cols) into column tiles: tile (j / 16, k / 32) at
-// (j / 16 * blocks + k / 32) tile_elements, element (k % 32 / 2) * 32 + (j % 16) * 2 + k % 2;
-// columns up to a multiple of 32 and K up to whole blocks are zeros.
+// (j / 16 * blocks + k / 32) tile_elements, row k % 32 / 2 of 16 words, word j % 16 holding k's
+// pair (the even k in the low half); columns up to a multiple of 32 and K up to whole blocks are
+// zeros.
 void pack_columns(std::uint16_t* packed, const float* B, bool transpose_b, std::size_t ldb, std::size_t K,
                   std::size_t j0, std::size_t cols, std::size_t blocks) {
   const std::size_t width = (cols + span - 1) / span * span;
   std::fill(packed, packed + width * blocks * block, std::uint16_t(0));
-  auto at = [&](std::size_t k, std::size_t j) -> std::uint16_t& {
-    return packed[(j / tile_rows * blocks + k / block) * tile_elements + k % block / 2 * block + j % tile_rows * 2 +
-                  k % 2];
-  };
-  if (transpose_b) {  // B (N, K): read along rows of B
-    for (std::size_t j = 0; j < cols; ++j)
-      for (std::size_t k = 0; k < K; ++k) at(k, j) = bf16_operand(B[(j0 + j) * ldb + k]);
-  } else {
-    for (std::size_t k = 0; k < K; ++k)
-      for (std::size_t j = 0; j < cols; ++j) at(k, j) = bf16_operand(B[k * ldb + j0 + j]);
+  auto tile = [&](std::size_t j, std::size_t kb) { return packed + (j / tile_rows * blocks + kb) * tile_elements; };
+  if (!transpose_b) {  // B (K, N): two rows of B, 16 columns, make one tile row of pairs
+    for (std::size_t k = 0; k < K; k += 2)
+      for (std::size_t j = 0; j < cols; j += tile_rows) {
+        const std::size_t count = std::min(tile_rows, cols - j);
+        const __m512i even = operand_lanes(B + k * ldb + j0 + j, count);
+        const __m512i odd = k + 1 < K ? operand_lanes(B + (k + 1) * ldb + j0 + j, count) : _mm512_setzero_si512();
+        _mm512_storeu_si512(tile(j, k / block) + k % block / 2 * block, _mm512_or_si512(even, _mm512_slli_epi32(odd, 16)));
+      }
+    return;
+  }
+  // B (N, K): a column's block of k is 16 pairs in a row of B; 16 columns transposed into the tile
+  alignas(64) std::uint32_t pairs[tile_rows][tile_rows];
+  for (std::size_t j = 0; j < cols; j += tile_rows) {
+    const std::size_t count = std::min(tile_rows, cols - j);
+    for (std::size_t kb = 0; kb < blocks; ++kb) {
+      for (std::size_t n = 0; n < count; ++n)
+        store_operands(reinterpret_cast<std::uint16_t*>(pairs[n]), B + (j0 + j + n) * ldb + kb * block,
+                       std::min(block, K - kb * block));
+      std::uint32_t* out = reinterpret_cast<std::uint32_t*>(tile(j, kb));
+      for (std::size_t p = 0; p < tile_rows; ++p)
+        for (std::size_t n = 0; n < count; ++n) out[p * tile_rows + n] = pairs[n][p];
+    }
   }
 }
 
@@ -139,9 +201,8 @@ bool amx_tiles_usable() {
   return usable;
 }
 
-// op(A) packed once per call, op(B) per block of columns; each 32 x 32 block of C is staged in a
-// buffer (zeros when not accumulating: the tiles start at +0), run over the whole of K, written
-// back.
+// op(A) packed once per call, op(B) per block of columns; each 32 x 32 block of C runs over the
+// whole of K in the tile registers, from C or from +0; a partial block runs on a copy of C's corner.
 void amx_bf16_product(bool transpose_a, bool transpose_b, std::size_t M, std::size_t N, std::size_t K, const float* A,
                       std::size_t lda, const float* B, std::size_t ldb, bool accumulate, float* C, std::size_t ldc) {
   const std::size_t blocks = (K + block - 1) / block, rows = (M + span - 1) / span * span;
@@ -149,7 +210,7 @@ void amx_bf16_product(bool transpose_a, bool transpose_b, std::size_t M, std::si
   a_pack.resize(rows * blocks * block);
   b_pack.resize(column_block * blocks * block);
   pack_rows(a_pack.data(), A, transpose_a, lda, M, K, blocks);
-  alignas(64) float stage[span * span];
+  alignas(64) float edge[span * span];
   configure_tiles();
   for (std::size_t j0 = 0; j0 < N; j0 += column_block) {
     const std::size_t cols = std::min(column_block, N - j0);
@@ -160,12 +221,17 @@ void amx_bf16_product(bool transpose_a, bool transpose_b, std::size_t M, std::si
       for (std::size_t jj = 0; jj < cols; jj += span) {
         const std::size_t block_cols = std::min(span, cols - jj);
         float* c = C + i0 * ldc + j0 + jj;
-        std::fill_n(stage, span * span, 0.0f);
-        if (accumulate)
-          for (std::size_t r = 0; r < block_rows; ++r) std::copy_n(c + r * ldc, block_cols, stage + r * span);
         const std::uint16_t* b0 = b_pack.data() + jj / tile_rows * blocks * tile_elements;
-        run_tiles(stage, a0, a0 + blocks * tile_elements, b0, b0 + blocks * tile_elements, blocks);
-        for (std::size_t r = 0; r < block_rows; ++r) std::copy_n(stage + r * span, block_cols, c + r * ldc);
+        const std::uint16_t* a1 = a0 + blocks * tile_elements;
+        const std::uint16_t* b1 = b0 + blocks * tile_elements;
+        if (block_rows == span && block_cols == span) {
+          run_tiles(c, ldc, accumulate, a0, a1, b0, b1, blocks);
+          continue;
+        }
+        if (accumulate)
+          for (std::size_t r = 0; r < block_rows; ++r) std::copy_n(c + r * ldc, block_cols, edge + r * span);
+        run_tiles(edge, span, accumulate, a0, a1, b0, b1, blocks);
+        for (std::size_t r = 0; r < block_rows; ++r) std::copy_n(edge + r * span, block_cols, c + r * ldc);
       }
     }
   }
