@@ -367,7 +367,7 @@ std::vector<Case> bf16_cases() {
       cases.push_back(product_case(
           fmt::format("{} {}", name, what), ta, tb, M, N, K, beta,
           [=](const float* a, const float* b, float* c) {
-            kernels::bf16_gemm_path<float>(path, ta, tb, M, N, K, a, ta ? M : K, b, tb ? K : N, beta != 0, c, N);
+            kernels::bf16_gemm_via<float>(path, ta, tb, M, N, K, a, ta ? M : K, b, tb ? K : N, beta != 0, c, N);
           },
           true));
     cases.push_back(product_case(

@@ -53,7 +53,7 @@ TAPEGRAD_KERNEL(void, bf16_gemm,
                 (transpose_a, transpose_b, M, N, K, A, lda, B, ldb, accumulate, C, ldc))
 /// bf16_gemm by the path asked for (Bf16Path; where the CPU or level lacks it, the next one down),
 /// whatever TAPEGRAD_AMX says: tests compare them.
-TAPEGRAD_KERNEL(void, bf16_gemm_path,
+TAPEGRAD_KERNEL(void, bf16_gemm_via,
                 (Bf16Path path, bool transpose_a, bool transpose_b, std::size_t M, std::size_t N, std::size_t K,
                  const float* A, std::size_t lda, const float* B, std::size_t ldb, bool accumulate, float* C,
                  std::size_t ldc),

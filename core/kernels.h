@@ -80,6 +80,15 @@ inline constexpr std::size_t key_block = 16;
 #define TAPEGRAD_KERNEL(Return, name, parameters, arguments) template <class T> Return name parameters;
 #include "core/kernel_list.h"
 
+/// bf16_gemm_path as 0.3 spelled it: `instruction` chose VDPBF16PS over the FMA chain.
+template <class T>
+[[deprecated("use bf16_gemm_via(Bf16Path, ...)")]] void bf16_gemm_path(
+    bool instruction, bool transpose_a, bool transpose_b, std::size_t M, std::size_t N, std::size_t K, const float* A,
+    std::size_t lda, const float* B, std::size_t ldb, bool accumulate, float* C, std::size_t ldc) {
+  bf16_gemm_via<T>(instruction ? Bf16Path::dot_product_instruction : Bf16Path::fma_chain, transpose_a, transpose_b, M,
+                   N, K, A, lda, B, ldb, accumulate, C, ldc);
+}
+
 // ---- matrix products composed from gemm ------------------------------------------------------
 // Backward adds into every gradient it gets (a null pointer: not needed); with overwrite_dx
 // (overwrite_dr), dx (dr) is written instead, its old values not read, as in core/kernel_list.h.

@@ -370,7 +370,7 @@ static bool amx_chosen() {
 #endif
 
 template <class T>
-void bf16_gemm_path(Bf16Path path, bool transpose_a, bool transpose_b, std::size_t M, std::size_t N, std::size_t K,
+void bf16_gemm_via(Bf16Path path, bool transpose_a, bool transpose_b, std::size_t M, std::size_t N, std::size_t K,
                     const float* A, std::size_t lda, const float* B, std::size_t ldb, bool accumulate, float* C,
                     std::size_t ldc) {
 #if TAPEGRAD_BF16_AMX
@@ -386,7 +386,7 @@ void bf16_gemm_path(Bf16Path path, bool transpose_a, bool transpose_b, std::size
   (void)path;
   split_bf16_product(bf16_product<ChainPath>, transpose_a, transpose_b, M, N, K, A, lda, B, ldb, accumulate, C, ldc);
 }
-TAPEGRAD_INSTANTIATE_KERNEL(bf16_gemm_path)
+TAPEGRAD_INSTANTIATE_KERNEL(bf16_gemm_via)
 
 template <class T>
 void bf16_gemm(bool transpose_a, bool transpose_b, std::size_t M, std::size_t N, std::size_t K, const float* A,
@@ -405,7 +405,7 @@ void bf16_gemm(bool transpose_a, bool transpose_b, std::size_t M, std::size_t N,
   constexpr Bf16Path fastest = Bf16Path::fma_chain;
   (void)amx;
 #endif
-  TAPEGRAD_SIMD_LEVEL::bf16_gemm_path<T>(fastest, transpose_a, transpose_b, M, N, K, A, lda, B, ldb, accumulate, C, ldc);
+  TAPEGRAD_SIMD_LEVEL::bf16_gemm_via<T>(fastest, transpose_a, transpose_b, M, N, K, A, lda, B, ldb, accumulate, C, ldc);
 }
 TAPEGRAD_INSTANTIATE_KERNEL(bf16_gemm)
 

@@ -113,7 +113,7 @@ every_path() {
                             std::pair{kernels::Bf16Path::dot_product_instruction, "dot_product_instruction"},
                             std::pair{kernels::Bf16Path::fma_chain, "fma_chain"}})
     paths.emplace_back(fmt::format("{} {}", simd_level_name(simd_level()), name),
-                       [kernels = &table, path](auto... arguments) { kernels->bf16_gemm_path(path, arguments...); });
+                       [kernels = &table, path](auto... arguments) { kernels->bf16_gemm_via(path, arguments...); });
   return paths;
 }
 
@@ -279,7 +279,7 @@ TEST_CASE("AMX tiles give the fused multiply-adds' bits on ragged shapes, every 
     for (auto* v : {&p.A, &p.B, &p.C})
       for (float& x : *v) x = std::ldexp(x, int(rng.uniform() * 60) - 30);
     auto run = [&](kernels::Bf16Path path) {
-      return p.run([&](auto... arguments) { table.bf16_gemm_path(path, arguments...); }, accumulate);
+      return p.run([&](auto... arguments) { table.bf16_gemm_via(path, arguments...); }, accumulate);
     };
     std::vector<float> tiles = run(kernels::Bf16Path::amx_tiles), chain = run(kernels::Bf16Path::fma_chain);
     for (std::size_t i = 0; i < tiles.size(); ++i) differ += bits_of(tiles[i]) != bits_of(chain[i]);
@@ -287,6 +287,16 @@ TEST_CASE("AMX tiles give the fused multiply-adds' bits on ragged shapes, every 
   }
   CHECK(shapes == 44);
   CHECK(differ == 0);
+}
+
+TEST_CASE("bf16_gemm_path, 0.3's spelling, still gives bf16_gemm's product") {
+  Product p = random_product(true, false, 5, 9, 40, 95);
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wdeprecated-declarations"
+  std::vector<float> old = p.run([](auto... arguments) { kernels::bf16_gemm_path<float>(true, arguments...); }, true);
+#pragma GCC diagnostic pop
+  CHECK(old == p.run(kernels::bf16_gemm<float>, true));
+  CHECK(old != p.C);
 }
 
 TEST_CASE("a bf16 product's row and column do not depend on the rest of the call nor the thread count") {
