@@ -1,6 +1,7 @@
 // This level's packed kernels for BF16 and F16 weights (core/quant/packed_kernels.h): float
 // products, the weights widened exactly, each output's operations as Note [Packed products] fixes
 // them, in register tiles of weight rows by activation rows (portable loops at SSE2 and emulated16).
+#include <cmath>
 #include <cstring>
 
 #include "core/kernels/quant_matmul_tiles.h"
@@ -26,7 +27,7 @@ void float_rows_portable(float* y, std::size_t ldy, const ActivationRows& x, con
     for (std::size_t m = 0; m < x.rows; ++m) {
       const float* xm = x.x + m * x.cols;
       float acc[16] = {};
-      for (std::size_t k = 0; k < w.cols; ++k) acc[k % 16] += weight_at<type>(w.row(n), k) * xm[k];
+      for (std::size_t k = 0; k < w.cols; ++k) acc[k % 16] = std::fma(weight_at<type>(w.row(n), k), xm[k], acc[k % 16]);
       store_sum(y + m * ldy + n, acc, accumulate);
     }
 }
@@ -73,10 +74,10 @@ template <TensorType type, int NR, int MR>
     for (int i = 0; i < MR; ++i) {
       const float* xm = x.x + (m0 + i) * x.cols + k;
       const __m256 x_lo = load_x256(xm, rest);
-      for (int r = 0; r < NR; ++r) lo[r][i] = _mm256_add_ps(lo[r][i], _mm256_mul_ps(w_lo[r], x_lo));
+      for (int r = 0; r < NR; ++r) lo[r][i] = _mm256_fmadd_ps(w_lo[r], x_lo, lo[r][i]);
       if (rest > 8) {
         const __m256 x_hi = load_x256(xm + 8, rest - 8);
-        for (int r = 0; r < NR; ++r) hi[r][i] = _mm256_add_ps(hi[r][i], _mm256_mul_ps(w_hi[r], x_hi));
+        for (int r = 0; r < NR; ++r) hi[r][i] = _mm256_fmadd_ps(w_hi[r], x_hi, hi[r][i]);
       }
     }
   }
@@ -84,15 +85,15 @@ template <TensorType type, int NR, int MR>
     for (int i = 0; i < MR; ++i) store_sum256(y + (m0 + i) * ldy + n0 + r, lo[r][i], hi[r][i], accumulate);
 }
 
-template <TensorType type>
-void float_rows_avx2(float* y, std::size_t ldy, const ActivationRows& x, const PackedMatrix& w, std::size_t first,
-                     std::size_t last, bool accumulate) {
-  auto tile = [&]<int NR, int MR>(std::size_t m0, std::size_t n) {
-    float_tile_avx2<type, NR, MR>(y, ldy, x, m0, w.row(n), n, accumulate);
-  };
-  if (x.rows == 1) return run_tiles<2, 1>(tile, x.rows, 0, first, last);
-  run_tiles<2, 2>(tile, x.rows, 0, first, last);
-}
+// AVX2's tiles: 16 registers hold 2 x 2 outputs' 16 lanes (8 accumulators), their weights and x.
+struct Avx2Tiles {
+  static constexpr int rows_alone = 2, weight_rows = 2, x_rows = 2;
+  template <TensorType type, int NR, int MR>
+  static void tile(float* y, std::size_t ldy, const ActivationRows& x, std::size_t m0, const std::byte* row,
+                   std::size_t n0, bool accumulate) {
+    float_tile_avx2<type, NR, MR>(y, ldy, x, m0, row, n0, accumulate);
+  }
+};
 
 #endif
 
@@ -105,55 +106,77 @@ template <TensorType type> __m512 weights512(const std::byte* p, std::size_t cou
   else return _mm512_cvtph_ps(h);
 }
 
+// One step of 16 elements from k (the last `rest` of them when fewer) for a tile's accumulators.
+template <TensorType type, int NR, int MR>
+[[gnu::always_inline]] inline void float_step_avx512(__m512 (&acc)[NR][MR], const std::byte* const (&rows)[NR],
+                                                     const float* const (&xs)[MR], std::size_t k, std::size_t rest) {
+  __m512 weights[NR];
+  for (int r = 0; r < NR; ++r) {
+    _mm_prefetch(reinterpret_cast<const char*>(rows[r] + 2 * k + 1024), _MM_HINT_T0);  // as tile_step's
+    weights[r] = weights512<type>(rows[r] + 2 * k, rest);
+  }
+  for (int i = 0; i < MR; ++i) {
+    const __m512 xv = rest >= 16 ? _mm512_loadu_ps(xs[i] + k) : _mm512_maskz_loadu_ps(detail::lanes_below(rest), xs[i] + k);
+    for (int r = 0; r < NR; ++r) acc[r][i] = _mm512_fmadd_ps(weights[r], xv, acc[r][i]);
+  }
+}
+
 // Outputs (m0 .. m0 + MR - 1, n0 .. n0 + NR - 1) of BF16 or F16 weights: each weight vector
-// widened once for the MR rows, each x vector loaded once for the NR rows.
+// widened once for the MR rows, each x vector loaded once for the NR rows. The whole steps apart
+// from the last partial one, so that the accumulators stay in registers.
 template <TensorType type, int NR, int MR>
 void float_tile_avx512(float* y, std::size_t ldy, const ActivationRows& x, std::size_t m0, const std::byte* row,
                        std::size_t n0, bool accumulate) {
   const std::byte* rows[NR];
+  const float* xs[MR];
   __m512 acc[NR][MR];
   for (int r = 0; r < NR; ++r) {
     rows[r] = row + r * 2 * x.cols;
     for (int i = 0; i < MR; ++i) acc[r][i] = _mm512_setzero_ps();
   }
-  for (std::size_t k = 0; k < x.cols; k += 16) {
-    const std::size_t rest = x.cols - k;
-    __m512 weights[NR];
-    for (int r = 0; r < NR; ++r) {
-      _mm_prefetch(reinterpret_cast<const char*>(rows[r] + 2 * k + 1024), _MM_HINT_T0);  // as tile_step's
-      weights[r] = weights512<type>(rows[r] + 2 * k, rest);
-    }
-    for (int i = 0; i < MR; ++i) {
-      const float* xm = x.x + (m0 + i) * x.cols + k;
-      const __m512 xs = rest >= 16 ? _mm512_loadu_ps(xm) : _mm512_maskz_loadu_ps(detail::lanes_below(rest), xm);
-      for (int r = 0; r < NR; ++r) acc[r][i] = _mm512_add_ps(acc[r][i], _mm512_mul_ps(weights[r], xs));
-    }
-  }
+  for (int i = 0; i < MR; ++i) xs[i] = x.x + (m0 + i) * x.cols;
+  std::size_t k = 0;
+  for (; k + 16 <= x.cols; k += 16) float_step_avx512<type>(acc, rows, xs, k, 16);
+  if (k < x.cols) float_step_avx512<type>(acc, rows, xs, k, x.cols - k);
   for (int r = 0; r < NR; ++r)
     for (int i = 0; i < MR; ++i)
       store_sum256(y + (m0 + i) * ldy + n0 + r, _mm512_castps512_ps256(acc[r][i]),
                    _mm512_extractf32x8_ps(acc[r][i], 1), accumulate);
 }
 
-template <TensorType type>
-void float_rows_avx512(float* y, std::size_t ldy, const ActivationRows& x, const PackedMatrix& w, std::size_t first,
-                       std::size_t last, bool accumulate) {
-  auto tile = [&]<int NR, int MR>(std::size_t m0, std::size_t n) {
-    float_tile_avx512<type, NR, MR>(y, ldy, x, m0, w.row(n), n, accumulate);
-  };
-  if (x.rows == 1) return run_tiles<2, 1>(tile, x.rows, 0, first, last);
-  run_tiles<4, 4>(tile, x.rows, 0, first, last);
-}
+// AVX-512's tiles: 3 weight rows by 8 rows of x (a packed_matmul call's chunk) hold 24 accumulators,
+// so each weight vector is widened once for the whole call, and 3 weight and 8 x loads feed 24 FMAs.
+struct Avx512Tiles {
+  static constexpr int rows_alone = 2, weight_rows = 3, x_rows = 8;
+  template <TensorType type, int NR, int MR>
+  static void tile(float* y, std::size_t ldy, const ActivationRows& x, std::size_t m0, const std::byte* row,
+                   std::size_t n0, bool accumulate) {
+    float_tile_avx512<type, NR, MR>(y, ldy, x, m0, row, n0, accumulate);
+  }
+};
 
+#endif
+
+#if defined(__AVX2__) && !defined(TAPEGRAD_EMULATED_BATCH)
+// The outputs in Tiles' register tiles: weight_rows by x_rows, one x row with rows_alone weight rows.
+template <class Tiles, TensorType type>
+void float_rows(float* y, std::size_t ldy, const ActivationRows& x, const PackedMatrix& w, std::size_t first,
+                std::size_t last, bool accumulate) {
+  auto tile = [&]<int NR, int MR>(std::size_t m0, std::size_t n) {
+    Tiles::template tile<type, NR, MR>(y, ldy, x, m0, w.row(n), n, accumulate);
+  };
+  if (x.rows == 1) return run_tiles<Tiles::rows_alone, 1>(tile, x.rows, 0, first, last);
+  run_tiles<Tiles::weight_rows, Tiles::x_rows>(tile, x.rows, 0, first, last);
+}
 #endif
 
 }  // namespace
 
 void set_float_kernels(quant::PackedKernelTable& table) {
 #if defined(__AVX512F__)
-  table.bf16 = float_rows_avx512<TensorType::BF16>, table.f16 = float_rows_avx512<TensorType::F16>;
+  table.bf16 = float_rows<Avx512Tiles, TensorType::BF16>, table.f16 = float_rows<Avx512Tiles, TensorType::F16>;
 #elif defined(__AVX2__) && !defined(TAPEGRAD_EMULATED_BATCH)
-  table.bf16 = float_rows_avx2<TensorType::BF16>, table.f16 = float_rows_avx2<TensorType::F16>;
+  table.bf16 = float_rows<Avx2Tiles, TensorType::BF16>, table.f16 = float_rows<Avx2Tiles, TensorType::F16>;
 #else
   table.bf16 = float_rows_portable<TensorType::BF16>, table.f16 = float_rows_portable<TensorType::F16>;
 #endif

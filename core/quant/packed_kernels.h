@@ -36,10 +36,12 @@
 // a super-block of Q8_K activations, and the groups of four are what vpdpbusd gives per 32-bit lane
 // (a sum per block would cost integer shuffles a block to save a conversion and a product per group
 // of lanes, which are one vector operation for sixteen lanes).
-// BF16 and F16: the weights converted to float exactly, lane k % 16 accumulates w[k] * x[k], k in
-// order, the same rounded product then sum. Then every format sums its lanes t = acc + acc2 in
-// one tree, t[l] += t[l + 8], t[l] += t[l + 4], t[l] += t[l + 2], y = t[0] + t[1], and adds y's
-// old value last when accumulating. A block or element past the row's end is no term at all
+// BF16 and F16: the weights converted to float exactly, lane k % 16 accumulates fma(w[k], x[k],
+// lane), k in order, one rounding per element (these products are inexact, unlike the block
+// formats', and fused they are half the float work; the portable loops call std::fma, correctly
+// rounded in software on a CPU without FMA, so every level computes the same). Then every format
+// sums its lanes t = acc + acc2 in one tree, t[l] += t[l + 8], t[l] += t[l + 4], t[l] += t[l + 2],
+// y = t[0] + t[1], and adds y's old value last when accumulating. A block or element past the row's end is no term at all
 // (adding +0 leaves a lane that started at +0 unchanged), so padding never changes a bit.
 // Each level may compute the integer sums with any instructions (VNNI's vpdpbusd, AVX2's
 // vpmaddubsw, plain loops), and may take the outputs in any tiles: the sums are exact, and each

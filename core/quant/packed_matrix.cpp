@@ -219,11 +219,12 @@ void packed_matmuls(std::span<const PackedProduct> products, const float* x, std
     activations.rows.x = x, activations.rows.rows = M, activations.rows.cols = cols;
   }
   const ActivationRows& rows = activations.rows;
-  // Outputs first .. last - 1 of the products' rows laid end to end, x's rows a few at a time, so
-  // that they stay in the L1 cache while the weights stream past. (Panels of 128 KiB of weights
-  // kept in L2 while x passed measured within 3% of this, M = 16 to 512 on SmolLM2's shapes.)
+  // Outputs first .. last - 1 of the products' rows laid end to end, in panels of weight rows that
+  // stay in L2 while x's rows pass a few at a time (those stay in L1): the weights are read from
+  // memory once a call, not once per chunk of x (BF16's prefill waited on them; the block formats
+  // measured within 3% either way, M = 16 to 512 on SmolLM2's shapes).
   auto outputs = [&](std::size_t first, std::size_t last) {
-    constexpr std::size_t chunk = 8;
+    constexpr std::size_t chunk = 8, panel_bytes = 128 << 10;
     std::size_t offset = 0;
     for (const PackedProduct& p : products) {
       const PackedMatrix& w = *p.w;
@@ -232,16 +233,18 @@ void packed_matmuls(std::span<const PackedProduct> products, const float* x, std
       offset += w.rows;
       if (from == to) continue;
       const PackedKernel kernel = kernel_for(table, w);
-      for (std::size_t m = 0; m < M; m += chunk) {
-        ActivationRows part = rows;
-        part.rows = std::min(chunk, M - m);
-        part.x = rows.x + m * rows.cols;
-        if (rows.q) {
-          part.q += m * rows.blocks * 32;
-          part.neg_sums += m * rows.blocks * 8, part.d += m * rows.blocks * 8, part.scaled_sums += m * rows.blocks * 8;
+      const std::size_t panel = std::max<std::size_t>(16, panel_bytes / w.row_bytes());
+      for (std::size_t n0 = from; n0 < to; n0 += panel)
+        for (std::size_t m = 0; m < M; m += chunk) {
+          ActivationRows part = rows;
+          part.rows = std::min(chunk, M - m);
+          part.x = rows.x + m * rows.cols;
+          if (rows.q) {
+            part.q += m * rows.blocks * 32;
+            part.neg_sums += m * rows.blocks * 8, part.d += m * rows.blocks * 8, part.scaled_sums += m * rows.blocks * 8;
+          }
+          kernel(p.y + m * w.rows, w.rows, part, w, n0, std::min(n0 + panel, to), accumulate);
         }
-        kernel(p.y + m * w.rows, w.rows, part, w, from, to, accumulate);
-      }
     }
   };
   // Outputs split into one contiguous share per thread: each output is computed whole by one

@@ -95,8 +95,7 @@ float reference_output(const quant::PackedMatrix& w, const quant::ActivationRows
     for (std::size_t k = 0; k < w.cols; ++k) {
       float weight = 0;
       quant::block_format(w.type).dequantize(row + 2 * k, &weight, 1);
-      const float product = weight * x.x[m * x.cols + k];
-      acc[k % 16] = acc[k % 16] + product;
+      acc[k % 16] = std::fma(weight, x.x[m * x.cols + k], acc[k % 16]);
     }
     return tree_sum(acc);
   }
