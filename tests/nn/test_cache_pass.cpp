@@ -1,18 +1,24 @@
 // CachePass's logits: the first head op writes them into the caller's rows, and no later op of
 // the description overwrites what an earlier one returned; packed products of one input deferred
-// to run together give the bits of one product at a time.
+// to run together give the bits of one product at a time, and every op that reads rows computes
+// them first.
 #include <doctest/doctest.h>
 
 #include <cstdint>
 #include <cstring>
 #include <functional>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "core/random.h"
 #include "nn/cache_pass.h"
 #include "core/quant/packed_matrix.h"
+#include "nn/dropout.h"
 #include "nn/embedding.h"
+#include "nn/layer_norm.h"
 #include "nn/linear.h"
+#include "nn/rms_norm.h"
 
 using namespace tapegrad;
 using namespace tapegrad::nn;
@@ -92,4 +98,45 @@ TEST_CASE("packed products of one input, deferred with the RoPE of one of them, 
   kernels::add_forward(sum.data(), roped.data(), b.data(), M * dim);
   quant::packed_matmul(expected.data(), sum.data(), M, *wc.packed, false);
   CHECK(std::memcmp(logits.data(), expected.data(), expected.size() * sizeof(float)) == 0);
+}
+
+TEST_CASE("every op that reads rows computes a deferred product first: the bits of reading it computed") {
+  // Fresh caches and scratch for each run: an op that read the product's rows unfilled would read
+  // the new buffer's zeros, not the product.
+  constexpr std::size_t vocab = 64, dim = 64;
+  Rng rng(9);
+  Embedding table(vocab, dim, 0.5f, rng);
+  std::vector<float> w(dim * dim);  // (out, in)
+  for (float& v : w) v = rng.normal() * 0.2f;
+  Linear wa(dim, dim, false, 0.1f, rng), plain(dim, dim, false, 0.1f, rng);
+  wa.packed = std::make_shared<const quant::PackedMatrix>(quant::pack_matrix(w.data(), dim, dim, quant::TensorType::Q8_0));
+  const RMSNorm rms(dim);
+  const LayerNorm ln(dim);
+  const Dropout none(0.0f);
+  const std::vector<std::int32_t> tokens = {3, 30, 7, 0, 36};
+  const std::vector<std::pair<const char*, std::function<Rows(CachePass&, const Rows&, const Rows&)>>> ops = {
+      {"add", [&](CachePass& p, const Rows& x, const Rows& a) { return p.add(x, a); }},
+      {"rms_norm", [&](CachePass& p, const Rows&, const Rows& a) { return p.rms_norm(a, rms); }},
+      {"layer_norm", [&](CachePass& p, const Rows&, const Rows& a) { return p.layer_norm(a, ln); }},
+      {"linear", [&](CachePass& p, const Rows&, const Rows& a) { return p.linear(a, plain); }},
+      {"head", [&](CachePass& p, const Rows&, const Rows& a) { return p.head(a, plain); }},
+      {"tied_head", [&](CachePass& p, const Rows&, const Rows& a) { return p.tied_head(a, table); }},
+      {"residual", [&](CachePass& p, const Rows& x, const Rows& a) { return p.residual(x, a, plain, none); }},
+      {"swiglu", [&](CachePass& p, const Rows& x, const Rows& a) { return p.swiglu(a, x); }},
+      {"gelu_tanh", [&](CachePass& p, const Rows&, const Rows& a) { return p.gelu_tanh(a); }},
+  };
+  for (const auto& [name, op] : ops) {
+    const std::string op_name = name;
+    CAPTURE(op_name);
+    std::vector<float> deferred, computed;
+    for (bool run_first : {false, true}) {
+      KVCache cache(0, 8, dim);
+      run(cache, tokens, run_first ? computed : deferred, vocab, [&](CachePass& p) {
+        const Rows x = p.embed(table), a = p.linear(x, wa);
+        if (run_first) p.run_deferred();
+        return op(p, x, a);
+      });
+    }
+    CHECK(std::memcmp(deferred.data(), computed.data(), computed.size() * sizeof(float)) == 0);
+  }
 }
