@@ -174,15 +174,9 @@ template <TensorType type, bool vnni, int NR, int MR>
     block_step256<type, vnni, NR, MR, 1>(rows, x, m0, b + 1, acc, acc2);
   }
   if (b < blocks) block_step256<type, vnni, NR, MR, 0>(rows, x, m0, b, acc, acc2);
-  for (int r = 0; r < NR; ++r)
-    for (int i = 0; i < MR; ++i) {
-      if constexpr (Blocks<type>::has_min)
-        for (int h = 0; h < 2; ++h) acc[r][i][h] = _mm256_add_ps(acc[r][i][h], acc2[r][i][h]);
-      store_sum256(y + (m0 + i) * ldy + n0 + r, acc[r][i][0], acc[r][i][1], accumulate);
-    }
+  store_tile256<Blocks<type>::has_min>(y, ldy, m0, n0, acc, acc2, accumulate);
 }
 
-// Sixteen registers: a tile holds at most eight accumulators (two an output, four for Q4_1's).
 template <TensorType type, bool vnni>
 void block_rows_avx2(float* y, std::size_t ldy, const ActivationRows& x, const PackedMatrix& w, std::size_t first,
                      std::size_t last, bool accumulate) {
@@ -190,8 +184,7 @@ void block_rows_avx2(float* y, std::size_t ldy, const ActivationRows& x, const P
   auto tile = [&]<int NR, int MR>(std::size_t m0, std::size_t n) {
     block_tile_avx2<type, vnni, NR, MR>(y, ldy, x, m0, w.bytes.data() + n * stride, stride, blocks, n, accumulate);
   };
-  if (Blocks<type>::has_min || x.rows == 1) return run_tiles<2, 1>(tile, x.rows, 0, first, last);
-  run_tiles<2, 2>(tile, x.rows, 0, first, last);
+  run_integer_tiles_avx2<Blocks<type>::has_min>(tile, x.rows, first, last);
 }
 
 #endif
@@ -305,15 +298,11 @@ template <TensorType type, bool gfni, int NR, int MR>
 template <TensorType type, bool gfni>
 void block_rows_vnni(float* y, std::size_t ldy, const ActivationRows& x, const PackedMatrix& w, std::size_t first,
                      std::size_t last, bool accumulate) {
-  // One activation row: two weight rows share its loads (four ran up to 18% slower with the
-  // weights streaming from L3, as decoding reads them; docs/quantization.md). More: a tile of 2
-  // (Q4_1: two accumulators an output) or 4 weight rows by 4 activation rows, in 32 registers.
   const std::size_t stride = w.row_bytes(), blocks = w.cols / 32;
   auto tile = [&]<int NR, int MR>(std::size_t m0, std::size_t n) {
     block_tile_vnni<type, gfni, NR, MR>(y, ldy, x, m0, w.bytes.data() + n * stride, stride, blocks, n, accumulate);
   };
-  if (x.rows == 1) return run_tiles<2, 1>(tile, x.rows, 0, first, last);
-  run_tiles<Blocks<type>::has_min ? 2 : 4, 4>(tile, x.rows, 0, first, last);
+  run_integer_tiles_avx512<Blocks<type>::has_min>(tile, x.rows, first, last);
 }
 
 #endif

@@ -32,71 +32,6 @@ void float_rows_portable(float* y, std::size_t ldy, const ActivationRows& x, con
     }
 }
 
-#if defined(__AVX2__) && !defined(TAPEGRAD_EMULATED_BATCH)
-
-// Eight BF16 or F16 weights as floats; count < 8 reads only the first count (the rest are zeros).
-// F16C converts halves: every AVX2 CPU has it, though the level's flags do not name it.
-template <TensorType type> [[gnu::target("f16c")]] __m256 weights256(const std::byte* p, std::size_t count) {
-  __m128i h;
-  if (count >= 8) {
-    h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
-  } else {
-    std::uint16_t lanes[8] = {};
-    std::memcpy(lanes, p, 2 * count);
-    h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(lanes));
-  }
-  if constexpr (type == TensorType::BF16) return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
-  else return _mm256_cvtph_ps(h);
-}
-
-inline __m256 load_x256(const float* x, std::size_t count) {
-  return count >= 8 ? _mm256_loadu_ps(x) : _mm256_maskload_ps(x, detail::lanes_below<float>(count));
-}
-
-// Outputs (m0 .. m0 + MR - 1, n0 .. n0 + NR - 1) of BF16 or F16 weights, lanes 0-7 in lo and 8-15
-// in hi: each weight vector widened once for the MR rows, each x vector loaded once for the NR rows.
-template <TensorType type, int NR, int MR>
-[[gnu::target("f16c")]] void float_tile_avx2(float* y, std::size_t ldy, const ActivationRows& x, std::size_t m0,
-                                             const std::byte* row, std::size_t n0, bool accumulate) {
-  const std::byte* rows[NR];
-  __m256 lo[NR][MR], hi[NR][MR];
-  for (int r = 0; r < NR; ++r) {
-    rows[r] = row + r * 2 * x.cols;
-    for (int i = 0; i < MR; ++i) lo[r][i] = hi[r][i] = _mm256_setzero_ps();
-  }
-  for (std::size_t k = 0; k < x.cols; k += 16) {
-    const std::size_t rest = x.cols - k;
-    __m256 w_lo[NR], w_hi[NR];
-    for (int r = 0; r < NR; ++r) {
-      w_lo[r] = weights256<type>(rows[r] + 2 * k, rest);
-      if (rest > 8) w_hi[r] = weights256<type>(rows[r] + 2 * k + 16, rest - 8);
-    }
-    for (int i = 0; i < MR; ++i) {
-      const float* xm = x.x + (m0 + i) * x.cols + k;
-      const __m256 x_lo = load_x256(xm, rest);
-      for (int r = 0; r < NR; ++r) lo[r][i] = _mm256_fmadd_ps(w_lo[r], x_lo, lo[r][i]);
-      if (rest > 8) {
-        const __m256 x_hi = load_x256(xm + 8, rest - 8);
-        for (int r = 0; r < NR; ++r) hi[r][i] = _mm256_fmadd_ps(w_hi[r], x_hi, hi[r][i]);
-      }
-    }
-  }
-  for (int r = 0; r < NR; ++r)
-    for (int i = 0; i < MR; ++i) store_sum256(y + (m0 + i) * ldy + n0 + r, lo[r][i], hi[r][i], accumulate);
-}
-
-// AVX2's tiles: 16 registers hold 2 x 2 outputs' 16 lanes (8 accumulators), their weights and x.
-struct Avx2Tiles {
-  static constexpr int rows_alone = 2, weight_rows = 2, x_rows = 2;
-  template <TensorType type, int NR, int MR>
-  static void tile(float* y, std::size_t ldy, const ActivationRows& x, std::size_t m0, const std::byte* row,
-                   std::size_t n0, bool accumulate) {
-    float_tile_avx2<type, NR, MR>(y, ldy, x, m0, row, n0, accumulate);
-  }
-};
-
-#endif
-
 #if defined(__AVX512F__)
 
 template <TensorType type> __m512 weights512(const std::byte* p, std::size_t count) {
@@ -125,7 +60,7 @@ template <TensorType type, int NR, int MR>
 // widened once for the MR rows, each x vector loaded once for the NR rows. The whole steps apart
 // from the last partial one, so that the accumulators stay in registers.
 template <TensorType type, int NR, int MR>
-void float_tile_avx512(float* y, std::size_t ldy, const ActivationRows& x, std::size_t m0, const std::byte* row,
+void float_tile(float* y, std::size_t ldy, const ActivationRows& x, std::size_t m0, const std::byte* row,
                        std::size_t n0, bool accumulate) {
   const std::byte* rows[NR];
   const float* xs[MR];
@@ -144,39 +79,87 @@ void float_tile_avx512(float* y, std::size_t ldy, const ActivationRows& x, std::
                    _mm512_extractf32x8_ps(acc[r][i], 1), accumulate);
 }
 
-// AVX-512's tiles: 3 weight rows by 8 rows of x (a packed_matmul call's chunk) hold 24 accumulators,
-// so each weight vector is widened once for the whole call, and 3 weight and 8 x loads feed 24 FMAs.
-struct Avx512Tiles {
-  static constexpr int rows_alone = 2, weight_rows = 3, x_rows = 8;
-  template <TensorType type, int NR, int MR>
-  static void tile(float* y, std::size_t ldy, const ActivationRows& x, std::size_t m0, const std::byte* row,
-                   std::size_t n0, bool accumulate) {
-    float_tile_avx512<type, NR, MR>(y, ldy, x, m0, row, n0, accumulate);
+// 3 weight rows by 8 rows of x (a packed_matmul call's chunk) hold 24 accumulators, so each weight
+// vector is widened once for the whole call, and 3 weight and 8 x loads feed 24 FMAs.
+constexpr int rows_alone = 2, weight_rows = 3, x_rows = 8;
+
+#elif defined(__AVX2__) && !defined(TAPEGRAD_EMULATED_BATCH)
+
+// Eight BF16 or F16 weights as floats; count < 8 reads only the first count (the rest are zeros).
+// F16C converts halves: every AVX2 CPU has it, though the level's flags do not name it.
+template <TensorType type> [[gnu::target("f16c")]] __m256 weights256(const std::byte* p, std::size_t count) {
+  __m128i h;
+  if (count >= 8) {
+    h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  } else {
+    std::uint16_t lanes[8] = {};
+    std::memcpy(lanes, p, 2 * count);
+    h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(lanes));
   }
-};
+  if constexpr (type == TensorType::BF16) return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+  else return _mm256_cvtph_ps(h);
+}
+
+inline __m256 load_x256(const float* x, std::size_t count) {
+  return count >= 8 ? _mm256_loadu_ps(x) : _mm256_maskload_ps(x, detail::lanes_below<float>(count));
+}
+
+// Outputs (m0 .. m0 + MR - 1, n0 .. n0 + NR - 1) of BF16 or F16 weights, lanes 0-7 in lo and 8-15
+// in hi: each weight vector widened once for the MR rows, each x vector loaded once for the NR rows.
+template <TensorType type, int NR, int MR>
+[[gnu::target("f16c")]] void float_tile(float* y, std::size_t ldy, const ActivationRows& x, std::size_t m0,
+                                        const std::byte* row, std::size_t n0, bool accumulate) {
+  const std::byte* rows[NR];
+  __m256 lo[NR][MR], hi[NR][MR];
+  for (int r = 0; r < NR; ++r) {
+    rows[r] = row + r * 2 * x.cols;
+    for (int i = 0; i < MR; ++i) lo[r][i] = hi[r][i] = _mm256_setzero_ps();
+  }
+  for (std::size_t k = 0; k < x.cols; k += 16) {
+    const std::size_t rest = x.cols - k;
+    __m256 w_lo[NR], w_hi[NR];
+    for (int r = 0; r < NR; ++r) {
+      w_lo[r] = weights256<type>(rows[r] + 2 * k, rest);
+      if (rest > 8) w_hi[r] = weights256<type>(rows[r] + 2 * k + 16, rest - 8);
+    }
+    for (int i = 0; i < MR; ++i) {
+      const float* xm = x.x + (m0 + i) * x.cols + k;
+      const __m256 x_lo = load_x256(xm, rest);
+      for (int r = 0; r < NR; ++r) lo[r][i] = _mm256_fmadd_ps(w_lo[r], x_lo, lo[r][i]);
+      if (rest > 8) {
+        const __m256 x_hi = load_x256(xm + 8, rest - 8);
+        for (int r = 0; r < NR; ++r) hi[r][i] = _mm256_fmadd_ps(w_hi[r], x_hi, hi[r][i]);
+      }
+    }
+  }
+  for (int r = 0; r < NR; ++r)
+    for (int i = 0; i < MR; ++i) store_sum256(y + (m0 + i) * ldy + n0 + r, lo[r][i], hi[r][i], accumulate);
+}
+
+// 16 registers hold 2 x 2 outputs' 16 lanes (8 accumulators), their weights and x.
+constexpr int rows_alone = 2, weight_rows = 2, x_rows = 2;
 
 #endif
 
 #if defined(__AVX2__) && !defined(TAPEGRAD_EMULATED_BATCH)
-// The outputs in Tiles' register tiles: weight_rows by x_rows, one x row with rows_alone weight rows.
-template <class Tiles, TensorType type>
+// The outputs in the level's register tiles: weight_rows by x_rows, one x row with rows_alone
+// weight rows.
+template <TensorType type>
 void float_rows(float* y, std::size_t ldy, const ActivationRows& x, const PackedMatrix& w, std::size_t first,
                 std::size_t last, bool accumulate) {
   auto tile = [&]<int NR, int MR>(std::size_t m0, std::size_t n) {
-    Tiles::template tile<type, NR, MR>(y, ldy, x, m0, w.row(n), n, accumulate);
+    float_tile<type, NR, MR>(y, ldy, x, m0, w.row(n), n, accumulate);
   };
-  if (x.rows == 1) return run_tiles<Tiles::rows_alone, 1>(tile, x.rows, 0, first, last);
-  run_tiles<Tiles::weight_rows, Tiles::x_rows>(tile, x.rows, 0, first, last);
+  if (x.rows == 1) return run_tiles<rows_alone, 1>(tile, x.rows, 0, first, last);
+  run_tiles<weight_rows, x_rows>(tile, x.rows, 0, first, last);
 }
 #endif
 
 }  // namespace
 
 void set_float_kernels(quant::PackedKernelTable& table) {
-#if defined(__AVX512F__)
-  table.bf16 = float_rows<Avx512Tiles, TensorType::BF16>, table.f16 = float_rows<Avx512Tiles, TensorType::F16>;
-#elif defined(__AVX2__) && !defined(TAPEGRAD_EMULATED_BATCH)
-  table.bf16 = float_rows<Avx2Tiles, TensorType::BF16>, table.f16 = float_rows<Avx2Tiles, TensorType::F16>;
+#if defined(__AVX2__) && !defined(TAPEGRAD_EMULATED_BATCH)
+  table.bf16 = float_rows<TensorType::BF16>, table.f16 = float_rows<TensorType::F16>;
 #else
   table.bf16 = float_rows_portable<TensorType::BF16>, table.f16 = float_rows_portable<TensorType::F16>;
 #endif

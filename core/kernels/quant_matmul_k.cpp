@@ -200,12 +200,7 @@ template <TensorType type, bool vnni, int NR, int MR>
       }
     }
   }
-  for (int r = 0; r < NR; ++r)
-    for (int i = 0; i < MR; ++i) {
-      if constexpr (S::has_min)
-        for (int h = 0; h < 2; ++h) acc[r][i][h] = _mm256_add_ps(acc[r][i][h], acc2[r][i][h]);
-      store_sum256(y + (m0 + i) * ldy + n0 + r, acc[r][i][0], acc[r][i][1], accumulate);
-    }
+  store_tile256<S::has_min>(y, ldy, m0, n0, acc, acc2, accumulate);
 }
 
 template <TensorType type, bool vnni>
@@ -215,8 +210,7 @@ void k_rows_avx2(float* y, std::size_t ldy, const ActivationRows& x, const Packe
   auto tile = [&]<int NR, int MR>(std::size_t m0, std::size_t n) {
     k_tile_avx2<type, vnni, NR, MR>(y, ldy, x, m0, w.bytes.data() + n * stride, stride, supers, n, accumulate);
   };
-  if (SuperBlocks<type>::has_min || x.rows == 1) return run_tiles<2, 1>(tile, x.rows, 0, first, last);
-  run_tiles<2, 2>(tile, x.rows, 0, first, last);
+  run_integer_tiles_avx2<SuperBlocks<type>::has_min>(tile, x.rows, first, last);
 }
 
 #endif
@@ -335,8 +329,7 @@ void k_rows_vnni(float* y, std::size_t ldy, const ActivationRows& x, const Packe
   auto tile = [&]<int NR, int MR>(std::size_t m0, std::size_t n) {
     k_tile_vnni<type, NR, MR>(y, ldy, x, m0, w.bytes.data() + n * stride, stride, supers, n, accumulate);
   };
-  if (x.rows == 1) return run_tiles<2, 1>(tile, x.rows, 0, first, last);
-  run_tiles<SuperBlocks<type>::has_min ? 2 : 4, 4>(tile, x.rows, 0, first, last);
+  run_integer_tiles_avx512<SuperBlocks<type>::has_min>(tile, x.rows, first, last);
 }
 
 #endif
