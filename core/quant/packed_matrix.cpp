@@ -29,12 +29,18 @@ void store_u16(std::byte* p, std::uint16_t v) {
   p[1] = std::byte(v >> 8);
 }
 
-// Q4_0 (quantize_row_q4_0_ref): d = the value of largest magnitude / -8, q = x / d + 8 in 0..15.
-void quantize_q4_0(const float* x, std::byte* block) {
+// The block's value of largest magnitude, sign kept (the first of equal magnitudes), as ggml's
+// reference quantizers of Q4_0 and Q5_0 find it.
+float largest_magnitude(const float* x) {
   float amax = 0, max = 0;
   for (int j = 0; j < 32; ++j)
     if (std::fabs(x[j]) > amax) amax = std::fabs(x[j]), max = x[j];
-  const float d = max / -8, id = d != 0 ? 1 / d : 0;
+  return max;
+}
+
+// Q4_0 (quantize_row_q4_0_ref): d = the value of largest magnitude / -8, q = x / d + 8 in 0..15.
+void quantize_q4_0(const float* x, std::byte* block) {
+  const float d = largest_magnitude(x) / -8, id = d != 0 ? 1 / d : 0;
   store_u16(block, f32_to_f16(d));
   auto code = [&](int j) { return unsigned(std::min(15, int(std::int8_t(x[j] * id + 8.5f)))); };
   for (int j = 0; j < 16; ++j) block[2 + j] = std::byte(code(j) | (code(j + 16) << 4));
@@ -54,10 +60,7 @@ void quantize_q4_1(const float* x, std::byte* block) {
 // Q5_0 (quantize_row_q5_0_ref): d = the value of largest magnitude / -16, q = x / d + 16 in 0..31,
 // the fifth bits apart.
 void quantize_q5_0(const float* x, std::byte* block) {
-  float amax = 0, max = 0;
-  for (int j = 0; j < 32; ++j)
-    if (std::fabs(x[j]) > amax) amax = std::fabs(x[j]), max = x[j];
-  const float d = max / -16, id = d != 0 ? 1 / d : 0;
+  const float d = largest_magnitude(x) / -16, id = d != 0 ? 1 / d : 0;
   store_u16(block, f32_to_f16(d));
   auto code = [&](int j) { return unsigned(std::min(31, int(std::int8_t(x[j] * id + 16.5f)))); };
   std::uint32_t fifth = 0;
