@@ -51,9 +51,10 @@ struct AttentionShape {
   std::size_t kv_dim() const { return kv_heads() * head_dim; }  ///< kv_heads() * head_dim: k's and v's rows
   std::size_t group() const { return n_heads / kv_heads(); }    ///< query heads per KV head
   /// cached_attention_forward only (the other kernels compute every head): it computes query heads
-  /// first_head..first_head+head_count-1 (0: through the last), so that threads can share one
-  /// sequence's heads; a head's output has the same bits whichever range computes it.
-  std::size_t first_head = 0, head_count = 0;
+  /// first_head..first_head+head_count-1, so that threads can share one sequence's heads; a head's
+  /// output has the same bits whichever range computes it.
+  std::size_t first_head = 0;
+  std::size_t head_count = 0;  ///< query heads computed from first_head; 0: through the last
   std::size_t heads_end() const { return head_count == 0 ? n_heads : first_head + head_count; }  ///< past the range
 };
 
