@@ -7,6 +7,7 @@
 #include <concepts>
 #include <cstdint>
 #include <memory>
+#include <vector>
 
 #include "core/kernels.h"
 #include "core/ops.h"
@@ -88,5 +89,17 @@ struct ModelPassArchetype {
   /// @}
 };
 static_assert(ModelPass<ModelPassArchetype>);
+
+/// x through `blocks` in order as p.block()s: block i (from 1) with its own dropout stream of
+/// (seed, step, i) and recomputed in backward when remat is set; each Block has run(inner pass, x).
+/// The trunk every description shares.
+template <ModelPass P, class Block>
+typename P::Value run_blocks(P& p, typename P::Value x, const std::vector<Block>& blocks, bool remat,
+                             std::uint64_t seed, std::uint64_t step) {
+  for (std::size_t i = 0; i < blocks.size(); ++i)
+    x = p.block(x, remat, dropout_seed(seed, step, i + 1),
+                [&block = blocks[i]](auto& inner, const auto& h) { return block.run(inner, h); });
+  return x;
+}
 
 }  // namespace tapegrad::nn

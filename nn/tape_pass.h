@@ -6,7 +6,8 @@
 //   template <ModelPass P> typename P::Value run(P& p) const;
 //
 // written with the ops of the ModelPass concept (nn/model_pass.h: embed, linear, attention,
-// residual, ...) and, for each block, p.block(x, remat, dropout_seed, describe_block). Each model
+// residual, ...) and, for each block, p.block(x, remat, dropout_seed, describe_block) (run_blocks
+// loops over a model's blocks so). Each model
 // also instantiates run on ModelPassArchetype, so that an op the concept lacks does not compile.
 // TapePass (this file) records the public ops on the tape (values are Vars): that is the
 // training forward, with remat and dropout. CachePass (nn/cache_pass.h) runs the same ops as

@@ -88,9 +88,7 @@ template <ModelPass P>
 typename P::Value Gpt2::run(P& p) const {
   auto tokens = p.embed(embed);
   auto x = p.dropout(p.add(tokens, p.positions(pos)), embed_drop);
-  for (std::size_t i = 0; i < blocks.size(); ++i)
-    x = p.block(x, config_.remat, dropout_seed(config_.seed, dropout_step, i + 1),
-                [&block = blocks[i]](auto& bp, const auto& h) { return block.run(bp, h); });
+  x = run_blocks(p, x, blocks, config_.remat, config_.seed, dropout_step);
   return p.tied_head(p.layer_norm(x, norm), embed);  // x E^T
 }
 template Var Gpt2::run<TapePass>(TapePass&) const;

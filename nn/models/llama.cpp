@@ -110,9 +110,7 @@ Llama::Llama(const LlamaConfig& config, Rng&& rng)
 template <ModelPass P>
 typename P::Value Llama::run(P& p) const {
   auto x = p.dropout(p.embed(embed), embed_drop);
-  for (std::size_t i = 0; i < blocks.size(); ++i)
-    x = p.block(x, config_.remat, dropout_seed(config_.seed, dropout_step, i + 1),
-                [&block = blocks[i]](auto& bp, const auto& h) { return block.run(bp, h); });
+  x = run_blocks(p, x, blocks, config_.remat, config_.seed, dropout_step);
   auto out = p.rms_norm(x, norm);
   return head ? p.head(out, *head) : p.tied_head(out, embed);  // tied: x E^T
 }
