@@ -409,4 +409,29 @@ void bf16_gemm(bool transpose_a, bool transpose_b, std::size_t M, std::size_t N,
 }
 TAPEGRAD_INSTANTIATE_KERNEL(bf16_gemm)
 
+SharedBf16Operand::SharedBf16Operand(bool transpose_b, std::size_t K, std::size_t N, const float* B, std::size_t ldb)
+    : transpose_b_(transpose_b), K_(K), N_(N), B_(B), ldb_(ldb) {
+#if TAPEGRAD_BF16_AMX
+  if (K > 0 && amx_chosen()) {
+    packed_.resize(amx_packed_columns_size(K, N));
+    amx_pack_columns(packed_.data(), B, transpose_b, ldb, K, N);
+  }
+#endif
+}
+
+void SharedBf16Operand::product(bool transpose_a, std::size_t M, const float* A, std::size_t lda, bool accumulate,
+                                float* C, std::size_t ldc) const {
+#if TAPEGRAD_BF16_AMX
+  if (!packed_.empty()) {
+    if (M == 0 || N_ == 0) return;
+    detail::split_product(M, N_, K_, [&](std::size_t m0, std::size_t m, std::size_t n0, std::size_t n) {
+      amx_bf16_product(transpose_a, transpose_b_, m, n, K_, A + (transpose_a ? m0 : m0 * lda), lda, nullptr, ldb_,
+                       accumulate, C + m0 * ldc + n0, ldc, packed_.data(), n0);
+    });
+    return;
+  }
+#endif
+  bf16_gemm<float>(transpose_a, transpose_b_, M, N_, K_, A, lda, B_, ldb_, accumulate, C, ldc);
+}
+
 }  // namespace tapegrad::kernels::TAPEGRAD_SIMD_LEVEL

@@ -1,10 +1,12 @@
-// Private to the bf16 products (core/kernels/matmul_bf16.cpp, matmul_bf16_amx.cpp): the operand
-// rounding every path shares and the AMX path's entry points (Note [bf16 products]).
+// Private to the bf16 products (core/kernels/matmul_bf16.cpp, matmul_bf16_amx.cpp, and the fused
+// head of linear_cross_entropy.cpp): the operand rounding every path shares, the AMX path's entry
+// points and the shared operand of several products (Note [bf16 products]).
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
 
+#include "core/aligned.h"
 #include "core/bf16.h"
 #include "core/kernels/level.h"
 
@@ -29,8 +31,36 @@ inline std::uint16_t bf16_operand(float x) {
 bool amx_tiles_usable();
 
 /// bf16_gemm's contract on AMX tiles, on this thread, for K > 0; only where amx_tiles_usable().
+/// With packed_b, op(B) is not read: its column tiles come from packed_b (amx_pack_columns of the
+/// whole op(B)), C's column 0 being op(B)'s column packed_j0 (a multiple of 16).
 void amx_bf16_product(bool transpose_a, bool transpose_b, std::size_t M, std::size_t N, std::size_t K, const float* A,
-                      std::size_t lda, const float* B, std::size_t ldb, bool accumulate, float* C, std::size_t ldc);
+                      std::size_t lda, const float* B, std::size_t ldb, bool accumulate, float* C, std::size_t ldc,
+                      const std::uint16_t* packed_b = nullptr, std::size_t packed_j0 = 0);
+
+/// The elements amx_pack_columns writes for op(B) (K, N).
+std::size_t amx_packed_columns_size(std::size_t K, std::size_t N);
+/// op(B) (K, N) rounded and packed into AMX column tiles, for amx_bf16_product's packed_b.
+void amx_pack_columns(std::uint16_t* packed, const float* B, bool transpose_b, std::size_t ldb, std::size_t K,
+                      std::size_t N);
 #endif
+
+/// op(B) of several bf16_gemm products that share it (the vocabulary projection's weight over
+/// the chunks of a loss): rounded and packed once where bf16_gemm runs on AMX tiles, the floats as
+/// given elsewhere. Its products have bf16_gemm's bits.
+class SharedBf16Operand {
+ public:
+  /// op(B) (K, N): B (K, N), or B (N, K) when transpose_b, rows ldb apart; B must outlive this.
+  SharedBf16Operand(bool transpose_b, std::size_t K, std::size_t N, const float* B, std::size_t ldb);
+  /// C (M, N) = op(A) op(B) (+ C when accumulating), over the kernel threads: bf16_gemm's bits.
+  void product(bool transpose_a, std::size_t M, const float* A, std::size_t lda, bool accumulate, float* C,
+               std::size_t ldc) const;
+
+ private:
+  bool transpose_b_;
+  std::size_t K_, N_;
+  const float* B_;
+  std::size_t ldb_;
+  AlignedVector<std::uint16_t> packed_;  // AMX: op(B) in column tiles; empty on the other paths
+};
 
 }  // namespace tapegrad::kernels::TAPEGRAD_SIMD_LEVEL

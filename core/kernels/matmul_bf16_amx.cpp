@@ -129,6 +129,36 @@ void store_operands(std::uint16_t* out, const float* x, std::size_t count) {
   _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + 16), _mm512_cvtepi32_epi16(operand_lanes(x + low, high)));
 }
 
+// Stores the 16 x 16 32-bit words of `words` transposed: word i of out's row j (16 words a row)
+// is word j of words[i]. Three rounds of shuffles: pairs of words, pairs of pairs, then 128-bit
+// lanes.
+void store_transposed(std::uint16_t* out, const __m512i words[16]) {
+  __m512i pairs[16], quads[16];
+  for (int i = 0; i < 16; i += 2) {
+    pairs[i] = _mm512_unpacklo_epi32(words[i], words[i + 1]);
+    pairs[i + 1] = _mm512_unpackhi_epi32(words[i], words[i + 1]);
+  }
+  // quads[g + c] (g = 0, 4, 8, 12), 128-bit lane L: word 4L + c of words[g .. g + 3]
+  for (int g = 0; g < 16; g += 4) {
+    quads[g] = _mm512_unpacklo_epi64(pairs[g], pairs[g + 2]);
+    quads[g + 1] = _mm512_unpackhi_epi64(pairs[g], pairs[g + 2]);
+    quads[g + 2] = _mm512_unpacklo_epi64(pairs[g + 1], pairs[g + 3]);
+    quads[g + 3] = _mm512_unpackhi_epi64(pairs[g + 1], pairs[g + 3]);
+  }
+  // row 4L + c: lane L of quads[c], quads[4 + c], quads[8 + c], quads[12 + c]
+  __m512i* rows = reinterpret_cast<__m512i*>(out);
+  for (int c = 0; c < 4; ++c) {
+    const __m512i low01 = _mm512_shuffle_i32x4(quads[c], quads[4 + c], 0x44);
+    const __m512i low23 = _mm512_shuffle_i32x4(quads[c], quads[4 + c], 0xEE);
+    const __m512i high01 = _mm512_shuffle_i32x4(quads[8 + c], quads[12 + c], 0x44);
+    const __m512i high23 = _mm512_shuffle_i32x4(quads[8 + c], quads[12 + c], 0xEE);
+    _mm512_storeu_si512(rows + c, _mm512_shuffle_i32x4(low01, high01, 0x88));
+    _mm512_storeu_si512(rows + 4 + c, _mm512_shuffle_i32x4(low01, high01, 0xDD));
+    _mm512_storeu_si512(rows + 8 + c, _mm512_shuffle_i32x4(low23, high23, 0x88));
+    _mm512_storeu_si512(rows + 12 + c, _mm512_shuffle_i32x4(low23, high23, 0xDD));
+  }
+}
+
 // op(A) (M, K) into row tiles: tile (r / 16, k / 32) at (r / 16 * blocks + k / 32) tile_elements,
 // element (r % 16) * 32 + k % 32; rows up to a multiple of 32 and K up to whole blocks are zeros.
 void pack_rows(std::uint16_t* packed, const float* A, bool transpose_a, std::size_t lda, std::size_t M,
@@ -142,20 +172,20 @@ void pack_rows(std::uint16_t* packed, const float* A, bool transpose_a, std::siz
         store_operands(tile(r, kb) + r % tile_rows * block, A + r * lda + kb * block, std::min(block, K - kb * block));
     return;
   }
-  // A (K, M): per block of k, each row of A converted whole (read in order) into `lines`, 32 k by
-  // `rows`, then each tile transposed out of it
-  thread_local AlignedVector<std::uint16_t> lines;
-  lines.resize(block * rows);
+  // A (K, M): per block of k and 16 rows, each pair of A's rows k, k + 1 makes one word per row
+  // (read along A's rows), and the 16 x 16 words are transposed into the tile
   for (std::size_t kb = 0; kb < blocks; ++kb) {
     const std::size_t depth = std::min(block, K - kb * block);
-    for (std::size_t k = 0; k < depth; ++k)
-      for (std::size_t r0 = 0; r0 < M; r0 += tile_rows)
-        _mm256_storeu_si256(reinterpret_cast<__m256i*>(lines.data() + k * rows + r0),
-                            _mm512_cvtepi32_epi16(operand_lanes(A + (kb * block + k) * lda + r0, std::min(tile_rows, M - r0))));
     for (std::size_t r0 = 0; r0 < M; r0 += tile_rows) {
-      std::uint16_t* out = tile(r0, kb);
-      for (std::size_t r = 0; r < std::min(tile_rows, M - r0); ++r)
-        for (std::size_t k = 0; k < depth; ++k) out[r * block + k] = lines[k * rows + r0 + r];
+      const std::size_t count = std::min(tile_rows, M - r0);
+      __m512i words[tile_rows];
+      for (std::size_t p = 0; p < tile_rows; ++p) {
+        const std::size_t k = kb * block + 2 * p;
+        const __m512i even = 2 * p < depth ? operand_lanes(A + k * lda + r0, count) : _mm512_setzero_si512();
+        const __m512i odd = 2 * p + 1 < depth ? operand_lanes(A + (k + 1) * lda + r0, count) : _mm512_setzero_si512();
+        words[p] = _mm512_or_si512(even, _mm512_slli_epi32(odd, 16));
+      }
+      store_transposed(tile(r0, kb), words);
     }
   }
 }
@@ -179,17 +209,22 @@ void pack_columns(std::uint16_t* packed, const float* B, bool transpose_b, std::
       }
     return;
   }
-  // B (N, K): a column's block of k is 16 pairs in a row of B; 16 columns transposed into the tile
-  alignas(64) std::uint32_t pairs[tile_rows][tile_rows];
+  // B (N, K): a column's block of k is 16 pairs in a row of B; 16 columns' words transposed into the tile
   for (std::size_t j = 0; j < cols; j += tile_rows) {
     const std::size_t count = std::min(tile_rows, cols - j);
     for (std::size_t kb = 0; kb < blocks; ++kb) {
-      for (std::size_t n = 0; n < count; ++n)
-        store_operands(reinterpret_cast<std::uint16_t*>(pairs[n]), B + (j0 + j + n) * ldb + kb * block,
-                       std::min(block, K - kb * block));
-      std::uint32_t* out = reinterpret_cast<std::uint32_t*>(tile(j, kb));
-      for (std::size_t p = 0; p < tile_rows; ++p)
-        for (std::size_t n = 0; n < count; ++n) out[p * tile_rows + n] = pairs[n][p];
+      const std::size_t depth = std::min(block, K - kb * block), low = std::min(depth, tile_rows);
+      __m512i words[tile_rows];
+      for (std::size_t n = 0; n < tile_rows; ++n) {
+        if (n >= count) {
+          words[n] = _mm512_setzero_si512();
+          continue;
+        }
+        const float* x = B + (j0 + j + n) * ldb + kb * block;
+        words[n] = _mm512_inserti64x4(_mm512_castsi256_si512(_mm512_cvtepi32_epi16(operand_lanes(x, low))),
+                                      _mm512_cvtepi32_epi16(operand_lanes(x + low, depth - low)), 1);
+      }
+      store_transposed(tile(j, kb), words);
     }
   }
 }
@@ -201,27 +236,40 @@ bool amx_tiles_usable() {
   return usable;
 }
 
-// op(A) packed once per call, op(B) per block of columns; each 32 x 32 block of C runs over the
-// whole of K in the tile registers, from C or from +0; a partial block runs on a copy of C's corner.
+std::size_t amx_packed_columns_size(std::size_t K, std::size_t N) {
+  return (N + span - 1) / span * span * ((K + block - 1) / block * block);
+}
+
+void amx_pack_columns(std::uint16_t* packed, const float* B, bool transpose_b, std::size_t ldb, std::size_t K,
+                      std::size_t N) {
+  pack_columns(packed, B, transpose_b, ldb, K, 0, N, (K + block - 1) / block);
+}
+
+// op(A) packed once per call, op(B) per block of columns (unless packed_b holds it); each 32 x 32
+// block of C runs over the whole of K in the tile registers, from C or from +0; a partial block
+// runs on a copy of C's corner.
 void amx_bf16_product(bool transpose_a, bool transpose_b, std::size_t M, std::size_t N, std::size_t K, const float* A,
-                      std::size_t lda, const float* B, std::size_t ldb, bool accumulate, float* C, std::size_t ldc) {
+                      std::size_t lda, const float* B, std::size_t ldb, bool accumulate, float* C, std::size_t ldc,
+                      const std::uint16_t* packed_b, std::size_t packed_j0) {
   const std::size_t blocks = (K + block - 1) / block, rows = (M + span - 1) / span * span;
   thread_local AlignedVector<std::uint16_t> a_pack, b_pack;
   a_pack.resize(rows * blocks * block);
-  b_pack.resize(column_block * blocks * block);
+  if (!packed_b) b_pack.resize(column_block * blocks * block);
   pack_rows(a_pack.data(), A, transpose_a, lda, M, K, blocks);
   alignas(64) float edge[span * span];
   configure_tiles();
   for (std::size_t j0 = 0; j0 < N; j0 += column_block) {
     const std::size_t cols = std::min(column_block, N - j0);
-    pack_columns(b_pack.data(), B, transpose_b, ldb, K, j0, cols, blocks);
+    // the column tiles of C's columns j0 .. j0 + cols (the packed layout puts column j's tiles at j / 16)
+    const std::uint16_t* b_tiles = packed_b ? packed_b + (packed_j0 + j0) / tile_rows * blocks * tile_elements : b_pack.data();
+    if (!packed_b) pack_columns(b_pack.data(), B, transpose_b, ldb, K, j0, cols, blocks);
     for (std::size_t i0 = 0; i0 < M; i0 += span) {
       const std::size_t block_rows = std::min(span, M - i0);
       const std::uint16_t* a0 = a_pack.data() + i0 / tile_rows * blocks * tile_elements;
       for (std::size_t jj = 0; jj < cols; jj += span) {
         const std::size_t block_cols = std::min(span, cols - jj);
         float* c = C + i0 * ldc + j0 + jj;
-        const std::uint16_t* b0 = b_pack.data() + jj / tile_rows * blocks * tile_elements;
+        const std::uint16_t* b0 = b_tiles + jj / tile_rows * blocks * tile_elements;
         const std::uint16_t* a1 = a0 + blocks * tile_elements;
         const std::uint16_t* b1 = b0 + blocks * tile_elements;
         if (block_rows == span && block_cols == span) {

@@ -202,3 +202,40 @@ TEST_CASE("adopt_grad takes a gradient only for a value that needs one and has n
   CHECK_FALSE(adopt_grad(x, again));  // x has a gradient now: the caller adds
   CHECK(x.grad()[0] == 1.5f);
 }
+
+TEST_CASE("under bf16 the fused head's chunks share one rounded weight: bf16_gemm's bits over many chunks and column blocks") {
+  // Shapes past AMX column blocks (256), blocks of k (32) and whole tiles, in 4 chunks, whose
+  // products are big enough to split over two threads.
+  const std::size_t n = 100, dim = 150, vocab = 600, chunk_rows = 32;
+  std::vector<std::int32_t> targets(n);
+  for (std::size_t r = 0; r < n; ++r) targets[r] = std::int32_t(r * 37 % vocab);
+  const Tensor x = test::random_tensor({n, dim}, 7, 2.0f);
+  for (bool transpose_w : {false, true}) {
+    CAPTURE(transpose_w);
+    const Tensor w = test::random_tensor(transpose_w ? Shape{vocab, dim} : Shape{dim, vocab}, 8);
+    const std::size_t ldw = transpose_w ? dim : vocab;
+    std::vector<float> scratch(chunk_rows * vocab), dx(n * dim), dw(dim * vocab);
+    const float fused = kernels::linear_cross_entropy<float>(dx.data(), dw.data(), nullptr, x.data(), w.data(), nullptr,
+                                                             targets.data(), n, dim, vocab, transpose_w, chunk_rows,
+                                                             scratch.data(), true, true);
+    // The same products one by one: the logits and dx of every row at once (a row's bits do not
+    // depend on the rows beside it), dw chunk by chunk as the fused loop adds it.
+    std::vector<float> logits(n * vocab), lse(n), g(n * vocab, 0.0f), dx_ref(n * dim), dw_ref(dim * vocab);
+    kernels::bf16_gemm<float>(false, transpose_w, n, vocab, dim, x.data(), dim, w.data(), ldw, false, logits.data(), vocab);
+    const float plain = kernels::cross_entropy_forward<float>(lse.data(), logits.data(), targets.data(), n, vocab);
+    kernels::cross_entropy_backward<float>(g.data(), 1.0f, logits.data(), lse.data(), targets.data(), n, vocab);
+    kernels::bf16_gemm<float>(false, !transpose_w, n, dim, vocab, g.data(), vocab, w.data(), ldw, false, dx_ref.data(), dim);
+    for (std::size_t r0 = 0; r0 < n; r0 += chunk_rows) {
+      const std::size_t rows = std::min(chunk_rows, n - r0);
+      if (transpose_w)
+        kernels::bf16_gemm<float>(true, false, vocab, dim, rows, g.data() + r0 * vocab, vocab, x.data() + r0 * dim, dim,
+                                  r0 > 0, dw_ref.data(), dim);
+      else
+        kernels::bf16_gemm<float>(true, false, dim, vocab, rows, x.data() + r0 * dim, dim, g.data() + r0 * vocab, vocab,
+                                  r0 > 0, dw_ref.data(), vocab);
+    }
+    CHECK(std::memcmp(&fused, &plain, sizeof(float)) == 0);
+    CHECK(std::memcmp(dx.data(), dx_ref.data(), dx.size() * sizeof(float)) == 0);
+    CHECK(std::memcmp(dw.data(), dw_ref.data(), dw.size() * sizeof(float)) == 0);
+  }
+}
