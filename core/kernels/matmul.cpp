@@ -244,7 +244,8 @@ static void split_outputs(std::size_t M, std::size_t N, std::size_t K, Part part
 template <class T>
 void row_stable_matmul(T* y, const T* x, const T* w, std::size_t M, std::size_t K, std::size_t N, bool accumulate) {
   split_outputs(M, N, K, [&](std::size_t n0, std::size_t n) {
-    detail::row_stable_product<Batch<T>>(y + n0, N, x, K, w + n0, N, M, n, K, accumulate);
+    thread_local std::vector<T> scratch;  // each thread's partial sums, kept across decoding steps
+    detail::row_stable_product<Batch<T>>(y + n0, N, x, K, w + n0, N, M, n, K, accumulate, &scratch);
   });
 }
 TAPEGRAD_INSTANTIATE_KERNEL(row_stable_matmul)
