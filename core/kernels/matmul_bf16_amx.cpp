@@ -164,7 +164,8 @@ void store_transposed(std::uint16_t* out, const __m512i words[16]) {
 void pack_rows(std::uint16_t* packed, const float* A, bool transpose_a, std::size_t lda, std::size_t M,
                std::size_t K, std::size_t blocks) {
   const std::size_t rows = (M + span - 1) / span * span;
-  std::fill(packed, packed + rows * blocks * block, std::uint16_t(0));
+  // every tile row of a row of A is written below (zeros past K included): only padding rows need zeros
+  if (rows != M) std::fill(packed, packed + rows * blocks * block, std::uint16_t(0));
   auto tile = [&](std::size_t r, std::size_t kb) { return packed + (r / tile_rows * blocks + kb) * tile_elements; };
   if (!transpose_a) {  // a row's block of k is a tile row
     for (std::size_t r = 0; r < M; ++r)
@@ -197,12 +198,19 @@ void pack_rows(std::uint16_t* packed, const float* A, bool transpose_a, std::siz
 void pack_columns(std::uint16_t* packed, const float* B, bool transpose_b, std::size_t ldb, std::size_t K,
                   std::size_t j0, std::size_t cols, std::size_t blocks) {
   const std::size_t width = (cols + span - 1) / span * span;
-  std::fill(packed, packed + width * blocks * block, std::uint16_t(0));
+  // the words below cover whole blocks of k and columns up to width when neither is ragged
+  if (width != cols || K % block != 0) std::fill(packed, packed + width * blocks * block, std::uint16_t(0));
   auto tile = [&](std::size_t j, std::size_t kb) { return packed + (j / tile_rows * blocks + kb) * tile_elements; };
   if (!transpose_b) {  // B (K, N): two rows of B, 16 columns, make one tile row of pairs
+    // B's rows are read in short runs (cols floats) far apart: each run is asked for 8 rows ahead
+    constexpr std::size_t ahead = 8;
     for (std::size_t k = 0; k < K; k += 2)
       for (std::size_t j = 0; j < cols; j += tile_rows) {
         const std::size_t count = std::min(tile_rows, cols - j);
+        if (k + ahead + 1 < K) {
+          _mm_prefetch(reinterpret_cast<const char*>(B + (k + ahead) * ldb + j0 + j), _MM_HINT_T0);
+          _mm_prefetch(reinterpret_cast<const char*>(B + (k + ahead + 1) * ldb + j0 + j), _MM_HINT_T0);
+        }
         const __m512i even = operand_lanes(B + k * ldb + j0 + j, count);
         const __m512i odd = k + 1 < K ? operand_lanes(B + (k + 1) * ldb + j0 + j, count) : _mm512_setzero_si512();
         _mm512_storeu_si512(tile(j, k / block) + k % block / 2 * block, _mm512_or_si512(even, _mm512_slli_epi32(odd, 16)));
