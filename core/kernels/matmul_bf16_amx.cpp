@@ -26,6 +26,9 @@ namespace {
 constexpr std::size_t tile_rows = 16, block = 32, tile_elements = tile_rows * block, span = 2 * tile_rows;
 // Columns of op(B) packed at a time: K x 256 bf16 stays in L2 while every row block passes.
 constexpr std::size_t column_block = 256;
+// Blocks of k in a slab: 256 columns x 2,048 k of bf16 (1 MiB) stay in L2 (the head's dx = g W
+// has K = 49,152).
+constexpr std::size_t slab_blocks = 64;
 
 bool cpu_has_amx_bf16() {
   unsigned a = 0, b = 0, c = 0, d = 0;
@@ -254,8 +257,8 @@ void amx_pack_columns(std::uint16_t* packed, const float* B, bool transpose_b, s
 }
 
 // op(A) packed once per call, op(B) per block of columns (unless packed_b holds it); each 32 x 32
-// block of C runs over the whole of K in the tile registers, from C or from +0; a partial block
-// runs on a copy of C's corner.
+// block of C runs over a slab of K in the tile registers, from C or from +0; a partial block runs
+// on a copy of C's corner.
 void amx_bf16_product(bool transpose_a, bool transpose_b, std::size_t M, std::size_t N, std::size_t K, const float* A,
                       std::size_t lda, const float* B, std::size_t ldb, bool accumulate, float* C, std::size_t ldc,
                       const std::uint16_t* packed_b, std::size_t packed_j0) {
@@ -271,23 +274,29 @@ void amx_bf16_product(bool transpose_a, bool transpose_b, std::size_t M, std::si
     // the column tiles of C's columns j0 .. j0 + cols (the packed layout puts column j's tiles at j / 16)
     const std::uint16_t* b_tiles = packed_b ? packed_b + (packed_j0 + j0) / tile_rows * blocks * tile_elements : b_pack.data();
     if (!packed_b) pack_columns(b_pack.data(), B, transpose_b, ldb, K, j0, cols, blocks);
-    for (std::size_t i0 = 0; i0 < M; i0 += span) {
-      const std::size_t block_rows = std::min(span, M - i0);
-      const std::uint16_t* a0 = a_pack.data() + i0 / tile_rows * blocks * tile_elements;
-      for (std::size_t jj = 0; jj < cols; jj += span) {
-        const std::size_t block_cols = std::min(span, cols - jj);
-        float* c = C + i0 * ldc + j0 + jj;
-        const std::uint16_t* b0 = b_tiles + jj / tile_rows * blocks * tile_elements;
-        const std::uint16_t* a1 = a0 + blocks * tile_elements;
-        const std::uint16_t* b1 = b0 + blocks * tile_elements;
-        if (block_rows == span && block_cols == span) {
-          run_tiles(c, ldc, accumulate, a0, a1, b0, b1, blocks);
-          continue;
+    // K in slabs whose column tiles stay in L2 while every row block passes; C carries the sum
+    // from one slab to the next exactly (a float stored and loaded), so slabs change no bit
+    for (std::size_t kb0 = 0; kb0 < blocks; kb0 += slab_blocks) {
+      const std::size_t slab = std::min(slab_blocks, blocks - kb0);
+      const bool continues = accumulate || kb0 > 0;
+      for (std::size_t i0 = 0; i0 < M; i0 += span) {
+        const std::size_t block_rows = std::min(span, M - i0);
+        const std::uint16_t* a0 = a_pack.data() + (i0 / tile_rows * blocks + kb0) * tile_elements;
+        for (std::size_t jj = 0; jj < cols; jj += span) {
+          const std::size_t block_cols = std::min(span, cols - jj);
+          float* c = C + i0 * ldc + j0 + jj;
+          const std::uint16_t* b0 = b_tiles + (jj / tile_rows * blocks + kb0) * tile_elements;
+          const std::uint16_t* a1 = a0 + blocks * tile_elements;
+          const std::uint16_t* b1 = b0 + blocks * tile_elements;
+          if (block_rows == span && block_cols == span) {
+            run_tiles(c, ldc, continues, a0, a1, b0, b1, slab);
+            continue;
+          }
+          if (continues)
+            for (std::size_t r = 0; r < block_rows; ++r) std::copy_n(c + r * ldc, block_cols, edge + r * span);
+          run_tiles(edge, span, continues, a0, a1, b0, b1, slab);
+          for (std::size_t r = 0; r < block_rows; ++r) std::copy_n(edge + r * span, block_cols, c + r * ldc);
         }
-        if (accumulate)
-          for (std::size_t r = 0; r < block_rows; ++r) std::copy_n(c + r * ldc, block_cols, edge + r * span);
-        run_tiles(edge, span, accumulate, a0, a1, b0, b1, blocks);
-        for (std::size_t r = 0; r < block_rows; ++r) std::copy_n(edge + r * span, block_cols, c + r * ldc);
       }
     }
   }

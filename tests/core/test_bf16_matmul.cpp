@@ -263,7 +263,8 @@ TEST_CASE("bf16 products have the same bits at every level, at emulated16 and by
 
 TEST_CASE("AMX tiles give the fused multiply-adds' bits on ragged shapes, every transposition, accumulating or not") {
   // M, N, K from 1 to 70 (partial tiles of rows, columns and blocks, odd K), then N past the
-  // columns packed at a time (256), operands over many exponents. Where the CPU has no AMX, the
+  // columns packed at a time (256), then K past two slabs of k (2,048 each), operands over many
+  // exponents. Where the CPU has no AMX, the
   // path falls back to the next and the test says so.
   if (!cpu_has_amx_bf16()) MESSAGE("this CPU has no AMX-BF16: the amx_tiles path runs VDPBF16PS or the chain");
   LevelGuard guard;
@@ -272,9 +273,11 @@ TEST_CASE("AMX tiles give the fused multiply-adds' bits on ragged shapes, every 
   Rng rng(90);
   auto extent = [&] { return std::size_t(1 + rng.uniform() * 69.99); };
   std::size_t differ = 0, shapes = 0;
-  for (int trial = 0; trial < 44; ++trial) {
-    const bool transpose_a = trial & 1, transpose_b = trial & 2, accumulate = trial & 4, wide = trial >= 40;
-    const std::size_t M = wide ? 45 : extent(), N = wide ? 531 : extent(), K = trial % 5 == 0 ? 2 * extent() + 1 : extent();
+  for (int trial = 0; trial < 48; ++trial) {
+    const bool transpose_a = trial & 1, transpose_b = trial & 2, accumulate = trial & 4, wide = trial >= 40 && trial < 44,
+               deep = trial >= 44;
+    const std::size_t M = wide ? 45 : deep ? 35 : extent(), N = wide ? 531 : deep ? 40 : extent(),
+                      K = deep ? 4173 : trial % 5 == 0 ? 2 * extent() + 1 : extent();
     Product p = random_product(transpose_a, transpose_b, M, N, K, 100 + trial);
     for (auto* v : {&p.A, &p.B, &p.C})
       for (float& x : *v) x = std::ldexp(x, int(rng.uniform() * 60) - 30);
@@ -285,7 +288,7 @@ TEST_CASE("AMX tiles give the fused multiply-adds' bits on ragged shapes, every 
     for (std::size_t i = 0; i < tiles.size(); ++i) differ += bits_of(tiles[i]) != bits_of(chain[i]);
     ++shapes;
   }
-  CHECK(shapes == 44);
+  CHECK(shapes == 48);
   CHECK(differ == 0);
 }
 
