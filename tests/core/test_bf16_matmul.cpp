@@ -14,6 +14,7 @@
 #include <functional>
 #include <limits>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -316,11 +317,20 @@ TEST_CASE("a bf16 product's row and column do not depend on the rest of the call
   for (std::size_t i = 0; i < rows; ++i)
     for (std::size_t j = 0; j < cols; ++j) differ += bits_of(part[i * p.N + j]) != bits_of(whole[(i0 + i) * p.N + j0 + j]);
   CHECK(differ == 0);
+  // Products big enough to split over two threads, by columns and by rows, against one thread.
   const int threads = num_threads();
-  set_num_threads(1);
-  std::vector<float> one_thread = p.run(kernels::bf16_gemm<float>, true);
-  set_num_threads(threads);
-  CHECK(one_thread == whole);
+  for (const auto& [transpose_a, M, N, K] : {std::tuple{true, 40, 90, 600}, std::tuple{false, 130, 70, 300}}) {
+    CAPTURE(M);
+    Product q = random_product(transpose_a, !transpose_a, std::size_t(M), std::size_t(N), std::size_t(K), 61);
+    set_num_threads(2);
+    const std::vector<float> many = q.run(kernels::bf16_gemm<float>, true);
+    set_num_threads(1);
+    const std::vector<float> one_thread = q.run(kernels::bf16_gemm<float>, true);
+    set_num_threads(threads);
+    differ = 0;
+    for (std::size_t i = 0; i < many.size(); ++i) differ += bits_of(many[i]) != bits_of(one_thread[i]);
+    CHECK(differ == 0);
+  }
 }
 
 TEST_CASE("a NaN input gives a NaN in its row and column of a bf16 product") {
