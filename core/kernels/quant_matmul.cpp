@@ -132,14 +132,14 @@ template <TensorType type, bool vnni>
 // Block b of the tile's NR weight rows against its MR activation rows, into the lanes of b's parity.
 template <TensorType type, bool vnni, int NR, int MR, int parity>
 [[gnu::target("avxvnni,f16c")]] inline void block_step256(const std::byte* rows[NR], const ActivationRows& x,
-                                                          std::size_t m0, std::size_t b, __m256 (&acc)[NR][MR][2],
-                                                          __m256 (&acc2)[NR][MR][2]) {
+                                                          std::size_t m0, std::size_t b, std::size_t ahead,
+                                                          __m256 (&acc)[NR][MR][2], __m256 (&acc2)[NR][MR][2]) {
   using B = Blocks<type>;
   __m256i codes[NR];
   __m256 d[NR], min[NR];
   for (int r = 0; r < NR; ++r) {
     const std::byte* block = rows[r] + b * B::bytes;
-    _mm_prefetch(reinterpret_cast<const char*>(block + 16 * B::bytes), _MM_HINT_T0);  // as tile_step's
+    _mm_prefetch(reinterpret_cast<const char*>(block + ahead), _MM_HINT_T0);  // as tile_step's
     codes[r] = codes256<type>(block);
     d[r] = _mm256_set1_ps(_cvtsh_ss(load_u16(block)));
     if constexpr (B::has_min) min[r] = _mm256_set1_ps(_cvtsh_ss(load_u16(block + 2)));
@@ -168,12 +168,13 @@ template <TensorType type, bool vnni, int NR, int MR>
   __m256 acc[NR][MR][2], acc2[NR][MR][2];
   for (int r = 0; r < NR; ++r)
     for (int i = 0; i < MR; ++i) acc[r][i][0] = acc[r][i][1] = acc2[r][i][0] = acc2[r][i][1] = _mm256_setzero_ps();
+  const std::size_t ahead = 2 * NR * stride;  // as block_tile_vnni's
   std::size_t b = 0;
   for (; b + 1 < blocks; b += 2) {
-    block_step256<type, vnni, NR, MR, 0>(rows, x, m0, b, acc, acc2);
-    block_step256<type, vnni, NR, MR, 1>(rows, x, m0, b + 1, acc, acc2);
+    block_step256<type, vnni, NR, MR, 0>(rows, x, m0, b, ahead, acc, acc2);
+    block_step256<type, vnni, NR, MR, 1>(rows, x, m0, b + 1, ahead, acc, acc2);
   }
-  if (b < blocks) block_step256<type, vnni, NR, MR, 0>(rows, x, m0, b, acc, acc2);
+  if (b < blocks) block_step256<type, vnni, NR, MR, 0>(rows, x, m0, b, ahead, acc, acc2);
   store_tile256<Blocks<type>::has_min>(y, ldy, m0, n0, acc, acc2, accumulate);
 }
 
