@@ -165,7 +165,7 @@ template <TensorType type, bool vnni, int NR, int MR>
     __m256 scales_lo[NR], scales_hi[NR];
     for (int r = 0; r < NR; ++r) {
       blocks[r] = row + r * stride + s * S::bytes;
-      for (std::size_t line = 0; line < S::bytes; line += 64)  // two super-blocks ahead, as tile_step's
+      for (std::size_t line = 0; line < S::bytes; line += 64)  // two super-blocks ahead
         _mm_prefetch(reinterpret_cast<const char*>(blocks[r] + 2 * S::bytes + line), _MM_HINT_T0);
       super_scales256<type>(blocks[r], scales_lo[r], scales_hi[r]);
     }
@@ -309,7 +309,7 @@ template <TensorType type, int NR, int MR>
     __m512 scales[NR];
     for (int r = 0; r < NR; ++r) {
       blocks[r] = row + r * stride + s * S::bytes;
-      for (std::size_t line = 0; line < S::bytes; line += 64)  // two super-blocks ahead, as tile_step's
+      for (std::size_t line = 0; line < S::bytes; line += 64)  // two super-blocks ahead
         _mm_prefetch(reinterpret_cast<const char*>(blocks[r] + 2 * S::bytes + line), _MM_HINT_T0);
       scales[r] = super_scales512<type>(blocks[r]);
     }
