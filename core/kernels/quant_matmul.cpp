@@ -139,7 +139,7 @@ template <TensorType type, bool vnni, int NR, int MR, int parity>
   __m256 d[NR], min[NR];
   for (int r = 0; r < NR; ++r) {
     const std::byte* block = rows[r] + b * B::bytes;
-    _mm_prefetch(reinterpret_cast<const char*>(block + ahead), _MM_HINT_T0);  // as tile_step's
+    _mm_prefetch(reinterpret_cast<const char*>(block + ahead), _MM_HINT_T0);  // ahead: prefetch_distance
     codes[r] = codes256<type>(block);
     d[r] = _mm256_set1_ps(_cvtsh_ss(load_u16(block)));
     if constexpr (B::has_min) min[r] = _mm256_set1_ps(_cvtsh_ss(load_u16(block + 2)));
@@ -168,7 +168,7 @@ template <TensorType type, bool vnni, int NR, int MR>
   __m256 acc[NR][MR][2], acc2[NR][MR][2];
   for (int r = 0; r < NR; ++r)
     for (int i = 0; i < MR; ++i) acc[r][i][0] = acc[r][i][1] = acc2[r][i][0] = acc2[r][i][1] = _mm256_setzero_ps();
-  const std::size_t ahead = 2 * NR * stride;  // as block_tile_vnni's
+  const std::size_t ahead = prefetch_distance<NR>(stride);
   std::size_t b = 0;
   for (; b + 1 < blocks; b += 2) {
     block_step256<type, vnni, NR, MR, 0>(rows, x, m0, b, ahead, acc, acc2);
@@ -253,9 +253,6 @@ template <TensorType type, bool gfni, int NR, int MR, bool pair>
   __m512i codes[NR];
   __m512 d[NR], min[NR];
   for (int r = 0; r < NR; ++r) {
-    // NR rows read side by side are NR streams in one page, more than the hardware prefetcher
-    // follows: each row asks for the same block `ahead` bytes on, two tiles of rows later (a
-    // fixed 16 blocks ahead fell inside the tile's own next row: SmolLM2's rows are 18-48 blocks).
     _mm_prefetch(reinterpret_cast<const char*>(rows[r] + b * B::bytes + ahead), _MM_HINT_T0);
     codes[r] = codes512<type, pair, gfni>(rows[r] + b * B::bytes);
     scales512<type, pair>(rows[r] + b * B::bytes, d[r], min[r]);
@@ -285,7 +282,7 @@ template <TensorType type, bool gfni, int NR, int MR>
   __m512 acc[NR][MR], acc2[NR][MR];
   for (int r = 0; r < NR; ++r)
     for (int i = 0; i < MR; ++i) acc[r][i] = acc2[r][i] = _mm512_setzero_ps();
-  const std::size_t ahead = 2 * NR * stride;
+  const std::size_t ahead = prefetch_distance<NR>(stride);  // bytes on (quant_matmul_tiles.h)
   std::size_t b = 0;
   for (; b + 1 < blocks; b += 2) tile_step<type, gfni, NR, MR, true>(rows, x, m0, b, ahead, acc, acc2);
   if (b < blocks) tile_step<type, gfni, NR, MR, false>(rows, x, m0, b, ahead, acc, acc2);

@@ -71,10 +71,7 @@ void float_tile(float* y, std::size_t ldy, const ActivationRows& x, std::size_t 
     for (int i = 0; i < MR; ++i) acc[r][i] = _mm512_setzero_ps();
   }
   for (int i = 0; i < MR; ++i) xs[i] = x.x + (m0 + i) * x.cols;
-  // The same element two tiles of weight rows on is asked for: rows of SmolLM2's 576 or 1536
-  // weights end before a fixed distance of 1 KB ahead would reach far, and each tile then began
-  // by waiting on memory.
-  const std::size_t ahead = 2 * NR * 2 * x.cols;
+  const std::size_t ahead = prefetch_distance<NR>(2 * x.cols);  // bytes on (quant_matmul_tiles.h)
   std::size_t k = 0;
   for (; k + 16 <= x.cols; k += 16) float_step_avx512<type>(acc, rows, xs, k, 16, ahead);
   if (k < x.cols) float_step_avx512<type>(acc, rows, xs, k, x.cols - k, ahead);

@@ -30,6 +30,12 @@ inline float half_to_float(std::uint16_t h) {
   return std::bit_cast<float>(sign | std::bit_cast<std::uint32_t>(std::bit_cast<float>(bits) * 0x1p112f));
 }
 
+// How far ahead of the element it reads a tile of NR weight rows (row_bytes apart) prefetches:
+// the same element two tiles of rows on. NR rows read side by side are more streams in one page
+// than the hardware prefetcher follows; a fixed distance (16 blocks, 1 KB) fell inside the tile's
+// own next row, since SmolLM2's rows are 576 or 1536 weights, and each tile began waiting on memory.
+template <int NR> constexpr std::size_t prefetch_distance(std::size_t row_bytes) { return 2 * NR * row_bytes; }
+
 // y = the lanes' tree sum (Note [Packed products]), plus y's old value when accumulating.
 inline void store_sum(float* y, const float t[16], bool accumulate) {
   float t8[8], t4[4];
