@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstring>
 
+#include "core/aligned.h"
 #include "core/kernels/quant_matmul_tiles.h"
 
 namespace tapegrad::kernels::TAPEGRAD_SIMD_LEVEL {
@@ -81,9 +82,73 @@ void float_tile(float* y, std::size_t ldy, const ActivationRows& x, std::size_t 
                    _mm512_extractf32x8_ps(acc[r][i], 1), accumulate);
 }
 
-// 3 weight rows by 8 rows of x (a packed_matmul call's chunk) hold 24 accumulators, so each weight
-// vector is widened once for the whole call, and 3 weight and 8 x loads feed 24 FMAs.
+// One row of x: two weight rows share its loads. Up to a decoding batch's rows (16), 3 weight rows
+// by 8 rows of x (24 accumulators): each weight vector widened as it is read, once for 8 rows.
+// More rows (a prompt) take widened_rows.
 constexpr int rows_alone = 2, weight_rows = 3, x_rows = 8;
+constexpr std::size_t widened_min_rows = 17;
+
+// Outputs (m0 .. m0 + MR - 1, n0 .. n0 + NR - 1) from weight rows already widened to floats (rows
+// `stride` apart, zeros past cols): per 16 elements NR weight and MR x loads feed NR x MR FMAs,
+// and no conversion is left in the loop.
+template <int NR, int MR>
+[[gnu::always_inline]] inline void widened_step(__m512 (&acc)[NR][MR], const float* w, std::size_t stride,
+                                                const float* const (&xs)[MR], std::size_t k, __mmask16 lanes) {
+  __m512 weights[NR];
+  for (int r = 0; r < NR; ++r) {
+    _mm_prefetch(reinterpret_cast<const char*>(w + (r + NR) * stride + k), _MM_HINT_T0);  // the next tile's
+    weights[r] = _mm512_load_ps(w + r * stride + k);
+  }
+  for (int i = 0; i < MR; ++i) {
+    const __m512 xv = lanes == 0xFFFF ? _mm512_loadu_ps(xs[i] + k) : _mm512_maskz_loadu_ps(lanes, xs[i] + k);
+    for (int r = 0; r < NR; ++r) acc[r][i] = _mm512_fmadd_ps(weights[r], xv, acc[r][i]);
+  }
+}
+
+template <int NR, int MR>
+void widened_tile(float* y, std::size_t ldy, const ActivationRows& x, std::size_t m0, const float* w,
+                  std::size_t stride, std::size_t n0, bool accumulate) {
+  const float* xs[MR];
+  __m512 acc[NR][MR];
+  for (int i = 0; i < MR; ++i) xs[i] = x.x + (m0 + i) * x.cols;
+  for (int r = 0; r < NR; ++r)
+    for (int i = 0; i < MR; ++i) acc[r][i] = _mm512_setzero_ps();
+  std::size_t k = 0;
+  for (; k + 16 <= x.cols; k += 16) widened_step(acc, w, stride, xs, k, 0xFFFF);
+  if (k < x.cols) widened_step(acc, w, stride, xs, k, detail::lanes_below(x.cols - k));
+  for (int r = 0; r < NR; ++r)
+    for (int i = 0; i < MR; ++i)
+      store_sum256(y + (m0 + i) * ldy + n0 + r, _mm512_castps512_ps256(acc[r][i]),
+                   _mm512_extractf32x8_ps(acc[r][i], 1), accumulate);
+}
+
+// Many rows of x: the weights widened once a call into a float panel (in L2), then 4 x 6 tiles of
+// floats, with no conversion in the loop and x held in registers (the 3 x 8 tile loads each x
+// vector three times). SmolLM2's BF16 prompts of 128 and 512 tokens prefilled 1.2x faster (one
+// thread, AVX-512); at 4 and 16 rows, with the weights coming from memory, the separate widening
+// pass was slower (S = 4 and 16 decoding 0.7x and 0.95x). The same bits either way (Note [Packed
+// products]).
+template <TensorType type>
+void widened_rows(float* y, std::size_t ldy, const ActivationRows& x, const PackedMatrix& w, std::size_t first,
+                  std::size_t last, bool accumulate) {
+  constexpr std::size_t panel_bytes = 256 << 10;
+  const std::size_t stride = (x.cols + 15) / 16 * 16, group = std::max<std::size_t>(4, panel_bytes / (4 * stride));
+  thread_local AlignedVector<float> panel;
+  if (panel.size() < group * stride) panel.resize(group * stride);
+  for (std::size_t n0 = first; n0 < last; n0 += group) {
+    const std::size_t n1 = std::min(last, n0 + group);
+    float* widened = panel.data();
+    for (std::size_t n = n0; n < n1; ++n) {
+      const std::byte* row = w.row(n);
+      for (std::size_t k = 0; k < stride; k += 16)
+        _mm512_store_ps(widened + (n - n0) * stride + k, weights512<type>(row + 2 * k, x.cols - std::min(k, x.cols)));
+    }
+    auto tile = [&]<int NR, int MR>(std::size_t m0, std::size_t n) {
+      widened_tile<NR, MR>(y, ldy, x, m0, widened + (n - n0) * stride, stride, n, accumulate);
+    };
+    run_tiles<4, 6>(tile, x.rows, 0, n0, n1);
+  }
+}
 
 #elif defined(__AVX2__) && !defined(TAPEGRAD_EMULATED_BATCH)
 
@@ -153,6 +218,9 @@ void float_rows(float* y, std::size_t ldy, const ActivationRows& x, const Packed
     float_tile<type, NR, MR>(y, ldy, x, m0, w.row(n), n, accumulate);
   };
   if (x.rows == 1) return run_tiles<rows_alone, 1>(tile, x.rows, 0, first, last);
+#if defined(__AVX512F__)
+  if (x.rows >= widened_min_rows) return widened_rows<type>(y, ldy, x, w, first, last, accumulate);
+#endif
   run_tiles<weight_rows, x_rows>(tile, x.rows, 0, first, last);
 }
 #endif

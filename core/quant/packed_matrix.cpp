@@ -237,10 +237,12 @@ void packed_matmuls(std::span<const PackedProduct> products, const float* x, std
       if (from == to) continue;
       const PackedKernel kernel = kernel_for(table, w);
       const std::size_t panel = std::max<std::size_t>(16, panel_bytes / w.row_bytes());
+      // BF16 and F16 kernels take all of x's rows: they block them themselves.
+      const std::size_t rows_each = w.format().block_elems == 1 ? M : chunk;
       for (std::size_t n0 = from; n0 < to; n0 += panel)
-        for (std::size_t m = 0; m < M; m += chunk) {
+        for (std::size_t m = 0; m < M; m += rows_each) {
           ActivationRows part = rows;
-          part.rows = std::min(chunk, M - m);
+          part.rows = std::min(rows_each, M - m);
           part.x = rows.x + m * rows.cols;
           if (rows.q) {
             part.q += m * rows.blocks * 32;

@@ -148,7 +148,8 @@ bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
 }
 
 std::vector<std::size_t> column_counts(TensorType type) {
-  if (type == TensorType::BF16 || type == TensorType::F16) return {1, 7, 16, 17, 40, 96};
+  // 4100: rows of 8 KB, more than AVX-512's widened panel holds 37 of (quant_matmul_float.cpp).
+  if (type == TensorType::BF16 || type == TensorType::F16) return {1, 7, 16, 17, 40, 96, 4100};
   if (is_k_quant(type)) return {256, 512, 1536};
   return {32, 64, 96, 576};
 }
@@ -183,7 +184,7 @@ TEST_CASE("every packed kernel table of this level gives Note [Packed products]'
   for (const quant::PackedKernelTable& table : quant::level_packed_tables())
     for (TensorType type : kFormats)
       for (std::size_t cols : column_counts(type))
-        for (std::size_t M : {1, 2, 3, 5, 7}) {
+        for (std::size_t M : {1, 2, 3, 5, 7, 17, 23}) {  // 17 and up: a prompt's tiles at AVX-512
           const std::size_t rows = 37;
           const quant::PackedMatrix w = random_matrix(type, rows, cols, 7 + cols);
           const std::vector<float> x = test::random_vector(M * cols, 100 + M, 3.0);
@@ -200,6 +201,12 @@ TEST_CASE("every packed kernel table of this level gives Note [Packed products]'
                 FAIL(fmt::format("{} ({}) cols {} M {}: output ({}, {}) is {}, Note [Packed products] gives {}",
                                  w.format().name, table.integer_dot, cols, M, m, n, y[m * rows + n], expected));
             }
+          std::vector<float> accumulated(M * rows, 0.5f);
+          kernel_of(table, type)(accumulated.data(), rows, xr, w, 0, rows, true);
+          for (std::size_t i = 0; i < M * rows; ++i)
+            if (accumulated[i] != 0.5f + y[i])
+              FAIL(fmt::format("{} ({}) cols {} M {}: accumulating onto 0.5 gave {} at {}, not 0.5 + {}",
+                               w.format().name, table.integer_dot, cols, M, accumulated[i], i, y[i]));
         }
 }
 
