@@ -236,9 +236,11 @@ void packed_matmuls(std::span<const PackedProduct> products, const float* x, std
       offset += w.rows;
       if (from == to) continue;
       const PackedKernel kernel = kernel_for(table, w);
-      const std::size_t panel = std::max<std::size_t>(16, panel_bytes / w.row_bytes());
-      // BF16 and F16 kernels take all of x's rows: they block them themselves.
-      const std::size_t rows_each = w.format().block_elems == 1 ? M : chunk;
+      // BF16 and F16 kernels take all of x's rows and all the outputs, and block them themselves
+      // (core/kernels/quant_matmul_float.cpp): their panels fetch the next one while in use.
+      const bool blocks_itself = w.format().block_elems == 1;
+      const std::size_t panel = blocks_itself ? to - from : std::max<std::size_t>(16, panel_bytes / w.row_bytes());
+      const std::size_t rows_each = blocks_itself ? M : chunk;
       for (std::size_t n0 = from; n0 < to; n0 += panel)
         for (std::size_t m = 0; m < M; m += rows_each) {
           ActivationRows part = rows;
