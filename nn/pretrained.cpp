@@ -362,10 +362,11 @@ PretrainedModel load_gguf(const std::string& path, const LoadOptions& options) {
   const std::string arch = file.at("general.architecture").as_string();
   std::unique_ptr<tokenizers::Tokenizer> tokenizer = gguf_tokenizer(file);
   const std::size_t vocab = tokenizer->vocab_size();
-  // A forged header may describe a far larger model than the file's tensors hold (dequantized,
-  // 4-bit blocks grow about 7x, and each is transposed once): refuse it before allocating it.
+  // A forged header may describe a far larger model than the file's tensors hold: refuse it before
+  // allocating it. Dequantized, 4-bit blocks grow about 7x, and each matrix is made three times
+  // (dequantized, transposed, and transposed back when --weights converts it), 21x in all.
   const std::size_t file_bytes = std::filesystem::file_size(path);
-  TensorAllocationLimit limit(16 * file_bytes + (64 << 20),
+  TensorAllocationLimit limit(24 * file_bytes + (64 << 20),
                               fmt::format("{}: the sizes in the metadata describe a model larger than the file", path));
   LanguageModel model = find_published(arch, false, path + ": general.architecture").from_gguf(file, vocab, options);
   std::optional<std::string> chat_template;
