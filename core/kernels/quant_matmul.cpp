@@ -5,6 +5,7 @@
 // or vpmaddubsw, AVX-512 with VNNI two blocks at a time.
 #include <cpuid.h>
 
+#include <cmath>
 #include <vector>
 
 #include "core/kernels/quant_matmul_tiles.h"
@@ -70,11 +71,12 @@ void block_rows_portable(float* y, std::size_t ldy, const ActivationRows& x, con
         for (std::size_t g = 0; g < 8; ++g) {
           std::int32_t sum = B::offset * neg_sums[8 * b + g];
           for (std::size_t j = 4 * g; j < 4 * g + 4; ++j) sum += std::int32_t(u[j]) * q[32 * b + j];
-          acc[(b % 2) * 8 + g] += float(sum) * scale;
+          acc[(b % 2) * 8 + g] = std::fma(float(sum), scale, acc[(b % 2) * 8 + g]);
         }
         if constexpr (B::has_min) {
           const float min = half_to_float(load_u16(block + 2));
-          for (std::size_t g = 0; g < 8; ++g) acc2[(b % 2) * 8 + g] += min * scaled_sums[8 * b + g];
+          for (std::size_t g = 0; g < 8; ++g)
+            acc2[(b % 2) * 8 + g] = std::fma(min, scaled_sums[8 * b + g], acc2[(b % 2) * 8 + g]);
         }
       }
       if constexpr (B::has_min)
@@ -150,10 +152,9 @@ template <TensorType type, bool vnni, int NR, int MR, int parity>
     const __m256 dx = _mm256_loadu_ps(x.d + 8 * at);
     for (int r = 0; r < NR; ++r) {
       const __m256 sums = _mm256_cvtepi32_ps(group_sums256<type, vnni>(codes[r], xq, x.neg_sums + 8 * at));
-      acc[r][i][parity] = _mm256_add_ps(acc[r][i][parity], _mm256_mul_ps(sums, _mm256_mul_ps(d[r], dx)));
+      acc[r][i][parity] = _mm256_fmadd_ps(sums, _mm256_mul_ps(d[r], dx), acc[r][i][parity]);
       if constexpr (B::has_min)
-        acc2[r][i][parity] =
-            _mm256_add_ps(acc2[r][i][parity], _mm256_mul_ps(min[r], _mm256_loadu_ps(x.scaled_sums + 8 * at)));
+        acc2[r][i][parity] = _mm256_fmadd_ps(min[r], _mm256_loadu_ps(x.scaled_sums + 8 * at), acc2[r][i][parity]);
     }
   }
 }
@@ -265,9 +266,9 @@ template <TensorType type, bool gfni, int NR, int MR, bool pair>
     if constexpr (B::offset != 0) bias = _mm512_slli_epi32(_mm512_loadu_si512(x.neg_sums + 8 * at), B::shift);
     for (int r = 0; r < NR; ++r) {
       const __m512 sums = _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(bias, codes[r], xq));
-      acc[r][i] = _mm512_add_ps(acc[r][i], _mm512_mul_ps(sums, _mm512_mul_ps(d[r], dx)));
+      acc[r][i] = _mm512_fmadd_ps(sums, _mm512_mul_ps(d[r], dx), acc[r][i]);
       if constexpr (B::has_min)
-        acc2[r][i] = _mm512_add_ps(acc2[r][i], _mm512_mul_ps(min[r], _mm512_loadu_ps(x.scaled_sums + 8 * at)));
+        acc2[r][i] = _mm512_fmadd_ps(min[r], _mm512_loadu_ps(x.scaled_sums + 8 * at), acc2[r][i]);
     }
   }
 }

@@ -4,6 +4,7 @@
 // activation rows. Portable loops at SSE2 and emulated16; AVX2 a sub-block at a time with AVX-VNNI
 // or vpmaddubsw; AVX-512 with VNNI a pair of sub-blocks at a time.
 #include <array>
+#include <cmath>
 
 #include "core/kernels/quant_matmul_tiles.h"
 
@@ -90,8 +91,9 @@ void k_rows_portable(float* y, std::size_t ldy, const ActivationRows& x, const P
             std::int32_t sum = S::offset * x.neg_sums[8 * at + g];
             for (std::size_t j = 4 * g; j < 4 * g + 4; ++j) sum += std::int32_t(u[j]) * x.q[32 * at + j];
             const float d_w = type == TensorType::Q4_K ? scales[i] : scales[2 * i + g / 4];
-            acc[(b % 2) * 8 + g] += float(sum) * (d_w * x.d[8 * at + g]);
-            if constexpr (S::has_min) acc2[(b % 2) * 8 + g] += scales[8 + i] * x.scaled_sums[8 * at + g];
+            acc[(b % 2) * 8 + g] = std::fma(float(sum), d_w * x.d[8 * at + g], acc[(b % 2) * 8 + g]);
+            if constexpr (S::has_min)
+              acc2[(b % 2) * 8 + g] = std::fma(scales[8 + i], x.scaled_sums[8 * at + g], acc2[(b % 2) * 8 + g]);
           }
         }
       }
@@ -192,10 +194,9 @@ template <TensorType type, bool vnni, int NR, int MR>
         const __m256 dx = _mm256_loadu_ps(x.d + 8 * at);
         for (int r = 0; r < NR; ++r) {
           const __m256 sums = _mm256_cvtepi32_ps(group_sums256<type, vnni>(codes[r], xq, x.neg_sums + 8 * at));
-          acc[r][i][parity] = _mm256_add_ps(acc[r][i][parity], _mm256_mul_ps(sums, _mm256_mul_ps(d_w[r], dx)));
+          acc[r][i][parity] = _mm256_fmadd_ps(sums, _mm256_mul_ps(d_w[r], dx), acc[r][i][parity]);
           if constexpr (S::has_min)
-            acc2[r][i][parity] =
-                _mm256_add_ps(acc2[r][i][parity], _mm256_mul_ps(min[r], _mm256_loadu_ps(x.scaled_sums + 8 * at)));
+            acc2[r][i][parity] = _mm256_fmadd_ps(min[r], _mm256_loadu_ps(x.scaled_sums + 8 * at), acc2[r][i][parity]);
         }
       }
     }
@@ -289,9 +290,9 @@ template <TensorType type, int NR, int MR>
     if constexpr (S::offset != 0) bias = _mm512_slli_epi32(_mm512_loadu_si512(x.neg_sums + 8 * at), S::shift);
     for (int r = 0; r < NR; ++r) {
       const __m512 sums = _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(bias, codes[r], xq));
-      acc[r][i] = _mm512_add_ps(acc[r][i], _mm512_mul_ps(sums, _mm512_mul_ps(d_w[r], dx)));
+      acc[r][i] = _mm512_fmadd_ps(sums, _mm512_mul_ps(d_w[r], dx), acc[r][i]);
       if constexpr (S::has_min)
-        acc2[r][i] = _mm512_add_ps(acc2[r][i], _mm512_mul_ps(min[r], _mm512_loadu_ps(x.scaled_sums + 8 * at)));
+        acc2[r][i] = _mm512_fmadd_ps(min[r], _mm512_loadu_ps(x.scaled_sums + 8 * at), acc2[r][i]);
     }
   }
 }

@@ -21,28 +21,29 @@
 // offset (Q4_0 8, Q5_0 16, Q8_0 128, Q4_1 0). For block b and group g of four elements,
 //   L[b][g] = sum_{4} u * q - offset * sum_{4} q      (int32, exact: q_w . q on the group)
 // and 16 float lanes, lane (b % 2) * 8 + g, accumulate in block order, starting at +0:
-//   acc  += float(L[b][g]) * (d_w[b][g] * d_x[b])     (d_w the block's d: one for its eight groups)
-//   acc2 += m_w[b] * (d_x[b] * float(sum_{4} q))       (Q4_1's minimum; acc2 = 0 otherwise)
-// each product rounded, then added (no FMA: SSE2 has none, and every level computes the same).
+//   acc  = fma(float(L[b][g]), d_w[b][g] * d_x[b], acc)  (d_w the block's d, one for eight groups)
+//   acc2 = fma(m_w[b], d_x[b] * float(sum_{4} q), acc2)   (Q4_1's minimum; acc2 = 0 otherwise)
+// the scales' product rounded, then one fused multiply-add (the portable loops call std::fma,
+// correctly rounded on a CPU without FMA, so every level computes the same; fused, a group's float
+// work is a conversion, a product and an FMA, and prefill and batched decoding are bound by it).
 // K-quants (Q4_K, Q6_K): a super-block of 256 is eight sub-blocks of 32, b counting them along the
 // row, each met by x's block b exactly as above. Q4_K: u the nibble, offset 0, d_w[b][g] =
 // d * float(scale_b), m_w[b] = -(dmin * float(min_b)) (its 6-bit scale and minimum). Q6_K: u =
 // q + 32 (0..63), offset 32, d_w[b][g] = d * float(scale_{2b + g / 4}) (an 8-bit scale per 16
 // elements), no minimum. A half times an integer of at most 8 bits has at most 19 significant bits:
 // exact in float32, so the scales add no rounding, and per 32 elements the K-quants do the float
-// operations of Q4_1 (Q4_K) and Q4_0 (Q6_K): per group one conversion, two products and an add
-// (the minimum one product and an add more). That is the fewest with x in blocks of 32: x's d_x
-// changes every block, so the integer sums cannot run on across sub-blocks as llama.cpp's do over
-// a super-block of Q8_K activations, and the groups of four are what vpdpbusd gives per 32-bit lane
-// (a sum per block would cost integer shuffles a block to save a conversion and a product per group
-// of lanes, which are one vector operation for sixteen lanes).
+// operations of Q4_1 (Q4_K) and Q4_0 (Q6_K): per group one conversion, a product and an FMA (the
+// minimum one FMA more). That is the fewest with x in blocks of 32: x's d_x changes every block,
+// so the integer sums cannot run on across sub-blocks as llama.cpp's do over a super-block of Q8_K
+// activations, and the groups of four are what vpdpbusd gives per 32-bit lane (a sum per block
+// would cost integer shuffles a block to save a conversion and a product per group of lanes, which
+// are one vector operation for sixteen lanes).
 // BF16 and F16: the weights converted to float exactly, lane k % 16 accumulates fma(w[k], x[k],
-// lane), k in order, one rounding per element (these products are inexact, unlike the block
-// formats', and fused they are half the float work; the portable loops call std::fma, correctly
-// rounded in software on a CPU without FMA, so every level computes the same). Then every format
-// sums its lanes t = acc + acc2 in one tree, t[l] += t[l + 8], t[l] += t[l + 4], t[l] += t[l + 2],
-// y = t[0] + t[1], and adds y's old value last when accumulating. A block or element past the row's end is no term at all
-// (adding +0 leaves a lane that started at +0 unchanged), so padding never changes a bit.
+// lane), k in order, one rounding per element (std::fma in the portable loops, as above). Then
+// every format sums its lanes t = acc + acc2 in one tree, t[l] += t[l + 8], t[l] += t[l + 4],
+// t[l] += t[l + 2], y = t[0] + t[1], and adds y's old value last when accumulating. A block or
+// element past the row's end is no term at all (adding +0 leaves a lane that started at +0
+// unchanged), so padding never changes a bit.
 // Each level may compute the integer sums with any instructions (VNNI's vpdpbusd, AVX2's
 // vpmaddubsw, plain loops), and may take the outputs in any tiles: the sums are exact, and each
 // output's float operations are its own.

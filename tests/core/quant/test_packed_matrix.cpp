@@ -111,11 +111,9 @@ float reference_output(const quant::PackedMatrix& w, const quant::ActivationRows
     for (int g = 0; g < 8; ++g) {
       int sum = 0, q_sum = 0;
       for (int j = 4 * g; j < 4 * g + 4; ++j) sum += (terms.code[j] - offset) * q[j], q_sum += q[j];
-      const float product = float(sum) * (terms.d_w[g] * dx);
-      acc[(b % 2) * 8 + g] = acc[(b % 2) * 8 + g] + product;
+      acc[(b % 2) * 8 + g] = std::fma(float(sum), terms.d_w[g] * dx, acc[(b % 2) * 8 + g]);
       if (w.type == TensorType::Q4_1 || w.type == TensorType::Q4_K) {
-        const float min_term = terms.m_w * (dx * float(q_sum));
-        acc2[(b % 2) * 8 + g] = acc2[(b % 2) * 8 + g] + min_term;
+        acc2[(b % 2) * 8 + g] = std::fma(terms.m_w, dx * float(q_sum), acc2[(b % 2) * 8 + g]);
       }
     }
   }
