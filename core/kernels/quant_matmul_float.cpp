@@ -127,7 +127,7 @@ void widened_tile(float* y, std::size_t ldy, const ActivationRows& x, std::size_
                    _mm512_extractf32x8_ps(acc[r][i], 1), accumulate);
 }
 
-// Many rows of x: the weights widened once a call into a float panel (in L2), then 4 x 6 tiles of
+// Many rows of x: the weights widened once a call into float panels (in L2), then 4 x 6 tiles of
 // floats, with no conversion in the loop and x held in registers (the 3 x 8 tile loads each x
 // vector three times). SmolLM2's BF16 prompts of 128 and 512 tokens prefilled 1.2x faster (one
 // thread, AVX-512); at 4 and 16 rows, with the weights coming from memory, the separate widening
@@ -136,8 +136,8 @@ void widened_tile(float* y, std::size_t ldy, const ActivationRows& x, std::size_
 template <TensorType type>
 void widened_rows(float* y, std::size_t ldy, const ActivationRows& x, const PackedMatrix& w, std::size_t first,
                   std::size_t last, bool accumulate) {
-  constexpr std::size_t panel_bytes = 256 << 10;
-  const std::size_t stride = (x.cols + 15) / 16 * 16, group = std::max<std::size_t>(4, panel_bytes / (4 * stride));
+  // A panel's rows (quant::panel_bytes of weights), widened: twice its bytes, still in L2.
+  const std::size_t stride = (x.cols + 15) / 16 * 16, group = std::max<std::size_t>(16, quant::panel_bytes / (2 * x.cols));
   thread_local AlignedVector<float> panel;
   if (panel.size() < group * stride) panel.resize(group * stride);
   for (std::size_t n0 = first; n0 < last; n0 += group) {
@@ -235,12 +235,13 @@ void float_rows(float* y, std::size_t ldy, const ActivationRows& x, const Packed
 #if defined(__AVX512F__)
   if (x.rows >= widened_min_rows) return widened_rows<type>(y, ldy, x, w, first, last, accumulate);
 #endif
-  const std::size_t panel = std::max<std::size_t>(16, (128 << 10) / row_bytes);
+  const std::size_t panel = std::max<std::size_t>(16, quant::panel_bytes / row_bytes);
   for (std::size_t n0 = first; n0 < last; n0 += panel) {
     const std::size_t n1 = std::min(last, n0 + panel), next = std::min(last, n1 + panel) - n1;
     detail::LineStream ahead(w.bytes.data() + n1 * row_bytes, row_bytes, row_bytes, next);
-    const std::size_t steps = (x.rows + x_rows - 1) / x_rows * ((n1 - n0 + weight_rows - 1) / weight_rows) * (x.cols / 16);
-    const std::size_t lines_each = steps == 0 ? ahead.lines_left() : (ahead.lines_left() + steps - 1) / steps;
+    const std::size_t tiles = (x.rows + x_rows - 1) / x_rows * ((n1 - n0 + weight_rows - 1) / weight_rows);
+    const std::size_t steps = std::max<std::size_t>(1, tiles * (x.cols / 16));
+    const std::size_t lines_each = (ahead.lines_left() + steps - 1) / steps;
     auto tile = [&]<int NR, int MR>(std::size_t m0, std::size_t n) {
       float_tile<type, NR, MR>(y, ldy, x, m0, w.bytes.data() + n * row_bytes, n, accumulate, ahead, lines_each);
     };

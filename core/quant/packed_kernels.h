@@ -66,6 +66,10 @@ struct ActivationRows {
 using PackedKernel = void (*)(float* y, std::size_t ldy, const ActivationRows& x, const PackedMatrix& w,
                               std::size_t first, std::size_t last, bool accumulate);
 
+/// The weight rows a product walks at a time (the block formats' in packed_matmuls, BF16's and
+/// F16's in their kernels): they stay in L2 while every row of x passes.
+constexpr std::size_t panel_bytes = 128 << 10;
+
 /// Quantizes one row of x (cols floats) into `blocks` blocks (Note [Packed products]; those past
 /// cols are zeros, a partial last block reads zeros past cols): q (blocks * 32), and per group of
 /// four neg_sums, d and scaled_sums (blocks * 8 each). A block holding an infinity or a NaN gets

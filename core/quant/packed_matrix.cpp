@@ -227,7 +227,7 @@ void packed_matmuls(std::span<const PackedProduct> products, const float* x, std
   // memory once a call, not once per chunk of x (BF16's prefill waited on them; the block formats
   // measured within 3% either way, M = 16 to 512 on SmolLM2's shapes).
   auto outputs = [&](std::size_t first, std::size_t last) {
-    constexpr std::size_t chunk = 8, panel_bytes = 128 << 10;
+    constexpr std::size_t chunk = 8;
     std::size_t offset = 0;
     for (const PackedProduct& p : products) {
       const PackedMatrix& w = *p.w;
