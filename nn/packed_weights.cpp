@@ -36,11 +36,12 @@ std::map<std::string, Module*> modules_of(Module& model) {
   return walk.modules;
 }
 
-// The (out, in) rows of a Linear's (in, out) weight.
-std::optional<quant::PackedMatrix> converted(const float* rows_data, std::size_t rows, std::size_t cols,
-                                             quant::TensorType type) {
+// w (rows, cols), or w^T when `transpose` (a Linear's (in, out) weight gives its (out, in) rows),
+// as `type`; none when the rows are not whole blocks.
+std::optional<quant::PackedMatrix> converted(const Tensor& w, bool transpose, quant::TensorType type) {
+  const std::size_t rows = w.dim(transpose ? 1 : 0), cols = w.dim(transpose ? 0 : 1);
   if (cols % quant::block_format(type).block_elems != 0) return std::nullopt;
-  return quant::pack_matrix(rows_data, rows, cols, type);
+  return transpose ? quant::pack_transposed(w.data(), rows, cols, type) : quant::pack_matrix(w.data(), rows, cols, type);
 }
 
 }  // namespace
@@ -55,7 +56,7 @@ std::size_t pack_matrices(Module& model, std::span<const ForeignTensor> map, con
     if (found == modules.end()) continue;
     if (auto* linear = dynamic_cast<Linear*>(found->second); linear && !linear->adapter && linear->weight.defined()) {
       std::optional<quant::PackedMatrix> matrix;
-      if (convert_to) matrix = converted(transposed(linear->weight.value()).data(), linear->out(), linear->in(), *convert_to);
+      if (convert_to) matrix = converted(linear->weight.value(), true, *convert_to);
       else matrix = file_matrix(entry, linear->out(), linear->in());
       if (!matrix) continue;
       linear->packed = std::make_shared<const quant::PackedMatrix>(std::move(*matrix));
@@ -66,7 +67,7 @@ std::size_t pack_matrices(Module& model, std::span<const ForeignTensor> map, con
       // 4-bit formats keep the token embedding in Q8_0, as llama.cpp's quantize does.
       const bool four_bits = convert_to == quant::TensorType::Q4_0 || convert_to == quant::TensorType::Q4_1;
       std::optional<quant::PackedMatrix> matrix =
-          convert_to ? converted(w.data(), w.dim(0), w.dim(1), four_bits ? quant::TensorType::Q8_0 : *convert_to)
+          convert_to ? converted(w, false, four_bits ? quant::TensorType::Q8_0 : *convert_to)
                      : file_matrix(entry, w.dim(0), w.dim(1));
       if (!matrix) continue;
       table->packed = std::make_shared<const quant::PackedMatrix>(std::move(*matrix));

@@ -121,7 +121,9 @@ PackedMatrix view_matrix(TensorType type, std::size_t rows, std::size_t cols, st
   return w;
 }
 
-PackedMatrix pack_matrix(const float* w, std::size_t rows, std::size_t cols, TensorType type) {
+// A (rows, cols) matrix of `type`, row r converted from the floats row(r) returns.
+template <class Row>
+static PackedMatrix pack_rows(std::size_t rows, std::size_t cols, TensorType type, Row row) {
   const BlockFormat& format = block_format(type);
   if (!has_packed_kernels(type) || cols % format.block_elems != 0)
     throw std::invalid_argument(fmt::format("pack_matrix: a ({}, {}) matrix cannot be {} (its rows must be whole "
@@ -129,8 +131,25 @@ PackedMatrix pack_matrix(const float* w, std::size_t rows, std::size_t cols, Ten
                                             rows, cols, format.name, format.block_elems));
   const std::size_t row_bytes = cols / format.block_elems * format.block_bytes;
   auto storage = std::make_shared<std::vector<std::byte>>(rows * row_bytes);
-  for (std::size_t r = 0; r < rows; ++r) pack_row(w + r * cols, cols, type, storage->data() + r * row_bytes);
+  for (std::size_t r = 0; r < rows; ++r) pack_row(row(r), cols, type, storage->data() + r * row_bytes);
   return view_matrix(type, rows, cols, *storage, storage);
+}
+
+PackedMatrix pack_matrix(const float* w, std::size_t rows, std::size_t cols, TensorType type) {
+  return pack_rows(rows, cols, type, [&](std::size_t r) { return w + r * cols; });
+}
+
+PackedMatrix pack_transposed(const float* w, std::size_t rows, std::size_t cols, TensorType type) {
+  // Columns of w gathered 16 at a time, so that each line of w is read once.
+  constexpr std::size_t group = 16;
+  std::vector<float> gathered(group * cols);
+  return pack_rows(rows, cols, type, [&](std::size_t r) {
+    const std::size_t first = r / group * group, count = std::min(group, rows - first);
+    if (r == first)
+      for (std::size_t c = 0; c < cols; ++c)
+        for (std::size_t i = 0; i < count; ++i) gathered[i * cols + c] = w[c * rows + first + i];
+    return gathered.data() + (r - first) * cols;
+  });
 }
 
 void dequantize_rows(const PackedMatrix& w, std::size_t first, std::size_t count, float* out) {

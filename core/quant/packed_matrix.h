@@ -38,6 +38,10 @@ const BlockFormat* find_conversion(std::string_view name);
 /// from files only).
 PackedMatrix pack_matrix(const float* w, std::size_t rows, std::size_t cols, TensorType type);
 
+/// pack_matrix of w^T, w (cols, rows) row-major (a Linear's (in, out) weight), without a
+/// transposed float32 copy.
+PackedMatrix pack_transposed(const float* w, std::size_t rows, std::size_t cols, TensorType type);
+
 /// A matrix over `bytes` of a file's tensor, kept alive by `owner`; checks the sizes.
 PackedMatrix view_matrix(TensorType type, std::size_t rows, std::size_t cols, std::span<const std::byte> bytes,
                          std::shared_ptr<const void> owner);

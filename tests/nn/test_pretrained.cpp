@@ -180,6 +180,30 @@ TEST_CASE("bad Hugging Face folders are refused naming the file and the key") {
   CHECK(test::contains(refusal(dir / "absent"), "no such file"));
 }
 
+TEST_CASE("a GGUF file whose metadata describes a model larger than its tensors is refused before it is allocated") {
+  // tiny_llama.q4_0.gguf with llama.feed_forward_length forged from 64 to 2^20 (the largest size
+  // the architecture takes): 3 matrices of 32 x 2^20 floats a block, 805 MB for the 2 blocks, where
+  // the guard allows 24x the file (35 KB) + 64 MB.
+  const fs::path genuine = model_path("tiny_llama.q4_0.gguf");
+  std::ifstream in(genuine, std::ios::binary);
+  std::string bytes(std::istreambuf_iterator<char>(in), {});
+  const std::string key = "llama.feed_forward_length";
+  std::string stored(8, '\0');
+  for (std::size_t i = 0; i < 8; ++i) stored[i] = char((key.size() >> (8 * i)) & 0xff);
+  stored += key;
+  const std::size_t at = bytes.find(stored);
+  REQUIRE(at != std::string::npos);
+  const std::size_t value = at + stored.size() + 4;  // past the u32 value type
+  REQUIRE(bytes[value - 4] == 4);  // GGUF's uint32
+  REQUIRE(bytes.substr(value, 4) == std::string("\x40\0\0\0", 4));  // 64
+  bytes[value] = 0, bytes[value + 2] = 0x10;  // 2^20
+  const fs::path forged = test::process_path("forged_ffn.gguf");
+  std::ofstream(forged, std::ios::binary) << bytes;
+  const std::string message = test::error_of<std::length_error>([&] { nn::load_pretrained(forged.string()); });
+  CHECK(test::contains(message, forged.string() + ": the sizes in the metadata describe a model larger than the file"));
+  CHECK(test::contains(nn::load_pretrained(genuine.string()).model.describe(), "d_ff=64"));  // the unforged file loads
+}
+
 TEST_CASE("SmolLM2: greedy continuations equal transformers' where its top-1 margin exceeds 0.01") {
   const nn::PretrainedModel* model = smollm2();
   if (!model) return;

@@ -401,3 +401,23 @@ TEST_CASE("pack_matrix rounds each weight within half a step of its block, and r
   CHECK_THROWS_WITH(quant::pack_matrix(w.data(), 2, 48, TensorType::Q8_0),
                     "pack_matrix: a (2, 48) matrix cannot be q8_0 (its rows must be whole blocks of 32)");
 }
+
+TEST_CASE("pack_transposed packs a Linear's (in, out) weight as pack_matrix packs its transpose, byte for byte") {
+  // 37 rows: two whole groups of 16 gathered columns and a partial one.
+  const std::size_t rows = 37, cols = 64;
+  const std::vector<float> w = test::random_vector(cols * rows, 22);  // (cols, rows)
+  std::vector<float> t(rows * cols);
+  for (std::size_t r = 0; r < rows; ++r)
+    for (std::size_t c = 0; c < cols; ++c) t[r * cols + c] = w[c * rows + r];
+  for (TensorType type : kFormats) {
+    if (is_k_quant(type)) continue;  // no conversion to K-quants
+    CAPTURE(quant::block_format(type).name);
+    const quant::PackedMatrix expected = quant::pack_matrix(t.data(), rows, cols, type);
+    const quant::PackedMatrix packed = quant::pack_transposed(w.data(), rows, cols, type);
+    CHECK(packed.rows == rows);
+    CHECK(packed.cols == cols);
+    CHECK(std::ranges::equal(packed.bytes, expected.bytes));
+  }
+  CHECK_THROWS_WITH(quant::pack_transposed(w.data(), 2, 48, TensorType::Q8_0),
+                    "pack_matrix: a (2, 48) matrix cannot be q8_0 (its rows must be whole blocks of 32)");
+}
