@@ -59,6 +59,16 @@ template <TensorType type, int NR, int MR>
   }
 }
 
+// A tile's outputs y(m0 + i, n0 + r), each the tree sum of acc[r][i]'s lanes (store_sum256).
+template <int NR, int MR>
+[[gnu::always_inline]] inline void store_tile(float* y, std::size_t ldy, std::size_t m0, std::size_t n0,
+                                              const __m512 (&acc)[NR][MR], bool accumulate) {
+  for (int r = 0; r < NR; ++r)
+    for (int i = 0; i < MR; ++i)
+      store_sum256(y + (m0 + i) * ldy + n0 + r, _mm512_castps512_ps256(acc[r][i]),
+                   _mm512_extractf32x8_ps(acc[r][i], 1), accumulate);
+}
+
 // Outputs (m0 .. m0 + MR - 1, n0 .. n0 + NR - 1) of BF16 or F16 weights: each weight vector
 // widened once for the MR rows, each x vector loaded once for the NR rows, and `next` asked for
 // lines_each lines a step (float_rows). The whole steps apart from the last partial one, so that
@@ -81,10 +91,7 @@ void float_tile(float* y, std::size_t ldy, const ActivationRows& x, std::size_t 
     float_step_avx512<type>(acc, rows, xs, k, 16, ahead);
   }
   if (k < x.cols) float_step_avx512<type>(acc, rows, xs, k, x.cols - k, ahead);
-  for (int r = 0; r < NR; ++r)
-    for (int i = 0; i < MR; ++i)
-      store_sum256(y + (m0 + i) * ldy + n0 + r, _mm512_castps512_ps256(acc[r][i]),
-                   _mm512_extractf32x8_ps(acc[r][i], 1), accumulate);
+  store_tile(y, ldy, m0, n0, acc, accumulate);
 }
 
 // One row of x: two weight rows share its loads. Up to a decoding batch's rows (16), 3 weight rows
@@ -121,10 +128,7 @@ void widened_tile(float* y, std::size_t ldy, const ActivationRows& x, std::size_
   std::size_t k = 0;
   for (; k + 16 <= x.cols; k += 16) widened_step(acc, w, stride, xs, k, 0xFFFF);
   if (k < x.cols) widened_step(acc, w, stride, xs, k, detail::lanes_below(x.cols - k));
-  for (int r = 0; r < NR; ++r)
-    for (int i = 0; i < MR; ++i)
-      store_sum256(y + (m0 + i) * ldy + n0 + r, _mm512_castps512_ps256(acc[r][i]),
-                   _mm512_extractf32x8_ps(acc[r][i], 1), accumulate);
+  store_tile(y, ldy, m0, n0, acc, accumulate);
 }
 
 // Many rows of x: the weights widened once a call into float panels (in L2), then 4 x 6 tiles of
