@@ -141,7 +141,7 @@ template <TensorType type>
 void widened_rows(float* y, std::size_t ldy, const ActivationRows& x, const PackedMatrix& w, std::size_t first,
                   std::size_t last, bool accumulate) {
   // A panel's rows (quant::panel_bytes of weights), widened: twice its bytes, still in L2.
-  const std::size_t stride = (x.cols + 15) / 16 * 16, group = std::max<std::size_t>(16, quant::panel_bytes / (2 * x.cols));
+  const std::size_t stride = (x.cols + 15) / 16 * 16, group = quant::panel_rows(2 * x.cols);
   thread_local AlignedVector<float> panel;
   if (panel.size() < group * stride) panel.resize(group * stride);
   for (std::size_t n0 = first; n0 < last; n0 += group) {
@@ -239,7 +239,7 @@ void float_rows(float* y, std::size_t ldy, const ActivationRows& x, const Packed
 #if defined(__AVX512F__)
   if (x.rows >= widened_min_rows) return widened_rows<type>(y, ldy, x, w, first, last, accumulate);
 #endif
-  const std::size_t panel = std::max<std::size_t>(16, quant::panel_bytes / row_bytes);
+  const std::size_t panel = quant::panel_rows(row_bytes);
   for (std::size_t n0 = first; n0 < last; n0 += panel) {
     const std::size_t n1 = std::min(last, n0 + panel), next = std::min(last, n1 + panel) - n1;
     detail::LineStream ahead(w.bytes.data() + n1 * row_bytes, row_bytes, row_bytes, next);

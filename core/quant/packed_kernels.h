@@ -3,6 +3,7 @@
 // blocks the block formats' integer dot products read.
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -69,6 +70,8 @@ using PackedKernel = void (*)(float* y, std::size_t ldy, const ActivationRows& x
 /// The weight rows a product walks at a time (the block formats' in packed_matmuls, BF16's and
 /// F16's in their kernels): they stay in L2 while every row of x passes.
 constexpr std::size_t panel_bytes = 128 << 10;
+/// The weight rows of row_bytes in a panel: at least 16 (one tile of rows at every level).
+constexpr std::size_t panel_rows(std::size_t row_bytes) { return std::max<std::size_t>(16, panel_bytes / row_bytes); }
 
 /// Quantizes one row of x (cols floats) into `blocks` blocks (Note [Packed products]; those past
 /// cols are zeros, a partial last block reads zeros past cols): q (blocks * 32), and per group of

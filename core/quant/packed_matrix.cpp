@@ -258,7 +258,7 @@ void packed_matmuls(std::span<const PackedProduct> products, const float* x, std
       // BF16 and F16 kernels take all of x's rows and all the outputs, and block them themselves
       // (core/kernels/quant_matmul_float.cpp): their panels fetch the next one while in use.
       const bool blocks_itself = w.format().block_elems == 1;
-      const std::size_t panel = blocks_itself ? to - from : std::max<std::size_t>(16, panel_bytes / w.row_bytes());
+      const std::size_t panel = blocks_itself ? to - from : panel_rows(w.row_bytes());
       const std::size_t rows_each = blocks_itself ? M : chunk;
       for (std::size_t n0 = from; n0 < to; n0 += panel)
         for (std::size_t m = 0; m < M; m += rows_each) {
