@@ -43,14 +43,18 @@ template <TensorType type> __m512 weights512(const std::byte* p, std::size_t cou
   else return _mm512_cvtph_ps(h);
 }
 
-// One step of 16 elements from k (the last `rest` of them when fewer) for a tile's accumulators.
+// One step of 16 elements from k (the last `rest` of them when fewer) for a tile's accumulators;
+// every other step (k % 32 == 0: a line of weights a row) asks for the line `ahead` bytes on, into
+// L2 when the weights stream from memory (one row of x), into L1 when a panel already holds them.
 template <TensorType type, int NR, int MR>
 [[gnu::always_inline]] inline void float_step_avx512(__m512 (&acc)[NR][MR], const std::byte* const (&rows)[NR],
                                                      const float* const (&xs)[MR], std::size_t k, std::size_t rest,
-                                                     std::size_t ahead) {
+                                                     std::size_t ahead, bool streaming) {
   __m512 weights[NR];
   for (int r = 0; r < NR; ++r) {
-    _mm_prefetch(reinterpret_cast<const char*>(rows[r] + 2 * k + ahead), _MM_HINT_T0);
+    const char* line = reinterpret_cast<const char*>(rows[r] + 2 * k + ahead);
+    if (k % 32 == 0 && streaming) _mm_prefetch(line, _MM_HINT_T1);
+    if (k % 32 == 0 && !streaming) _mm_prefetch(line, _MM_HINT_T0);
     weights[r] = weights512<type>(rows[r] + 2 * k, rest);
   }
   for (int i = 0; i < MR; ++i) {
@@ -85,12 +89,13 @@ void float_tile(float* y, std::size_t ldy, const ActivationRows& x, std::size_t 
   }
   for (int i = 0; i < MR; ++i) xs[i] = x.x + (m0 + i) * x.cols;
   const std::size_t ahead = prefetch_distance<NR>(2 * x.cols);  // bytes on (quant_matmul_tiles.h)
+  const bool streaming = lines_each == 0;  // no panel to fetch: one row of x, or a call's last panel
   std::size_t k = 0;
   for (; k + 16 <= x.cols; k += 16) {
     next.fetch(lines_each);
-    float_step_avx512<type>(acc, rows, xs, k, 16, ahead);
+    float_step_avx512<type>(acc, rows, xs, k, 16, ahead, streaming);
   }
-  if (k < x.cols) float_step_avx512<type>(acc, rows, xs, k, x.cols - k, ahead);
+  if (k < x.cols) float_step_avx512<type>(acc, rows, xs, k, x.cols - k, ahead, streaming);
   store_tile(y, ldy, m0, n0, acc, accumulate);
 }
 
