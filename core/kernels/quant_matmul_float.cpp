@@ -53,8 +53,7 @@ template <TensorType type, int NR, int MR>
   __m512 weights[NR];
   for (int r = 0; r < NR; ++r) {
     const char* line = reinterpret_cast<const char*>(rows[r] + 2 * k + ahead);
-    if (k % 32 == 0 && streaming) _mm_prefetch(line, _MM_HINT_T1);
-    if (k % 32 == 0 && !streaming) _mm_prefetch(line, _MM_HINT_T0);
+    if (k % 32 == 0) streaming ? _mm_prefetch(line, _MM_HINT_T1) : _mm_prefetch(line, _MM_HINT_T0);
     weights[r] = weights512<type>(rows[r] + 2 * k, rest);
   }
   for (int i = 0; i < MR; ++i) {
