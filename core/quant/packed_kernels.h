@@ -9,6 +9,7 @@
 #include <memory>
 #include <span>
 
+#include "core/aligned.h"
 #include "core/quant/packed_matrix.h"
 
 // Note [Packed products]
@@ -39,8 +40,11 @@
 // activations, and the groups of four are what vpdpbusd gives per 32-bit lane (a sum per block
 // would cost integer shuffles a block to save a conversion and a product per group of lanes, which
 // are one vector operation for sixteen lanes).
-// BF16 and F16: the weights converted to float exactly, lane k % 16 accumulates fma(w[k], x[k],
-// lane), k in order, one rounding per element (std::fma in the portable loops, as above). Then
+// BF16 and F16: the weights converted to float exactly, one lane accumulates fma(w[k], x[k], lane)
+// for each element k in order, one rounding per element (std::fma in the portable loops, as
+// above): F16's lane k % 16, BF16's lane (k % 32) / 2. BF16's neighbours share a lane so that a
+// 32-bit word of two weights widens into one lane of each of two vectors by a shift and a mask,
+// with no shuffle (the kernels read x in that order: ActivationRows::pairs). Then
 // every format sums its lanes t = acc + acc2 in one tree, t[l] += t[l + 8], t[l] += t[l + 4],
 // t[l] += t[l + 2], y = t[0] + t[1], and adds y's old value last when accumulating. A block or
 // element past the row's end is no term at all (adding +0 leaves a lane that started at +0
@@ -61,6 +65,11 @@ struct ActivationRows {
   const std::int32_t* neg_sums = nullptr;  ///< (rows, blocks * 8): -sum of each group's four q
   const float* d = nullptr;               ///< (rows, blocks * 8): the block's d, once per group
   const float* scaled_sums = nullptr;     ///< (rows, blocks * 8): d * float(sum of the group's q)
+  /// For BF16: (rows, pairs_cols) floats, each block of 32 of x's row as its 16 even elements then
+  /// its 16 odd ones (BF16's lanes, Note [Packed products]), zeros past cols; pairs_cols is cols
+  /// rounded up to 32.
+  const float* pairs = nullptr;
+  std::size_t pairs_cols = 0;
 };
 
 /// The kernel of one format: y[m * ldy + n] for every row m of x and n in [first, last).
@@ -93,8 +102,11 @@ struct QuantizedActivations {
   ActivationRows rows;
   std::unique_ptr<std::byte[]> storage;
   std::size_t capacity = 0;
+  AlignedVector<float> pairs;
 };
 void quantize_activations(const float* x, std::size_t rows, std::size_t cols, QuantizedActivations& out);
+/// Fills out.rows.pairs (BF16's order of x) from out.rows.x.
+void pair_activations(QuantizedActivations& out);
 
 /// The table packed_matmul runs: the first of the level in use's packed_tables().
 const PackedKernelTable& active_packed_table();

@@ -179,6 +179,23 @@ void quantize_activations(const float* x, std::size_t rows, std::size_t cols, Qu
   out.rows = {x, rows, cols, blocks, q, neg_sums, d, scaled_sums};
 }
 
+void pair_activations(QuantizedActivations& out) {
+  ActivationRows& rows = out.rows;
+  const std::size_t cols = rows.cols, whole = cols / 32 * 32;
+  rows.pairs_cols = (cols + 31) / 32 * 32;
+  if (out.pairs.size() < rows.rows * rows.pairs_cols) out.pairs.resize(rows.rows * rows.pairs_cols);
+  for (std::size_t m = 0; m < rows.rows; ++m) {
+    const float* x = rows.x + m * cols;
+    float* pairs = out.pairs.data() + m * rows.pairs_cols;
+    for (std::size_t k = 0; k < whole; k += 32)
+      for (std::size_t j = 0; j < 16; ++j) pairs[k + j] = x[k + 2 * j], pairs[k + 16 + j] = x[k + 2 * j + 1];
+    if (whole == cols) continue;
+    std::fill(pairs + whole, pairs + whole + 32, 0.0f);
+    for (std::size_t k = whole; k < cols; ++k) pairs[whole + k % 2 * 16 + (k - whole) / 2] = x[k];
+  }
+  rows.pairs = out.pairs.data();
+}
+
 std::span<const PackedKernelTable> level_packed_tables() {
   switch (simd_level()) {
     case SimdLevel::avx512: return kernels::avx512::packed_tables();
@@ -222,7 +239,7 @@ void packed_matmul(float* y, const float* x, std::size_t M, const PackedMatrix& 
 void packed_matmuls(std::span<const PackedProduct> products, const float* x, std::size_t M, bool accumulate) {
   const PackedKernelTable& table = active_packed_table();
   std::size_t total_rows = 0, total_bytes = 0;
-  bool blocks = false;
+  bool blocks = false, bf16 = false;
   for (const PackedProduct& p : products) {
     kernel_for(table, *p.w);
     if (p.w->cols != products[0].w->cols)
@@ -230,6 +247,7 @@ void packed_matmuls(std::span<const PackedProduct> products, const float* x, std
                                               products[0].w->cols, p.w->cols));
     total_rows += p.w->rows, total_bytes += p.w->rows * p.w->row_bytes();
     blocks = blocks || p.w->format().block_elems > 1;  // blocks of 32, or K-quants' of 256
+    bf16 = bf16 || p.w->type == TensorType::BF16;
   }
   if (M == 0 || total_rows == 0) return;
   const std::size_t cols = products[0].w->cols;
@@ -240,6 +258,7 @@ void packed_matmuls(std::span<const PackedProduct> products, const float* x, std
     activations.rows = {};
     activations.rows.x = x, activations.rows.rows = M, activations.rows.cols = cols;
   }
+  if (bf16) pair_activations(activations);
   const ActivationRows& rows = activations.rows;
   // Outputs first .. last - 1 of the products' rows laid end to end, in panels of weight rows that
   // stay in L2 while x's rows pass a few at a time (those stay in L1): the weights are read from
@@ -265,6 +284,7 @@ void packed_matmuls(std::span<const PackedProduct> products, const float* x, std
           ActivationRows part = rows;
           part.rows = std::min(rows_each, M - m);
           part.x = rows.x + m * rows.cols;
+          if (rows.pairs) part.pairs += m * rows.pairs_cols;
           if (rows.q) {
             part.q += m * rows.blocks * 32;
             part.neg_sums += m * rows.blocks * 8, part.d += m * rows.blocks * 8, part.scaled_sums += m * rows.blocks * 8;

@@ -95,7 +95,8 @@ float reference_output(const quant::PackedMatrix& w, const quant::ActivationRows
     for (std::size_t k = 0; k < w.cols; ++k) {
       float weight = 0;
       quant::block_format(w.type).dequantize(row + 2 * k, &weight, 1);
-      acc[k % 16] = std::fma(weight, x.x[m * x.cols + k], acc[k % 16]);
+      const std::size_t lane = w.type == TensorType::BF16 ? k % 32 / 2 : k % 16;
+      acc[lane] = std::fma(weight, x.x[m * x.cols + k], acc[lane]);
     }
     return tree_sum(acc);
   }
@@ -188,8 +189,8 @@ TEST_CASE("every packed kernel table of this level gives Note [Packed products]'
           const std::vector<float> x = test::random_vector(M * cols, 100 + M, 3.0);
           quant::QuantizedActivations qx;
           quant::quantize_activations(x.data(), M, cols, qx);
-          quant::ActivationRows xr = qx.rows;
-          xr.x = x.data();
+          quant::pair_activations(qx);
+          const quant::ActivationRows& xr = qx.rows;
           std::vector<float> y(M * rows);
           kernel_of(table, type)(y.data(), rows, xr, w, 0, rows, false);
           for (std::size_t m = 0; m < M; ++m)
