@@ -57,7 +57,7 @@ void block_rows_portable(float* y, std::size_t ldy, const ActivationRows& x, con
       const std::int32_t* neg_sums = x.neg_sums + m * x.blocks * 8;
       const float* d = x.d + m * x.blocks * 8;
       const float* scaled_sums = x.scaled_sums + m * x.blocks * 8;
-      float acc[16] = {}, acc2[16] = {};
+      float acc[16] = {};
       for (std::size_t b = 0; b < blocks; ++b) {
         const std::byte* block = row + b * B::bytes;
         std::uint8_t u[32];
@@ -68,19 +68,15 @@ void block_rows_portable(float* y, std::size_t ldy, const ActivationRows& x, con
         for (int j = 0; j < 32 && !B::nibbles; ++j) u[j] = std::uint8_t(unsigned(block[B::codes + j]) ^ 0x80);
         for (int j = 0; j < 32 && B::fifth_bits; ++j) u[j] |= std::uint8_t(((load_u32(block + 2) >> j) & 1) << 4);
         const float scale = half_to_float(load_u16(block)) * d[8 * b];
+        const float min = B::has_min ? half_to_float(load_u16(block + 2)) : 0;
         for (std::size_t g = 0; g < 8; ++g) {
           std::int32_t sum = B::offset * neg_sums[8 * b + g];
           for (std::size_t j = 4 * g; j < 4 * g + 4; ++j) sum += std::int32_t(u[j]) * q[32 * b + j];
-          acc[(b % 2) * 8 + g] = std::fma(float(sum), scale, acc[(b % 2) * 8 + g]);
-        }
-        if constexpr (B::has_min) {
-          const float min = half_to_float(load_u16(block + 2));
-          for (std::size_t g = 0; g < 8; ++g)
-            acc2[(b % 2) * 8 + g] = std::fma(min, scaled_sums[8 * b + g], acc2[(b % 2) * 8 + g]);
+          float& lane = acc[(b % 2) * 8 + g];
+          lane = std::fma(float(sum), scale, lane);
+          if constexpr (B::has_min) lane = std::fma(min, scaled_sums[8 * b + g], lane);
         }
       }
-      if constexpr (B::has_min)
-        for (int l = 0; l < 16; ++l) acc[l] += acc2[l];
       store_sum(y + m * ldy + n, acc, accumulate);
     }
   }
@@ -135,7 +131,7 @@ template <TensorType type, bool vnni>
 template <TensorType type, bool vnni, int NR, int MR, int parity>
 [[gnu::target("avxvnni,f16c")]] inline void block_step256(const std::byte* rows[NR], const ActivationRows& x,
                                                           std::size_t m0, std::size_t b, std::size_t ahead,
-                                                          __m256 (&acc)[NR][MR][2], __m256 (&acc2)[NR][MR][2]) {
+                                                          __m256 (&acc)[NR][MR][2]) {
   using B = Blocks<type>;
   __m256i codes[NR];
   __m256 d[NR], min[NR];
@@ -154,7 +150,7 @@ template <TensorType type, bool vnni, int NR, int MR, int parity>
       const __m256 sums = _mm256_cvtepi32_ps(group_sums256<type, vnni>(codes[r], xq, x.neg_sums + 8 * at));
       acc[r][i][parity] = _mm256_fmadd_ps(sums, _mm256_mul_ps(d[r], dx), acc[r][i][parity]);
       if constexpr (B::has_min)
-        acc2[r][i][parity] = _mm256_fmadd_ps(min[r], _mm256_loadu_ps(x.scaled_sums + 8 * at), acc2[r][i][parity]);
+        acc[r][i][parity] = _mm256_fmadd_ps(min[r], _mm256_loadu_ps(x.scaled_sums + 8 * at), acc[r][i][parity]);
     }
   }
 }
@@ -166,17 +162,17 @@ template <TensorType type, bool vnni, int NR, int MR>
                                                      std::size_t n0, bool accumulate) {
   const std::byte* rows[NR];
   for (int r = 0; r < NR; ++r) rows[r] = row + r * stride;
-  __m256 acc[NR][MR][2], acc2[NR][MR][2];
+  __m256 acc[NR][MR][2];
   for (int r = 0; r < NR; ++r)
-    for (int i = 0; i < MR; ++i) acc[r][i][0] = acc[r][i][1] = acc2[r][i][0] = acc2[r][i][1] = _mm256_setzero_ps();
+    for (int i = 0; i < MR; ++i) acc[r][i][0] = acc[r][i][1] = _mm256_setzero_ps();
   const std::size_t ahead = prefetch_distance<NR>(stride);
   std::size_t b = 0;
   for (; b + 1 < blocks; b += 2) {
-    block_step256<type, vnni, NR, MR, 0>(rows, x, m0, b, ahead, acc, acc2);
-    block_step256<type, vnni, NR, MR, 1>(rows, x, m0, b + 1, ahead, acc, acc2);
+    block_step256<type, vnni, NR, MR, 0>(rows, x, m0, b, ahead, acc);
+    block_step256<type, vnni, NR, MR, 1>(rows, x, m0, b + 1, ahead, acc);
   }
-  if (b < blocks) block_step256<type, vnni, NR, MR, 0>(rows, x, m0, b, ahead, acc, acc2);
-  store_tile256<Blocks<type>::has_min>(y, ldy, m0, n0, acc, acc2, accumulate);
+  if (b < blocks) block_step256<type, vnni, NR, MR, 0>(rows, x, m0, b, ahead, acc);
+  store_tile256(y, ldy, m0, n0, acc, accumulate);
 }
 
 template <TensorType type, bool vnni>
@@ -186,7 +182,7 @@ void block_rows_avx2(float* y, std::size_t ldy, const ActivationRows& x, const P
   auto tile = [&]<int NR, int MR>(std::size_t m0, std::size_t n) {
     block_tile_avx2<type, vnni, NR, MR>(y, ldy, x, m0, w.bytes.data() + n * stride, stride, blocks, n, accumulate);
   };
-  run_integer_tiles_avx2<Blocks<type>::has_min>(tile, x.rows, first, last);
+  run_integer_tiles_avx2(tile, x.rows, first, last);
 }
 
 #endif
@@ -249,7 +245,7 @@ template <TensorType type, bool pair> void scales512(const std::byte* a, __m512&
 template <TensorType type, bool gfni, int NR, int MR, bool pair>
 [[gnu::target("avx512vnni,gfni")]] inline void tile_step(const std::byte* rows[NR], const ActivationRows& x,
                                                          std::size_t m0, std::size_t b, std::size_t ahead,
-                                                         __m512 (&acc)[NR][MR], __m512 (&acc2)[NR][MR]) {
+                                                         __m512 (&acc)[NR][MR]) {
   using B = Blocks<type>;
   __m512i codes[NR];
   __m512 d[NR], min[NR];
@@ -268,7 +264,7 @@ template <TensorType type, bool gfni, int NR, int MR, bool pair>
       const __m512 sums = _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(bias, codes[r], xq));
       acc[r][i] = _mm512_fmadd_ps(sums, _mm512_mul_ps(d[r], dx), acc[r][i]);
       if constexpr (B::has_min)
-        acc2[r][i] = _mm512_fmadd_ps(min[r], _mm512_loadu_ps(x.scaled_sums + 8 * at), acc2[r][i]);
+        acc[r][i] = _mm512_fmadd_ps(min[r], _mm512_loadu_ps(x.scaled_sums + 8 * at), acc[r][i]);
     }
   }
 }
@@ -280,18 +276,14 @@ template <TensorType type, bool gfni, int NR, int MR>
                                                         std::size_t blocks, std::size_t n0, bool accumulate) {
   const std::byte* rows[NR];
   for (int r = 0; r < NR; ++r) rows[r] = row + r * stride;
-  __m512 acc[NR][MR], acc2[NR][MR];
+  __m512 acc[NR][MR];
   for (int r = 0; r < NR; ++r)
-    for (int i = 0; i < MR; ++i) acc[r][i] = acc2[r][i] = _mm512_setzero_ps();
+    for (int i = 0; i < MR; ++i) acc[r][i] = _mm512_setzero_ps();
   const std::size_t ahead = prefetch_distance<NR>(stride);  // bytes on (quant_matmul_tiles.h)
   std::size_t b = 0;
-  for (; b + 1 < blocks; b += 2) tile_step<type, gfni, NR, MR, true>(rows, x, m0, b, ahead, acc, acc2);
-  if (b < blocks) tile_step<type, gfni, NR, MR, false>(rows, x, m0, b, ahead, acc, acc2);
-  for (int r = 0; r < NR; ++r)
-    for (int i = 0; i < MR; ++i) {
-      const __m512 t = Blocks<type>::has_min ? _mm512_add_ps(acc[r][i], acc2[r][i]) : acc[r][i];
-      store_sum256(y + (m0 + i) * ldy + n0 + r, _mm512_castps512_ps256(t), _mm512_extractf32x8_ps(t, 1), accumulate);
-    }
+  for (; b + 1 < blocks; b += 2) tile_step<type, gfni, NR, MR, true>(rows, x, m0, b, ahead, acc);
+  if (b < blocks) tile_step<type, gfni, NR, MR, false>(rows, x, m0, b, ahead, acc);
+  store_tile512(y, ldy, m0, n0, acc, accumulate);
 }
 
 // The functions that take gfni as a parameter are compiled for GFNI in both versions: the one
@@ -303,7 +295,7 @@ void block_rows_vnni(float* y, std::size_t ldy, const ActivationRows& x, const P
   auto tile = [&]<int NR, int MR>(std::size_t m0, std::size_t n) {
     block_tile_vnni<type, gfni, NR, MR>(y, ldy, x, m0, w.bytes.data() + n * stride, stride, blocks, n, accumulate);
   };
-  run_integer_tiles_avx512<Blocks<type>::has_min>(tile, x.rows, first, last);
+  run_integer_tiles_avx512(tile, x.rows, first, last);
 }
 
 #endif

@@ -125,16 +125,6 @@ template <TensorType type, int NR, int MR>
   }
 }
 
-// A tile's outputs y(m0 + i, n0 + r), each the tree sum of acc[r][i]'s lanes (store_sum256).
-template <int NR, int MR>
-[[gnu::always_inline]] inline void store_tile(float* y, std::size_t ldy, std::size_t m0, std::size_t n0,
-                                              const __m512 (&acc)[NR][MR], bool accumulate) {
-  for (int r = 0; r < NR; ++r)
-    for (int i = 0; i < MR; ++i)
-      store_sum256(y + (m0 + i) * ldy + n0 + r, _mm512_castps512_ps256(acc[r][i]),
-                   _mm512_extractf32x8_ps(acc[r][i], 1), accumulate);
-}
-
 // Outputs (m0 .. m0 + MR - 1, n0 .. n0 + NR - 1) of BF16 or F16 weights: each weight vector
 // widened once for the MR rows, each x vector loaded once for the NR rows, and `next` asked for
 // lines_each lines a step (float_rows). The whole steps apart from the last partial one, so that
@@ -158,7 +148,7 @@ void float_tile(float* y, std::size_t ldy, const ActivationRows& x, std::size_t 
     float_step_avx512<type>(acc, rows, xs, k, 32, ahead, streaming);
   }
   if (k < x.cols) float_step_avx512<type>(acc, rows, xs, k, x.cols - k, ahead, streaming);
-  store_tile(y, ldy, m0, n0, acc, accumulate);
+  store_tile512(y, ldy, m0, n0, acc, accumulate);
 }
 
 // One row of x: two weight rows share its loads. Up to a decoding batch's rows (16), 4 weight rows
@@ -201,7 +191,7 @@ void widened_tile(float* y, std::size_t ldy, const ActivationRows& x, std::size_
     widened_step(acc, w, stride, xs, k, lanes.first);
     if (lanes.second > 0) widened_step(acc, w, stride, xs, k + 16, lanes.second);
   }
-  store_tile(y, ldy, m0, n0, acc, accumulate);
+  store_tile512(y, ldy, m0, n0, acc, accumulate);
 }
 
 // Many rows of x: the weights widened once a call into float panels (in L2), then 4 x 6 tiles of

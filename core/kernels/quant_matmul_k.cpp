@@ -79,7 +79,7 @@ void k_rows_portable(float* y, std::size_t ldy, const ActivationRows& x, const P
   using S = SuperBlocks<type>;
   for (std::size_t n = first; n < last; ++n)
     for (std::size_t m = 0; m < x.rows; ++m) {
-      float acc[16] = {}, acc2[16] = {};
+      float acc[16] = {};
       for (std::size_t s = 0; s < w.cols / 256; ++s) {
         const std::byte* block = w.row(n) + s * S::bytes;
         const std::array<float, 16> scales = super_scales<type>(block);
@@ -91,14 +91,12 @@ void k_rows_portable(float* y, std::size_t ldy, const ActivationRows& x, const P
             std::int32_t sum = S::offset * x.neg_sums[8 * at + g];
             for (std::size_t j = 4 * g; j < 4 * g + 4; ++j) sum += std::int32_t(u[j]) * x.q[32 * at + j];
             const float d_w = type == TensorType::Q4_K ? scales[i] : scales[2 * i + g / 4];
-            acc[(b % 2) * 8 + g] = std::fma(float(sum), d_w * x.d[8 * at + g], acc[(b % 2) * 8 + g]);
-            if constexpr (S::has_min)
-              acc2[(b % 2) * 8 + g] = std::fma(scales[8 + i], x.scaled_sums[8 * at + g], acc2[(b % 2) * 8 + g]);
+            float& lane = acc[(b % 2) * 8 + g];
+            lane = std::fma(float(sum), d_w * x.d[8 * at + g], lane);
+            if constexpr (S::has_min) lane = std::fma(scales[8 + i], x.scaled_sums[8 * at + g], lane);
           }
         }
       }
-      if constexpr (S::has_min)
-        for (int l = 0; l < 16; ++l) acc[l] += acc2[l];
       store_sum(y + m * ldy + n, acc, accumulate);
     }
 }
@@ -159,9 +157,9 @@ template <TensorType type, bool vnni, int NR, int MR>
                                             const std::byte* row, std::size_t stride, std::size_t supers,
                                             std::size_t n0, bool accumulate) {
   using S = SuperBlocks<type>;
-  __m256 acc[NR][MR][2], acc2[NR][MR][2];
+  __m256 acc[NR][MR][2];
   for (int r = 0; r < NR; ++r)
-    for (int i = 0; i < MR; ++i) acc[r][i][0] = acc[r][i][1] = acc2[r][i][0] = acc2[r][i][1] = _mm256_setzero_ps();
+    for (int i = 0; i < MR; ++i) acc[r][i][0] = acc[r][i][1] = _mm256_setzero_ps();
   for (std::size_t s = 0; s < supers; ++s) {
     const std::byte* blocks[NR];
     __m256 scales_lo[NR], scales_hi[NR];
@@ -196,12 +194,12 @@ template <TensorType type, bool vnni, int NR, int MR>
           const __m256 sums = _mm256_cvtepi32_ps(group_sums256<type, vnni>(codes[r], xq, x.neg_sums + 8 * at));
           acc[r][i][parity] = _mm256_fmadd_ps(sums, _mm256_mul_ps(d_w[r], dx), acc[r][i][parity]);
           if constexpr (S::has_min)
-            acc2[r][i][parity] = _mm256_fmadd_ps(min[r], _mm256_loadu_ps(x.scaled_sums + 8 * at), acc2[r][i][parity]);
+            acc[r][i][parity] = _mm256_fmadd_ps(min[r], _mm256_loadu_ps(x.scaled_sums + 8 * at), acc[r][i][parity]);
         }
       }
     }
   }
-  store_tile256<S::has_min>(y, ldy, m0, n0, acc, acc2, accumulate);
+  store_tile256(y, ldy, m0, n0, acc, accumulate);
 }
 
 template <TensorType type, bool vnni>
@@ -211,7 +209,7 @@ void k_rows_avx2(float* y, std::size_t ldy, const ActivationRows& x, const Packe
   auto tile = [&]<int NR, int MR>(std::size_t m0, std::size_t n) {
     k_tile_avx2<type, vnni, NR, MR>(y, ldy, x, m0, w.bytes.data() + n * stride, stride, supers, n, accumulate);
   };
-  run_integer_tiles_avx2<SuperBlocks<type>::has_min>(tile, x.rows, first, last);
+  run_integer_tiles_avx2(tile, x.rows, first, last);
 }
 
 #endif
@@ -266,7 +264,7 @@ template <TensorType type> inline __m512 super_scales512(const std::byte* block)
 template <TensorType type, int NR, int MR>
 [[gnu::target("avx512vnni")]] inline void k_step(const std::byte* blocks[NR], const __m512 (&scales)[NR],
                                                  const ActivationRows& x, std::size_t m0, std::size_t b, int p,
-                                                 __m512 (&acc)[NR][MR], __m512 (&acc2)[NR][MR]) {
+                                                 __m512 (&acc)[NR][MR]) {
   using S = SuperBlocks<type>;
   // lanes 0-7 sub-block 2p's, 8-15 2p + 1's: Q4_K's one scale each, Q6_K's two each (groups 0-3
   // and 4-7); Q4_K's minimums at 8 + 2p and 9 + 2p
@@ -292,7 +290,7 @@ template <TensorType type, int NR, int MR>
       const __m512 sums = _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(bias, codes[r], xq));
       acc[r][i] = _mm512_fmadd_ps(sums, _mm512_mul_ps(d_w[r], dx), acc[r][i]);
       if constexpr (S::has_min)
-        acc2[r][i] = _mm512_fmadd_ps(min[r], _mm512_loadu_ps(x.scaled_sums + 8 * at), acc2[r][i]);
+        acc[r][i] = _mm512_fmadd_ps(min[r], _mm512_loadu_ps(x.scaled_sums + 8 * at), acc[r][i]);
     }
   }
 }
@@ -302,9 +300,9 @@ template <TensorType type, int NR, int MR>
                                                const std::byte* row, std::size_t stride, std::size_t supers,
                                                std::size_t n0, bool accumulate) {
   using S = SuperBlocks<type>;
-  __m512 acc[NR][MR], acc2[NR][MR];
+  __m512 acc[NR][MR];
   for (int r = 0; r < NR; ++r)
-    for (int i = 0; i < MR; ++i) acc[r][i] = acc2[r][i] = _mm512_setzero_ps();
+    for (int i = 0; i < MR; ++i) acc[r][i] = _mm512_setzero_ps();
   for (std::size_t s = 0; s < supers; ++s) {
     const std::byte* blocks[NR];
     __m512 scales[NR];
@@ -314,13 +312,9 @@ template <TensorType type, int NR, int MR>
         _mm_prefetch(reinterpret_cast<const char*>(blocks[r] + 2 * S::bytes + line), _MM_HINT_T0);
       scales[r] = super_scales512<type>(blocks[r]);
     }
-    for (int p = 0; p < 4; ++p) k_step<type, NR, MR>(blocks, scales, x, m0, 8 * s + 2 * p, p, acc, acc2);
+    for (int p = 0; p < 4; ++p) k_step<type, NR, MR>(blocks, scales, x, m0, 8 * s + 2 * p, p, acc);
   }
-  for (int r = 0; r < NR; ++r)
-    for (int i = 0; i < MR; ++i) {
-      const __m512 t = S::has_min ? _mm512_add_ps(acc[r][i], acc2[r][i]) : acc[r][i];
-      store_sum256(y + (m0 + i) * ldy + n0 + r, _mm512_castps512_ps256(t), _mm512_extractf32x8_ps(t, 1), accumulate);
-    }
+  store_tile512(y, ldy, m0, n0, acc, accumulate);
 }
 
 template <TensorType type>
@@ -330,7 +324,7 @@ void k_rows_vnni(float* y, std::size_t ldy, const ActivationRows& x, const Packe
   auto tile = [&]<int NR, int MR>(std::size_t m0, std::size_t n) {
     k_tile_vnni<type, NR, MR>(y, ldy, x, m0, w.bytes.data() + n * stride, stride, supers, n, accumulate);
   };
-  run_integer_tiles_avx512<SuperBlocks<type>::has_min>(tile, x.rows, first, last);
+  run_integer_tiles_avx512(tile, x.rows, first, last);
 }
 
 #endif

@@ -72,31 +72,40 @@ void run_tiles(const Tile& tile, std::size_t rows, std::size_t m0, std::size_t f
 }
 
 // The integer kernels' tiles (block formats and K-quants alike), given tile.operator()<NR, MR>(m0, n):
-// AVX2's 16 registers hold 2 x 2 tiles, 2 x 1 with a minimum (four accumulators an output); one row
-// of x runs 2 x 1 everywhere (two weight rows share its loads; four ran up to 18% slower with the
-// weights streaming from L3, docs/quantization.md); AVX-512's 32 registers 4 x 4, 2 x 4 with a minimum.
-template <bool has_min, class Tile>
+// one row of x runs 2 x 1 everywhere (two weight rows share its loads; four ran up to 18% slower
+// with the weights streaming from L3, docs/quantization.md); more rows 2 x 2 in AVX2's 16 registers
+// and 2 x 8 in AVX-512's 32 (16 accumulators: each pair of blocks decoded once for 8 rows of x;
+// 4 x 4 and, with two accumulators an output for a minimum, 2 x 4 were up to 1.25x slower).
+template <class Tile>
 void run_integer_tiles_avx2(const Tile& tile, std::size_t rows, std::size_t first, std::size_t last) {
-  if (has_min || rows == 1) return run_tiles<2, 1>(tile, rows, 0, first, last);
+  if (rows == 1) return run_tiles<2, 1>(tile, rows, 0, first, last);
   run_tiles<2, 2>(tile, rows, 0, first, last);
 }
-template <bool has_min, class Tile>
+template <class Tile>
 void run_integer_tiles_avx512(const Tile& tile, std::size_t rows, std::size_t first, std::size_t last) {
   if (rows == 1) return run_tiles<2, 1>(tile, rows, 0, first, last);
-  run_tiles<has_min ? 2 : 4, 4>(tile, rows, 0, first, last);
+  run_tiles<2, 8>(tile, rows, 0, first, last);
 }
 
 #if defined(__AVX2__) && !defined(TAPEGRAD_EMULATED_BATCH)
-// Stores an AVX2 integer tile's outputs: acc + acc2 (the minimum's lanes) summed as store_sum256.
-template <bool has_min, int NR, int MR>
-inline void store_tile256(float* y, std::size_t ldy, std::size_t m0, std::size_t n0, __m256 (&acc)[NR][MR][2],
-                          const __m256 (&acc2)[NR][MR][2], bool accumulate) {
+// Stores an AVX2 integer tile's outputs, each the tree sum of its lanes (store_sum256).
+template <int NR, int MR>
+inline void store_tile256(float* y, std::size_t ldy, std::size_t m0, std::size_t n0, const __m256 (&acc)[NR][MR][2],
+                          bool accumulate) {
   for (int r = 0; r < NR; ++r)
-    for (int i = 0; i < MR; ++i) {
-      if constexpr (has_min)
-        for (int h = 0; h < 2; ++h) acc[r][i][h] = _mm256_add_ps(acc[r][i][h], acc2[r][i][h]);
-      store_sum256(y + (m0 + i) * ldy + n0 + r, acc[r][i][0], acc[r][i][1], accumulate);
-    }
+    for (int i = 0; i < MR; ++i) store_sum256(y + (m0 + i) * ldy + n0 + r, acc[r][i][0], acc[r][i][1], accumulate);
+}
+#endif
+
+#if defined(__AVX512F__)
+// Stores an AVX-512 tile's outputs y(m0 + i, n0 + r), each the tree sum of acc[r][i]'s lanes.
+template <int NR, int MR>
+[[gnu::always_inline]] inline void store_tile512(float* y, std::size_t ldy, std::size_t m0, std::size_t n0,
+                                                 const __m512 (&acc)[NR][MR], bool accumulate) {
+  for (int r = 0; r < NR; ++r)
+    for (int i = 0; i < MR; ++i)
+      store_sum256(y + (m0 + i) * ldy + n0 + r, _mm512_castps512_ps256(acc[r][i]),
+                   _mm512_extractf32x8_ps(acc[r][i], 1), accumulate);
 }
 #endif
 

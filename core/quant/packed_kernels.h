@@ -23,8 +23,8 @@
 // offset (Q4_0 8, Q5_0 16, Q8_0 128, Q4_1 0). For block b and group g of four elements,
 //   L[b][g] = sum_{4} u * q - offset * sum_{4} q      (int32, exact: q_w . q on the group)
 // and 16 float lanes, lane (b % 2) * 8 + g, accumulate in block order, starting at +0:
-//   acc  = fma(float(L[b][g]), d_w[b][g] * d_x[b], acc)  (d_w the block's d, one for eight groups)
-//   acc2 = fma(m_w[b], d_x[b] * float(sum_{4} q), acc2)   (Q4_1's minimum; acc2 = 0 otherwise)
+//   acc = fma(float(L[b][g]), d_w[b][g] * d_x[b], acc)  (d_w the block's d, one for eight groups)
+//   acc = fma(m_w[b], d_x[b] * float(sum_{4} q), acc)    (then Q4_1's minimum, in the same lane)
 // the scales' product rounded, then one fused multiply-add (the portable loops call std::fma,
 // correctly rounded on a CPU without FMA, so every level computes the same; fused, a group's float
 // work is a conversion, a product and an FMA, and prefill and batched decoding are bound by it).
@@ -45,7 +45,7 @@
 // above): F16's lane k % 16, BF16's lane (k % 32) / 2. BF16's neighbours share a lane so that a
 // 32-bit word of two weights widens into one lane of each of two vectors by a shift and a mask,
 // with no shuffle (the kernels read x in that order: ActivationRows::pairs). Then
-// every format sums its lanes t = acc + acc2 in one tree, t[l] += t[l + 8], t[l] += t[l + 4],
+// every format sums its lanes t = acc in one tree, t[l] += t[l + 8], t[l] += t[l + 4],
 // t[l] += t[l + 2], y = t[0] + t[1], and adds y's old value last when accumulating. A block or
 // element past the row's end is no term at all (adding +0 leaves a lane that started at +0
 // unchanged), so padding never changes a bit.

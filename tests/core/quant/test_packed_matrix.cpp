@@ -90,7 +90,7 @@ BlockTerms block_terms(const quant::PackedMatrix& w, const std::byte* row, std::
 // Note [Packed products] for output (m, n), from the block bytes and the quantized x.
 float reference_output(const quant::PackedMatrix& w, const quant::ActivationRows& x, std::size_t m, std::size_t n) {
   const std::byte* row = w.row(n);
-  float acc[16] = {}, acc2[16] = {};
+  float acc[16] = {};
   if (w.type == TensorType::BF16 || w.type == TensorType::F16) {
     for (std::size_t k = 0; k < w.cols; ++k) {
       float weight = 0;
@@ -112,13 +112,11 @@ float reference_output(const quant::PackedMatrix& w, const quant::ActivationRows
     for (int g = 0; g < 8; ++g) {
       int sum = 0, q_sum = 0;
       for (int j = 4 * g; j < 4 * g + 4; ++j) sum += (terms.code[j] - offset) * q[j], q_sum += q[j];
-      acc[(b % 2) * 8 + g] = std::fma(float(sum), terms.d_w[g] * dx, acc[(b % 2) * 8 + g]);
-      if (w.type == TensorType::Q4_1 || w.type == TensorType::Q4_K) {
-        acc2[(b % 2) * 8 + g] = std::fma(terms.m_w, dx * float(q_sum), acc2[(b % 2) * 8 + g]);
-      }
+      float& lane = acc[(b % 2) * 8 + g];
+      lane = std::fma(float(sum), terms.d_w[g] * dx, lane);
+      if (w.type == TensorType::Q4_1 || w.type == TensorType::Q4_K) lane = std::fma(terms.m_w, dx * float(q_sum), lane);
     }
   }
-  for (int l = 0; l < 16; ++l) acc[l] = acc[l] + acc2[l];
   return tree_sum(acc);
 }
 
