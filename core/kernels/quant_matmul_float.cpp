@@ -65,10 +65,12 @@ template <TensorType type> StepLanes step_lanes(std::size_t rest) {
 
 #if defined(__AVX512F__)
 
-// A step's weights from p as floats, exactly (zeros past rest): F16's first or second terms (half
-// 0 or 1); BF16's words, whose low halves (shifted up) are the first terms, high halves the second.
+// A step's weights from p as floats, exactly, zeros past rest: F16's halves (half 0 the first
+// terms, 1 the second); BF16's 32-bit words, whose low halves shifted up are the first terms and
+// whose high halves the second.
 template <int half> __m512 halves512(const std::byte* p, std::size_t rest) {
-  const std::size_t count = half == 0 ? std::min<std::size_t>(rest, 16) : rest > 16 ? rest - 16 : 0;
+  const StepLanes lanes = step_lanes<TensorType::F16>(rest);
+  const std::size_t count = half == 0 ? lanes.first : lanes.second;
   const std::byte* q = p + 32 * half;
   return _mm512_cvtph_ps(count >= 16 ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q))
                                      : _mm256_maskz_loadu_epi16(detail::lanes_below(count), q));
@@ -77,7 +79,9 @@ inline __m512i words512(const std::byte* p, std::size_t rest) {
   return rest >= 32 ? _mm512_loadu_si512(p) : _mm512_maskz_loadu_epi16(__mmask32((1u << rest) - 1), p);
 }
 inline __m512 low_halves(__m512i words) { return _mm512_castsi512_ps(_mm512_slli_epi32(words, 16)); }
-inline __m512 high_halves(__m512i words) { return _mm512_castsi512_ps(_mm512_and_si512(words, _mm512_set1_epi32(-65536))); }
+inline __m512 high_halves(__m512i words) {
+  return _mm512_castsi512_ps(_mm512_and_si512(words, _mm512_set1_epi32(-65536)));
+}
 
 inline __m512 load_lanes(const float* x, std::size_t lanes) {
   return lanes >= 16 ? _mm512_loadu_ps(x) : _mm512_maskz_loadu_ps(detail::lanes_below(lanes), x);
@@ -195,8 +199,8 @@ void widened_tile(float* y, std::size_t ldy, const ActivationRows& x, std::size_
 }
 
 // Many rows of x: the weights widened once a call into float panels (in L2), then 4 x 6 tiles of
-// floats, with no conversion in the loop and x held in registers (the 3 x 8 tile loads each x
-// vector three times). SmolLM2's BF16 prompts of 128 and 512 tokens prefilled 1.2x faster (one
+// floats, with no conversion in the loop and x held in registers (the batched tiles load each x
+// vector once a weight row). SmolLM2's BF16 prompts of 128 and 512 tokens prefilled 1.2x faster (one
 // thread, AVX-512); at 4 and 16 rows, with the weights coming from memory, the separate widening
 // pass was slower (S = 4 and 16 decoding 0.7x and 0.95x). The same bits either way (Note [Packed
 // products]).
@@ -311,7 +315,8 @@ template <TensorType type, int NR, int MR>
   if (k < x.cols) {
     alignas(32) std::byte tail[NR][64] = {};
     const std::byte* at[NR];
-    for (int r = 0; r < NR; ++r) at[r] = static_cast<const std::byte*>(std::memcpy(tail[r], rows[r] + 2 * k, 2 * (x.cols - k)));
+    for (int r = 0; r < NR; ++r)
+      at[r] = static_cast<const std::byte*>(std::memcpy(tail[r], rows[r] + 2 * k, 2 * (x.cols - k)));
     float_step_avx2<type>(lo, hi, at, xs, k, step_lanes<type>(x.cols - k));
   }
   for (int r = 0; r < NR; ++r)
