@@ -51,6 +51,11 @@ template <TensorType type> const float* lane_x(const ActivationRows& x, std::siz
   return type == TensorType::BF16 ? x.pairs + m * x.pairs_cols : x.x + m * x.cols;
 }
 
+// x[0:lanes] in the first lanes of a vector, zeros in the rest (x[lanes:] never read).
+inline Batch<float> load_lanes(const float* x, std::size_t lanes) {
+  return lanes >= Batch<float>::size ? Batch<float>::load_unaligned(x) : detail::load_partial<Batch<float>>(x, lanes);
+}
+
 // How many lanes have a first and a second term when `rest` elements are left.
 struct StepLanes {
   std::size_t first, second;
@@ -81,10 +86,6 @@ inline __m512i words512(const std::byte* p, std::size_t rest) {
 inline __m512 low_halves(__m512i words) { return _mm512_castsi512_ps(_mm512_slli_epi32(words, 16)); }
 inline __m512 high_halves(__m512i words) {
   return _mm512_castsi512_ps(_mm512_and_si512(words, _mm512_set1_epi32(-65536)));
-}
-
-inline __m512 load_lanes(const float* x, std::size_t lanes) {
-  return lanes >= 16 ? _mm512_loadu_ps(x) : _mm512_maskz_loadu_ps(detail::lanes_below(lanes), x);
 }
 
 // acc + w x in the first `lanes` lanes; the others keep acc (no term: Note [Packed products]).
@@ -255,14 +256,11 @@ inline __m256 fma_lanes(__m256 w, __m256 x, __m256 acc, std::size_t lanes) {
   return _mm256_blendv_ps(acc, _mm256_fmadd_ps(w, x, acc), _mm256_castsi256_ps(detail::lanes_below<float>(lanes)));
 }
 
-inline __m256 load_lanes(const float* x, std::size_t lanes) {
-  return lanes >= 8 ? _mm256_loadu_ps(x) : _mm256_maskload_ps(x, detail::lanes_below<float>(lanes));
-}
 
-// One quarter's terms (weights256) from the weights at at[r] into acc (lo or hi), in the first
-// `lanes` lanes.
+// One quarter's terms (weights256) from the weights at at[r] into acc's lanes 0-7 (quarters 0 and
+// 2) or 8-15 (1 and 3), in the first `lanes` of them.
 template <TensorType type, int quarter, int NR, int MR>
-[[gnu::always_inline, gnu::target("f16c")]] inline void float_terms(__m256 (&acc)[NR][MR],
+[[gnu::always_inline, gnu::target("f16c")]] inline void float_terms(__m256 (&acc)[NR][MR][2],
                                                                     const std::byte* const (&at)[NR],
                                                                     const float* const (&xs)[MR], std::size_t k,
                                                                     std::size_t lanes) {
@@ -271,23 +269,22 @@ template <TensorType type, int quarter, int NR, int MR>
   for (int r = 0; r < NR; ++r) weights[r] = weights256<type, quarter>(at[r]);
   for (int i = 0; i < MR; ++i) {
     const __m256 xv = load_lanes(xs[i] + k + 8 * (quarter % 2) + 16 * (quarter / 2), lanes);
-    for (int r = 0; r < NR; ++r) acc[r][i] = fma_lanes(weights[r], xv, acc[r][i], lanes);
+    for (int r = 0; r < NR; ++r) acc[r][i][quarter % 2] = fma_lanes(weights[r], xv, acc[r][i][quarter % 2], lanes);
   }
 }
 
-// One step of 32 elements from k, the weights at at[r], `lanes` of each half present: lanes 0-7
-// in lo, 8-15 in hi.
+// One step of 32 elements from k, the weights at at[r], `lanes` of each half present.
 template <TensorType type, int NR, int MR>
-[[gnu::always_inline, gnu::target("f16c")]] inline void float_step_avx2(__m256 (&lo)[NR][MR], __m256 (&hi)[NR][MR],
+[[gnu::always_inline, gnu::target("f16c")]] inline void float_step_avx2(__m256 (&acc)[NR][MR][2],
                                                                         const std::byte* const (&at)[NR],
                                                                         const float* const (&xs)[MR], std::size_t k,
                                                                         StepLanes lanes) {
   auto low = [](std::size_t n) { return std::min<std::size_t>(n, 8); };
   auto high = [](std::size_t n) { return n > 8 ? n - 8 : 0; };
-  float_terms<type, 0>(lo, at, xs, k, low(lanes.first));
-  float_terms<type, 1>(hi, at, xs, k, high(lanes.first));
-  float_terms<type, 2>(lo, at, xs, k, low(lanes.second));
-  float_terms<type, 3>(hi, at, xs, k, high(lanes.second));
+  float_terms<type, 0>(acc, at, xs, k, low(lanes.first));
+  float_terms<type, 1>(acc, at, xs, k, high(lanes.first));
+  float_terms<type, 2>(acc, at, xs, k, low(lanes.second));
+  float_terms<type, 3>(acc, at, xs, k, high(lanes.second));
 }
 
 // Outputs (m0 .. m0 + MR - 1, n0 .. n0 + NR - 1) of BF16 or F16 weights: each weight vector
@@ -299,10 +296,10 @@ template <TensorType type, int NR, int MR>
                                         detail::LineStream& next, std::size_t lines_each) {
   const std::byte* rows[NR];
   const float* xs[MR];
-  __m256 lo[NR][MR], hi[NR][MR];
+  __m256 acc[NR][MR][2];
   for (int r = 0; r < NR; ++r) {
     rows[r] = row + r * 2 * x.cols;
-    for (int i = 0; i < MR; ++i) lo[r][i] = hi[r][i] = _mm256_setzero_ps();
+    for (int i = 0; i < MR; ++i) acc[r][i][0] = acc[r][i][1] = _mm256_setzero_ps();
   }
   for (int i = 0; i < MR; ++i) xs[i] = lane_x<type>(x, m0 + i);
   std::size_t k = 0;
@@ -310,17 +307,16 @@ template <TensorType type, int NR, int MR>
     next.fetch(lines_each);
     const std::byte* at[NR];
     for (int r = 0; r < NR; ++r) at[r] = rows[r] + 2 * k;
-    float_step_avx2<type>(lo, hi, at, xs, k, {16, 16});
+    float_step_avx2<type>(acc, at, xs, k, {16, 16});
   }
   if (k < x.cols) {
     alignas(32) std::byte tail[NR][64] = {};
     const std::byte* at[NR];
     for (int r = 0; r < NR; ++r)
       at[r] = static_cast<const std::byte*>(std::memcpy(tail[r], rows[r] + 2 * k, 2 * (x.cols - k)));
-    float_step_avx2<type>(lo, hi, at, xs, k, step_lanes<type>(x.cols - k));
+    float_step_avx2<type>(acc, at, xs, k, step_lanes<type>(x.cols - k));
   }
-  for (int r = 0; r < NR; ++r)
-    for (int i = 0; i < MR; ++i) store_sum256(y + (m0 + i) * ldy + n0 + r, lo[r][i], hi[r][i], accumulate);
+  store_tile256(y, ldy, m0, n0, acc, accumulate);
 }
 
 // 16 registers hold 2 x 2 outputs' 16 lanes (8 accumulators), their weights and x.
