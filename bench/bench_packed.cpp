@@ -127,7 +127,7 @@ void kernel_products(std::size_t in, std::size_t out, std::size_t M, int repeats
   std::vector<quant::PackedMatrix> packed;
   for (quant::TensorType type : {quant::TensorType::Q8_0, quant::TensorType::Q4_1, quant::TensorType::Q4_0,
                                  quant::TensorType::Q5_0, quant::TensorType::Q4_K, quant::TensorType::Q6_K,
-                                 quant::TensorType::BF16, quant::TensorType::F16}) {
+                                 quant::TensorType::BF16, quant::TensorType::F16, quant::TensorType::F32}) {
     const bool k_quant = type == quant::TensorType::Q4_K || type == quant::TensorType::Q6_K;
     if (k_quant && in % 256 != 0) continue;  // K-quants need whole super-blocks
     packed.push_back(k_quant ? random_k_matrix(type, out, in) : quant::pack_matrix(w.data(), out, in, type));

@@ -1,4 +1,4 @@
-// This level's packed kernels for BF16 and F16 weights (core/quant/packed_kernels.h): float
+// This level's packed kernels for BF16, F16 and F32 weights (core/quant/packed_kernels.h): float
 // products, the weights widened exactly, each output's operations as Note [Packed products] fixes
 // them, in register tiles of weight rows by activation rows (portable loops at SSE2 and emulated16).
 #include <algorithm>
@@ -17,7 +17,11 @@ using quant::ActivationRows;
 using quant::PackedMatrix;
 using quant::TensorType;
 
+// The bytes of one weight.
+template <TensorType type> constexpr std::size_t weight_bytes = type == TensorType::F32 ? 4 : 2;
+
 template <TensorType type> float weight_at(const std::byte* row, std::size_t k) {
+  if constexpr (type == TensorType::F32) return std::bit_cast<float>(load_u32(row + 4 * k));
   const std::uint16_t bits = load_u16(row + 2 * k);
   if constexpr (type == TensorType::BF16) return std::bit_cast<float>(std::uint32_t(bits) << 16);
   else return half_to_float(bits);
@@ -44,9 +48,9 @@ void float_rows_portable(float* y, std::size_t ldy, const ActivationRows& x, con
 #if defined(__AVX2__) && !defined(TAPEGRAD_EMULATED_BATCH)
 
 // The SIMD kernels walk 32 elements a step, which give each of the 16 lanes two terms in turn:
-// `first` and `second`, whose x is lane_x's row at k and at k + 16. F16's are elements k .. k + 15
-// and k + 16 .. k + 31; BF16's the even and the odd elements, the low and high halves of each
-// 32-bit word of weights.
+// `first` and `second`, whose x is lane_x's row at k and at k + 16. F16's and F32's are elements
+// k .. k + 15 and k + 16 .. k + 31; BF16's the even and the odd elements, the low and high halves
+// of each 32-bit word of weights.
 template <TensorType type> const float* lane_x(const ActivationRows& x, std::size_t m) {
   return type == TensorType::BF16 ? x.pairs + m * x.pairs_cols : x.x + m * x.cols;
 }
@@ -70,13 +74,15 @@ template <TensorType type> StepLanes step_lanes(std::size_t rest) {
 
 #if defined(__AVX512F__)
 
-// A step's weights from p as floats, exactly, zeros past rest: F16's halves (half 0 the first
-// terms, 1 the second); BF16's 32-bit words, whose low halves shifted up are the first terms and
-// whose high halves the second.
-template <int half> __m512 halves512(const std::byte* p, std::size_t rest) {
-  const StepLanes lanes = step_lanes<TensorType::F16>(rest);
+// A step's weights from p as floats, exactly, zeros past rest: F16's and F32's halves (half 0 the
+// first terms, 1 the second); BF16's 32-bit words, whose low halves shifted up are the first terms
+// and whose high halves the second.
+template <TensorType type, int half> __m512 halves512(const std::byte* p, std::size_t rest) {
+  const StepLanes lanes = step_lanes<type>(rest);
   const std::size_t count = half == 0 ? lanes.first : lanes.second;
-  const std::byte* q = p + 32 * half;
+  const std::byte* q = p + 16 * weight_bytes<type> * half;
+  if constexpr (type == TensorType::F32)
+    return count >= 16 ? _mm512_loadu_ps(q) : _mm512_maskz_loadu_ps(detail::lanes_below(count), q);
   return _mm512_cvtph_ps(count >= 16 ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q))
                                      : _mm256_maskz_loadu_epi16(detail::lanes_below(count), q));
 }
@@ -104,16 +110,19 @@ template <int NR, int MR>
 }
 
 // One step of 32 elements from k (the last `rest` of them when fewer) for a tile's accumulators,
-// a half of the terms at a time, a line of weights a row: it asks for the line `ahead` bytes on,
-// into L2 when the weights stream from memory (one row of x), into L1 when a panel holds them.
+// a half of the terms at a time, a line (F32: two) of weights a row: it asks for the lines `ahead`
+// bytes on, into L2 when the weights stream from memory (one row of x), into L1 when a panel holds
+// them.
 template <TensorType type, int NR, int MR>
 [[gnu::always_inline]] inline void float_step_avx512(__m512 (&acc)[NR][MR], const std::byte* const (&rows)[NR],
                                                      const float* const (&xs)[MR], std::size_t k, std::size_t rest,
                                                      std::size_t ahead, bool streaming) {
-  for (int r = 0; r < NR; ++r) {
-    const char* line = reinterpret_cast<const char*>(rows[r] + 2 * k + ahead);
-    streaming ? _mm_prefetch(line, _MM_HINT_T1) : _mm_prefetch(line, _MM_HINT_T0);
-  }
+  constexpr std::size_t step_bytes = 32 * weight_bytes<type>;
+  for (int r = 0; r < NR; ++r)
+    for (std::size_t at = 0; at < step_bytes; at += 64) {
+      const char* line = reinterpret_cast<const char*>(rows[r] + step_bytes / 32 * k + ahead + at);
+      streaming ? _mm_prefetch(line, _MM_HINT_T1) : _mm_prefetch(line, _MM_HINT_T0);
+    }
   const StepLanes lanes = step_lanes<type>(rest);
   __m512 weights[NR];
   if constexpr (type == TensorType::BF16) {
@@ -123,14 +132,14 @@ template <TensorType type, int NR, int MR>
     for (int r = 0; r < NR; ++r) weights[r] = high_halves(words[r]);
     float_terms(acc, weights, xs, k + 16, lanes.second);
   } else {
-    for (int r = 0; r < NR; ++r) weights[r] = halves512<0>(rows[r] + 2 * k, rest);
+    for (int r = 0; r < NR; ++r) weights[r] = halves512<type, 0>(rows[r] + step_bytes / 32 * k, rest);
     float_terms(acc, weights, xs, k, lanes.first);
-    for (int r = 0; r < NR; ++r) weights[r] = halves512<1>(rows[r] + 2 * k, rest);
+    for (int r = 0; r < NR; ++r) weights[r] = halves512<type, 1>(rows[r] + step_bytes / 32 * k, rest);
     float_terms(acc, weights, xs, k + 16, lanes.second);
   }
 }
 
-// Outputs (m0 .. m0 + MR - 1, n0 .. n0 + NR - 1) of BF16 or F16 weights: each weight vector
+// Outputs (m0 .. m0 + MR - 1, n0 .. n0 + NR - 1) of BF16, F16 or F32 weights: each weight vector
 // widened once for the MR rows, each x vector loaded once for the NR rows, and `next` asked for
 // lines_each lines a step (float_rows). The whole steps apart from the last partial one, so that
 // the accumulators stay in registers.
@@ -141,11 +150,11 @@ void float_tile(float* y, std::size_t ldy, const ActivationRows& x, std::size_t 
   const float* xs[MR];
   __m512 acc[NR][MR];
   for (int r = 0; r < NR; ++r) {
-    rows[r] = row + r * 2 * x.cols;
+    rows[r] = row + r * weight_bytes<type> * x.cols;
     for (int i = 0; i < MR; ++i) acc[r][i] = _mm512_setzero_ps();
   }
   for (int i = 0; i < MR; ++i) xs[i] = lane_x<type>(x, m0 + i);
-  const std::size_t ahead = prefetch_distance<NR>(2 * x.cols);  // bytes on (quant_matmul_tiles.h)
+  const std::size_t ahead = prefetch_distance<NR>(weight_bytes<type> * x.cols);  // bytes on (quant_matmul_tiles.h)
   const bool streaming = lines_each == 0;  // no panel to fetch: one row of x, or a call's last panel
   std::size_t k = 0;
   for (; k + 32 <= x.cols; k += 32) {
@@ -204,11 +213,12 @@ void widened_tile(float* y, std::size_t ldy, const ActivationRows& x, std::size_
 // vector once a weight row). SmolLM2's BF16 prompts of 128 and 512 tokens prefilled 1.2x faster (one
 // thread, AVX-512); at 4 and 16 rows, with the weights coming from memory, the separate widening
 // pass was slower (S = 4 and 16 decoding 0.7x and 0.95x). The same bits either way (Note [Packed
-// products]).
+// products]). F32's panels are copies on cache lines: a file's tensors may start 32 bytes into one,
+// and every load across two lines costs about two.
 template <TensorType type>
 void widened_rows(float* y, std::size_t ldy, const ActivationRows& x, const PackedMatrix& w, std::size_t first,
                   std::size_t last, bool accumulate) {
-  // A panel's rows (quant::panel_bytes of weights), widened: twice its bytes, still in L2.
+  // A panel's rows (quant::panel_bytes of 16-bit weights), widened: twice its bytes, still in L2.
   const std::size_t stride = (x.cols + 31) / 32 * 32, group = quant::panel_rows(2 * x.cols);
   thread_local AlignedVector<float> panel;
   if (panel.size() < group * stride) panel.resize(group * stride);
@@ -217,14 +227,14 @@ void widened_rows(float* y, std::size_t ldy, const ActivationRows& x, const Pack
     float* widened = panel.data();
     for (std::size_t n = n0; n < n1; ++n) {
       const std::byte* row = w.row(n);
-      for (std::size_t k = 0; k < stride; k += 32) {
+      for (std::size_t k = 0; k < x.cols; k += 32) {
         float* out = widened + (n - n0) * stride + k;
         if constexpr (type == TensorType::BF16) {
           const __m512i words = words512(row + 2 * k, x.cols - k);
           _mm512_store_ps(out, low_halves(words)), _mm512_store_ps(out + 16, high_halves(words));
         } else {
-          _mm512_store_ps(out, halves512<0>(row + 2 * k, x.cols - k));
-          _mm512_store_ps(out + 16, halves512<1>(row + 2 * k, x.cols - k));
+          _mm512_store_ps(out, halves512<type, 0>(row + weight_bytes<type> * k, x.cols - k));
+          _mm512_store_ps(out + 16, halves512<type, 1>(row + weight_bytes<type> * k, x.cols - k));
         }
       }
     }
@@ -241,7 +251,9 @@ void widened_rows(float* y, std::size_t ldy, const ActivationRows& x, const Pack
 // first terms of lanes 0-7, 1 those of lanes 8-15, 2 and 3 the second terms of the same lanes.
 // F16C converts halves: every AVX2 CPU has it, though the level's flags do not name it.
 template <TensorType type, int quarter> [[gnu::target("f16c")]] __m256 weights256(const std::byte* p) {
-  if constexpr (type == TensorType::BF16) {
+  if constexpr (type == TensorType::F32) {
+    return _mm256_loadu_ps(reinterpret_cast<const float*>(p + 32 * quarter));
+  } else if constexpr (type == TensorType::BF16) {
     const __m256i words = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 32 * (quarter % 2)));
     return _mm256_castsi256_ps(quarter < 2 ? _mm256_slli_epi32(words, 16)
                                            : _mm256_and_si256(words, _mm256_set1_epi32(-65536)));
@@ -287,7 +299,7 @@ template <TensorType type, int NR, int MR>
   float_terms<type, 3>(acc, at, xs, k, high(lanes.second));
 }
 
-// Outputs (m0 .. m0 + MR - 1, n0 .. n0 + NR - 1) of BF16 or F16 weights: each weight vector
+// Outputs (m0 .. m0 + MR - 1, n0 .. n0 + NR - 1) of BF16, F16 or F32 weights: each weight vector
 // widened once for the MR rows, each x vector loaded once for the NR rows; the last partial step's
 // weights copied first into zeros.
 template <TensorType type, int NR, int MR>
@@ -298,7 +310,7 @@ template <TensorType type, int NR, int MR>
   const float* xs[MR];
   __m256 acc[NR][MR][2];
   for (int r = 0; r < NR; ++r) {
-    rows[r] = row + r * 2 * x.cols;
+    rows[r] = row + r * weight_bytes<type> * x.cols;
     for (int i = 0; i < MR; ++i) acc[r][i][0] = acc[r][i][1] = _mm256_setzero_ps();
   }
   for (int i = 0; i < MR; ++i) xs[i] = lane_x<type>(x, m0 + i);
@@ -306,14 +318,15 @@ template <TensorType type, int NR, int MR>
   for (; k + 32 <= x.cols; k += 32) {
     next.fetch(lines_each);
     const std::byte* at[NR];
-    for (int r = 0; r < NR; ++r) at[r] = rows[r] + 2 * k;
+    for (int r = 0; r < NR; ++r) at[r] = rows[r] + weight_bytes<type> * k;
     float_step_avx2<type>(acc, at, xs, k, {16, 16});
   }
   if (k < x.cols) {
-    alignas(32) std::byte tail[NR][64] = {};
+    alignas(32) std::byte tail[NR][32 * weight_bytes<type>] = {};
     const std::byte* at[NR];
     for (int r = 0; r < NR; ++r)
-      at[r] = static_cast<const std::byte*>(std::memcpy(tail[r], rows[r] + 2 * k, 2 * (x.cols - k)));
+      at[r] = static_cast<const std::byte*>(
+          std::memcpy(tail[r], rows[r] + weight_bytes<type> * k, weight_bytes<type> * (x.cols - k)));
     float_step_avx2<type>(acc, at, xs, k, step_lanes<type>(x.cols - k));
   }
   store_tile256(y, ldy, m0, n0, acc, accumulate);
@@ -333,7 +346,7 @@ constexpr int rows_alone = 2, weight_rows = 2, x_rows = 2;
 template <TensorType type>
 void float_rows(float* y, std::size_t ldy, const ActivationRows& x, const PackedMatrix& w, std::size_t first,
                 std::size_t last, bool accumulate) {
-  const std::size_t row_bytes = 2 * x.cols;
+  const std::size_t row_bytes = weight_bytes<type> * x.cols;
   if (x.rows == 1) {
     detail::LineStream none;
     auto tile = [&]<int NR, int MR>(std::size_t m0, std::size_t n) {
@@ -364,8 +377,10 @@ void float_rows(float* y, std::size_t ldy, const ActivationRows& x, const Packed
 void set_float_kernels(quant::PackedKernelTable& table) {
 #if defined(__AVX2__) && !defined(TAPEGRAD_EMULATED_BATCH)
   table.bf16 = float_rows<TensorType::BF16>, table.f16 = float_rows<TensorType::F16>;
+  table.f32 = float_rows<TensorType::F32>;
 #else
   table.bf16 = float_rows_portable<TensorType::BF16>, table.f16 = float_rows_portable<TensorType::F16>;
+  table.f32 = float_rows_portable<TensorType::F32>;
 #endif
 }
 

@@ -40,9 +40,9 @@
 // activations, and the groups of four are what vpdpbusd gives per 32-bit lane (a sum per block
 // would cost integer shuffles a block to save a conversion and a product per group of lanes, which
 // are one vector operation for sixteen lanes).
-// BF16 and F16: the weights converted to float exactly, one lane accumulates fma(w[k], x[k], lane)
-// for each element k in order, one rounding per element (std::fma in the portable loops, as
-// above): F16's lane k % 16, BF16's lane (k % 32) / 2. BF16's neighbours share a lane so that a
+// BF16, F16 and F32: the weights converted to float exactly, one lane accumulates fma(w[k], x[k],
+// lane) for each element k in order, one rounding per element (std::fma in the portable loops, as
+// above): F16's and F32's lane k % 16, BF16's lane (k % 32) / 2. BF16's neighbours share a lane so that a
 // 32-bit word of two weights widens into one lane of each of two vectors by a shift and a mask,
 // with no shuffle (the kernels read x in that order: ActivationRows::pairs). Then
 // every format sums its lanes t = acc in one tree, t[l] += t[l + 8], t[l] += t[l + 4],
@@ -79,8 +79,12 @@ using PackedKernel = void (*)(float* y, std::size_t ldy, const ActivationRows& x
 /// The weight rows a product walks at a time (the block formats' in packed_matmuls, BF16's and
 /// F16's in their kernels): they stay in L2 while every row of x passes.
 constexpr std::size_t panel_bytes = 128 << 10;
-/// The weight rows of row_bytes in a panel: at least 16 (one tile of rows at every level).
-constexpr std::size_t panel_rows(std::size_t row_bytes) { return std::max<std::size_t>(16, panel_bytes / row_bytes); }
+/// The weight rows of row_bytes in a panel: a multiple of 16, so that every tile of rows is whole
+/// (the one-row tiles left at the end of a panel of 42 took a sixth of a tile's time for a quarter
+/// of its outputs).
+constexpr std::size_t panel_rows(std::size_t row_bytes) {
+  return std::max<std::size_t>(16, panel_bytes / row_bytes / 16 * 16);
+}
 
 /// Quantizes one row of x (cols floats) into `blocks` blocks (Note [Packed products]; those past
 /// cols are zeros, a partial last block reads zeros past cols): q (blocks * 32), and per group of
@@ -92,7 +96,7 @@ using RowQuantizer = void (*)(const float* x, std::size_t cols, std::size_t bloc
 /// One SIMD level's packed kernels.
 struct PackedKernelTable {
   PackedKernel q4_0 = nullptr, q4_1 = nullptr, q5_0 = nullptr, q8_0 = nullptr, q4_k = nullptr, q6_k = nullptr;
-  PackedKernel bf16 = nullptr, f16 = nullptr;
+  PackedKernel bf16 = nullptr, f16 = nullptr, f32 = nullptr;
   RowQuantizer quantize_row = nullptr;
   const char* integer_dot = "";  ///< how the level forms the integer sums ("avx512vnni", ...)
 };

@@ -12,6 +12,7 @@
 #include <stdexcept>
 #include <vector>
 
+#include "core/aligned.h"
 #include "core/kernels.h"
 #include "core/quant/packed_kernels.h"
 #include "core/simd.h"
@@ -74,6 +75,7 @@ void quantize_q5_0(const float* x, std::byte* block) {
 
 void pack_row(const float* x, std::size_t cols, TensorType type, std::byte* out) {
   switch (type) {
+    case TensorType::F32:
     case TensorType::BF16:
     case TensorType::F16:
     case TensorType::Q8_0:  // the writers' quantizers: a converted matrix has the bits of its file
@@ -98,7 +100,7 @@ void pack_row(const float* x, std::size_t cols, TensorType type, std::byte* out)
 bool has_packed_kernels(TensorType type) {
   return type == TensorType::Q4_0 || type == TensorType::Q4_1 || type == TensorType::Q5_0 ||
          type == TensorType::Q8_0 || type == TensorType::Q4_K || type == TensorType::Q6_K ||
-         type == TensorType::BF16 || type == TensorType::F16;
+         type == TensorType::BF16 || type == TensorType::F16 || type == TensorType::F32;
 }
 
 const BlockFormat* find_conversion(std::string_view name) {
@@ -130,7 +132,7 @@ static PackedMatrix pack_rows(std::size_t rows, std::size_t cols, TensorType typ
                                             "blocks of {})",
                                             rows, cols, format.name, format.block_elems));
   const std::size_t row_bytes = cols / format.block_elems * format.block_bytes;
-  auto storage = std::make_shared<std::vector<std::byte>>(rows * row_bytes);
+  auto storage = std::make_shared<AlignedVector<std::byte>>(rows * row_bytes);  // rows on lines, as a file's
   for (std::size_t r = 0; r < rows; ++r) pack_row(row(r), cols, type, storage->data() + r * row_bytes);
   return view_matrix(type, rows, cols, *storage, storage);
 }
@@ -224,6 +226,7 @@ PackedKernel kernel_for(const PackedKernelTable& table, const PackedMatrix& w) {
     case TensorType::Q6_K: return table.q6_k;
     case TensorType::BF16: return table.bf16;
     case TensorType::F16: return table.f16;
+    case TensorType::F32: return table.f32;
     default: break;
   }
   throw std::invalid_argument(fmt::format("packed_matmul: no kernels for {}", w.format().name));
@@ -274,7 +277,7 @@ void packed_matmuls(std::span<const PackedProduct> products, const float* x, std
       offset += w.rows;
       if (from == to) continue;
       const PackedKernel kernel = kernel_for(table, w);
-      // BF16 and F16 kernels take all of x's rows and all the outputs, and block them themselves
+      // BF16, F16 and F32 kernels take all of x's rows and all the outputs, and block them themselves
       // (core/kernels/quant_matmul_float.cpp): their panels fetch the next one while in use.
       const bool blocks_itself = w.format().block_elems == 1;
       const std::size_t panel = blocks_itself ? to - from : panel_rows(w.row_bytes());

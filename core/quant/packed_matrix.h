@@ -25,7 +25,7 @@ struct PackedMatrix {
   const std::byte* row(std::size_t r) const { return bytes.data() + r * row_bytes(); }
 };
 
-/// Whether packed_matmul has kernels for `type`: Q4_0, Q4_1, Q5_0, Q8_0, Q4_K, Q6_K, BF16 and F16.
+/// Whether packed_matmul has kernels for `type`: Q4_0, Q4_1, Q5_0, Q8_0, Q4_K, Q6_K, BF16, F16 and F32.
 bool has_packed_kernels(TensorType type);
 
 /// The formats a float matrix can be converted to at load (`--weights`): "bf16", "f16", "q8_0",
@@ -52,7 +52,7 @@ void dequantize_rows(const PackedMatrix& w, std::size_t first, std::size_t count
 /// y (M, rows) = x (M, cols) W^T (+ y when accumulating: y + the product). Each output is computed
 /// by the same operations whatever M is, whichever rows share the call, at every SIMD level and
 /// thread count (Note [Packed products], core/quant/packed_kernels.h): the block formats through
-/// integer dot products with x quantized to 8 bits per block of 32, BF16 and F16 by float products.
+/// integer dot products with x quantized to 8 bits per block of 32, BF16, F16 and F32 by float products.
 /// Outputs are split across the kernel threads when the product is large enough.
 void packed_matmul(float* y, const float* x, std::size_t M, const PackedMatrix& w, bool accumulate);
 

@@ -27,9 +27,13 @@ using quant::TensorType;
 namespace {
 
 constexpr TensorType kFormats[] = {TensorType::Q4_0, TensorType::Q4_1, TensorType::Q5_0, TensorType::Q8_0,
-                                   TensorType::Q4_K, TensorType::Q6_K, TensorType::BF16, TensorType::F16};
+                                   TensorType::Q4_K, TensorType::Q6_K, TensorType::BF16, TensorType::F16,
+                                   TensorType::F32};
 
 bool is_k_quant(TensorType type) { return type == TensorType::Q4_K || type == TensorType::Q6_K; }
+bool is_float(TensorType type) {
+  return type == TensorType::BF16 || type == TensorType::F16 || type == TensorType::F32;
+}
 
 std::uint16_t u16(const std::byte* p) { return std::uint16_t(unsigned(p[0]) | (unsigned(p[1]) << 8)); }
 
@@ -91,10 +95,10 @@ BlockTerms block_terms(const quant::PackedMatrix& w, const std::byte* row, std::
 float reference_output(const quant::PackedMatrix& w, const quant::ActivationRows& x, std::size_t m, std::size_t n) {
   const std::byte* row = w.row(n);
   float acc[16] = {};
-  if (w.type == TensorType::BF16 || w.type == TensorType::F16) {
+  if (is_float(w.type)) {
     for (std::size_t k = 0; k < w.cols; ++k) {
       float weight = 0;
-      quant::block_format(w.type).dequantize(row + 2 * k, &weight, 1);
+      quant::block_format(w.type).dequantize(row + w.format().block_bytes * k, &weight, 1);
       const std::size_t lane = w.type == TensorType::BF16 ? k % 32 / 2 : k % 16;
       acc[lane] = std::fma(weight, x.x[m * x.cols + k], acc[lane]);
     }
@@ -146,7 +150,7 @@ bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
 
 std::vector<std::size_t> column_counts(TensorType type) {
   // 4100: rows of 8 KB, more than AVX-512's widened panel holds 37 of (quant_matmul_float.cpp).
-  if (type == TensorType::BF16 || type == TensorType::F16) return {1, 7, 16, 17, 40, 96, 4100};
+  if (is_float(type)) return {1, 7, 16, 17, 40, 96, 4100};
   if (is_k_quant(type)) return {256, 512, 1536};
   return {32, 64, 96, 576};
 }
@@ -171,6 +175,7 @@ quant::PackedKernel kernel_of(const quant::PackedKernelTable& table, TensorType 
     case TensorType::Q4_K: return table.q4_k;
     case TensorType::Q6_K: return table.q6_k;
     case TensorType::BF16: return table.bf16;
+    case TensorType::F32: return table.f32;
     default: return table.f16;
   }
 }
