@@ -55,7 +55,7 @@
 
 namespace tapegrad::quant {
 
-/// x's rows for a packed product: the floats (BF16, F16) and, for the block formats, x quantized
+/// x's rows for a packed product: the floats (BF16, F16, F32) and, for the block formats, x quantized
 /// (Note [Packed products]), each row padded with zero blocks to an even number of blocks.
 struct ActivationRows {
   const float* x = nullptr;  ///< (rows, cols)

@@ -35,7 +35,7 @@ std::vector<float> prefill_logits(const nn::LanguageModel& model, std::span<cons
 }  // namespace
 
 TEST_CASE("a GGUF file's own blocks decode within the activation rounding of its dequantized float32 weights") {
-  for (const char* format : {"q4_0", "q4_1", "q8_0", "bf16", "f16"}) {
+  for (const char* format : {"q4_0", "q4_1", "q8_0", "bf16", "f16", "f32"}) {
     CAPTURE(format);
     nn::PretrainedModel dense = nn::load_pretrained(tiny_llama(format));
     nn::PretrainedModel packed = nn::load_pretrained(tiny_llama(format), {.weights = "file"});
@@ -48,7 +48,7 @@ TEST_CASE("a GGUF file's own blocks decode within the activation rounding of its
       max_diff = std::max(max_diff, std::fabs(double(got[i]) - expected[i]));
       max_logit = std::max(max_logit, std::fabs(double(expected[i])));
     }
-    // BF16 and F16 weights are exact in float32 (only the order of the sums differs); the block
+    // BF16, F16 and F32 weights are exact in float32 (only the order of the sums differs); the block
     // formats quantize each block of activations to 8 bits.
     const bool blocks = format[0] == 'q';
     CHECK_MESSAGE(max_diff <= (blocks ? 0.03 : 1e-4) * max_logit,
