@@ -221,11 +221,11 @@ template <TensorType type, bool pair, bool gfni>
     // bit j of the 64-bit word a's fifth bits then b's is code j's
     const std::uint64_t fifth = load_u32(a + 2) | (pair ? std::uint64_t(load_u32(a + B::bytes + 2)) << 32 : 0);
     return _mm512_mask_add_epi8(nibbles, __mmask64(fifth), nibbles, _mm512_set1_epi8(0x10));
-  } else {
+  } else {  // Q8_0's signed codes as they are (tile_step takes x as the unsigned operand)
     const __m256i ua = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a + B::codes));
     const __m256i ub = pair ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a + B::bytes + B::codes))
-                            : _mm256_set1_epi8(char(0x80));
-    return _mm512_xor_si512(_mm512_inserti64x4(_mm512_castsi256_si512(ua), ub, 1), _mm512_set1_epi8(char(0x80)));
+                            : _mm256_setzero_si256();
+    return _mm512_inserti64x4(_mm512_castsi256_si512(ua), ub, 1);
   }
 }
 
@@ -247,21 +247,31 @@ template <TensorType type, bool gfni, int NR, int MR, bool pair>
                                                          std::size_t m0, std::size_t b, std::size_t ahead,
                                                          __m512 (&acc)[NR][MR]) {
   using B = Blocks<type>;
-  __m512i codes[NR];
+  // Q8_0's signed codes meet x + 128 (x.q_plus_128): the sums gain 128 times the weights' group
+  // sums, taken back by starting from minus that, once a weight row (the other formats' unsigned
+  // codes meet x and start from offset times x's negated group sums, once a row of x).
+  constexpr bool signed_codes = type == TensorType::Q8_0;
+  __m512i codes[NR], weight_bias[NR];
   __m512 d[NR], min[NR];
   for (int r = 0; r < NR; ++r) {
     _mm_prefetch(reinterpret_cast<const char*>(rows[r] + b * B::bytes + ahead), _MM_HINT_T0);
     codes[r] = codes512<type, pair, gfni>(rows[r] + b * B::bytes);
     scales512<type, pair>(rows[r] + b * B::bytes, d[r], min[r]);
+    if constexpr (signed_codes)
+      weight_bias[r] = _mm512_sub_epi32(
+          _mm512_setzero_si512(), _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_set1_epi8(char(0x80)), codes[r]));
   }
   for (int i = 0; i < MR; ++i) {
     const std::size_t at = (m0 + i) * x.blocks + b;
-    const __m512i xq = _mm512_loadu_si512(x.q + 32 * at);
     const __m512 dx = _mm512_loadu_ps(x.d + 8 * at);
+    const __m512i xq = _mm512_loadu_si512(signed_codes ? static_cast<const void*>(x.q_plus_128 + 32 * at)
+                                                       : static_cast<const void*>(x.q + 32 * at));
     __m512i bias = _mm512_setzero_si512();
-    if constexpr (B::offset != 0) bias = _mm512_slli_epi32(_mm512_loadu_si512(x.neg_sums + 8 * at), B::shift);
+    if constexpr (!signed_codes && B::offset != 0)
+      bias = _mm512_slli_epi32(_mm512_loadu_si512(x.neg_sums + 8 * at), B::shift);
     for (int r = 0; r < NR; ++r) {
-      const __m512 sums = _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(bias, codes[r], xq));
+      const __m512 sums = signed_codes ? _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(weight_bias[r], xq, codes[r]))
+                                       : _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(bias, codes[r], xq));
       acc[r][i] = _mm512_fmadd_ps(sums, _mm512_mul_ps(d[r], dx), acc[r][i]);
       if constexpr (B::has_min)
         acc[r][i] = _mm512_fmadd_ps(min[r], _mm512_loadu_ps(x.scaled_sums + 8 * at), acc[r][i]);

@@ -62,6 +62,9 @@ struct ActivationRows {
   std::size_t rows = 0, cols = 0;
   std::size_t blocks = 0;                 ///< blocks of 32 per row, rounded up to even
   const std::int8_t* q = nullptr;         ///< (rows, blocks * 32)
+  /// (rows, blocks * 32): q + 128, unsigned, for kernels whose integer dot takes x as its unsigned
+  /// operand and Q8_0's signed codes as they are (the same sums: Note [Packed products])
+  const std::uint8_t* q_plus_128 = nullptr;
   const std::int32_t* neg_sums = nullptr;  ///< (rows, blocks * 8): -sum of each group's four q
   const float* d = nullptr;               ///< (rows, blocks * 8): the block's d, once per group
   const float* scaled_sums = nullptr;     ///< (rows, blocks * 8): d * float(sum of the group's q)

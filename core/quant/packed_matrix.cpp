@@ -163,7 +163,7 @@ void dequantize_rows(const PackedMatrix& w, std::size_t first, std::size_t count
 void quantize_activations(const float* x, std::size_t rows, std::size_t cols, QuantizedActivations& out) {
   const std::size_t blocks = (cols / 32 + 1) / 2 * 2;  // padded to whole pairs
   const std::size_t q_bytes = rows * blocks * 32, group_bytes = rows * blocks * 8 * 4;
-  const std::size_t needed = q_bytes + 3 * group_bytes + 64;
+  const std::size_t needed = 2 * q_bytes + 3 * group_bytes + 64;
   if (out.capacity < needed) {
     out.storage = std::make_unique<std::byte[]>(needed);
     out.capacity = needed;
@@ -174,11 +174,13 @@ void quantize_activations(const float* x, std::size_t rows, std::size_t cols, Qu
   auto* neg_sums = reinterpret_cast<std::int32_t*>(base + q_bytes);
   auto* d = reinterpret_cast<float*>(base + q_bytes + group_bytes);
   auto* scaled_sums = reinterpret_cast<float*>(base + q_bytes + 2 * group_bytes);
+  auto* q_plus_128 = reinterpret_cast<std::uint8_t*>(base + q_bytes + 3 * group_bytes);
   const RowQuantizer quantize_row = active_packed_table().quantize_row;
   for (std::size_t m = 0; m < rows; ++m)
     quantize_row(x + m * cols, cols, blocks, q + m * blocks * 32, neg_sums + m * blocks * 8, d + m * blocks * 8,
                  scaled_sums + m * blocks * 8);
-  out.rows = {x, rows, cols, blocks, q, neg_sums, d, scaled_sums};
+  for (std::size_t i = 0; i < q_bytes; ++i) q_plus_128[i] = std::uint8_t(q[i] ^ 0x80);
+  out.rows = {x, rows, cols, blocks, q, q_plus_128, neg_sums, d, scaled_sums};
 }
 
 void pair_activations(QuantizedActivations& out) {
@@ -289,7 +291,7 @@ void packed_matmuls(std::span<const PackedProduct> products, const float* x, std
           part.x = rows.x + m * rows.cols;
           if (rows.pairs) part.pairs += m * rows.pairs_cols;
           if (rows.q) {
-            part.q += m * rows.blocks * 32;
+            part.q += m * rows.blocks * 32, part.q_plus_128 += m * rows.blocks * 32;
             part.neg_sums += m * rows.blocks * 8, part.d += m * rows.blocks * 8, part.scaled_sums += m * rows.blocks * 8;
           }
           kernel(p.y + m * w.rows, w.rows, part, w, n0, std::min(n0 + panel, to), accumulate);
