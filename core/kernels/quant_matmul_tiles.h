@@ -100,7 +100,7 @@ inline void store_tile256(float* y, std::size_t ldy, std::size_t m0, std::size_t
 #if defined(__AVX512F__)
 // The tree sums of four outputs' lanes a, b, c and d (store_sum's pairs, t8, t4, t2 and y), side
 // by side: each step's shuffles put the lanes it adds in the same places of two vectors, so four
-// outputs take 7 shuffles and 5 additions instead of 4 x 8 extractions and additions.
+// outputs take 9 shuffles and 5 additions instead of 16 of each.
 inline __m128 tree_sums4(__m512 a, __m512 b, __m512 c, __m512 d) {
   // t8, the low 8 lanes plus the high 8: [a's | b's], [c's | d's].
   const __m512 ab = _mm512_add_ps(_mm512_shuffle_f32x4(a, b, _MM_SHUFFLE(1, 0, 1, 0)),
