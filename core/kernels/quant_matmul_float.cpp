@@ -342,11 +342,12 @@ constexpr int rows_alone = 2, weight_rows = 2, x_rows = 2;
 // a few rows (batched decoding) in weight_rows by x_rows tiles over panels of weight rows that
 // stay in L2 while every tile of x passes, the next panel fetched into L2 a line or so a step
 // meanwhile (SmolLM2 BF16 at AVX-512, one thread: S = 4 and 16 decoding 1.07x and 1.11x the
-// panels without); many rows at AVX-512 widened_rows. F32's weights, twice BF16's bytes, stream
-// instead: each tile of weight rows meets every row of x while in L1, and is read from memory
-// once, as one row's are (whole runs of `generate` decoding 16 sequences of SmolLM2's F32 file,
-// AVX-512: 1.06x as fast as through panels on one thread, 1.15x on two; BF16's, bound by widening
-// its words, 0.96x).
+// panels without); many rows at AVX-512 widened_rows. At AVX-512 F32's weights, twice BF16's
+// bytes, stream instead: each tile of weight rows meets every row of x while in L1, and is read
+// from memory once, as one row's are (whole runs of `generate` decoding 16 sequences of SmolLM2's
+// F32 file: 1.06x as fast as through panels on one thread, 1.15x on two; BF16's, bound by widening
+// its words, 0.96x). AVX2's tiles of 2 weight rows would read all of x from L2 for every 2 rows:
+// 0.87x there.
 template <TensorType type>
 void float_rows(float* y, std::size_t ldy, const ActivationRows& x, const PackedMatrix& w, std::size_t first,
                 std::size_t last, bool accumulate) {
@@ -358,12 +359,12 @@ void float_rows(float* y, std::size_t ldy, const ActivationRows& x, const Packed
   if (x.rows == 1) return run_tiles<rows_alone, 1>(streamed, x.rows, 0, first, last);
 #if defined(__AVX512F__)
   if (x.rows >= widened_min_rows) return widened_rows<type>(y, ldy, x, w, first, last, accumulate);
-#endif
   if constexpr (type == TensorType::F32) {
     for (std::size_t n = first; n < last; n += weight_rows)
       run_tiles<weight_rows, x_rows>(streamed, x.rows, 0, n, std::min(last, n + weight_rows));
     return;
   }
+#endif
   const std::size_t panel = quant::panel_rows(row_bytes);
   for (std::size_t n0 = first; n0 < last; n0 += panel) {
     const std::size_t n1 = std::min(last, n0 + panel), next = std::min(last, n1 + panel) - n1;
