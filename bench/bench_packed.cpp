@@ -2,7 +2,6 @@
 // nn/pretrained.h), and the packed kernels' products of M = 1 to 512 rows beside float32's
 // row_stable_matmul on the same shapes. Medians of --repeats runs, threads as given; figures are ratios within one run.
 #include <fmt/format.h>
-#include <immintrin.h>
 
 #include <algorithm>
 #include <chrono>
@@ -60,56 +59,23 @@ double decode_rate(const nn::LanguageModel& model, std::size_t tokens) {
   return double(tokens) / seconds_since(start);
 }
 
-// The alternative to the integer dot products: each block dequantized to float32 in registers and
-// multiplied by x (two 16-lane FMA chains), AVX-512, for Q8_0 and Q4_1 rows. GCC 12 warns that its
-// own intrinsics' _mm512_undefined_* operands are uninitialized when a function's target adds
-// AVX-512 to a file built without it: a false alarm, silenced for this function only.
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#pragma GCC diagnostic ignored "-Wuninitialized"
-[[gnu::target("avx512f,avx512bw,avx512dq,avx512vl,fma")]] float dequantizing_dot(const quant::PackedMatrix& w,
-                                                                                   std::size_t n, const float* x) {
-  const std::byte* row = w.row(n);
-  __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps();
-  for (std::size_t b = 0; b < w.cols / 32; ++b) {
-    __m512 w0, w1;
-    if (w.type == quant::TensorType::Q8_0) {
-      const std::byte* block = row + 34 * b;
-      const __m512 d = _mm512_set1_ps(quant::f16_to_f32(std::uint16_t(unsigned(block[0]) | (unsigned(block[1]) << 8))));
-      w0 = _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i*)(block + 2)))));
-      w1 = _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i*)(block + 18)))));
-    } else {
-      const std::byte* block = row + 20 * b;
-      const __m512 d = _mm512_set1_ps(quant::f16_to_f32(std::uint16_t(unsigned(block[0]) | (unsigned(block[1]) << 8))));
-      const __m512 m = _mm512_set1_ps(quant::f16_to_f32(std::uint16_t(unsigned(block[2]) | (unsigned(block[3]) << 8))));
-      const __m128i packed = _mm_loadu_si128((const __m128i*)(block + 4)), low = _mm_set1_epi8(0xF);
-      w0 = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_and_si128(packed, low))), m);
-      w1 = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_and_si128(_mm_srli_epi16(packed, 4), low))), m);
-    }
-    acc0 = _mm512_fmadd_ps(w0, _mm512_loadu_ps(x + 32 * b), acc0);
-    acc1 = _mm512_fmadd_ps(w1, _mm512_loadu_ps(x + 32 * b + 16), acc1);
-  }
-  return _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1));
-}
-#pragma GCC diagnostic pop
-
 // A matrix of random K-quant blocks (random finite halves for the scales): tapegrad reads K-quants
 // from files and has no quantizer for them.
 quant::PackedMatrix random_k_matrix(quant::TensorType type, std::size_t rows, std::size_t cols) {
   const std::size_t block_bytes = quant::block_format(type).block_bytes;
-  auto bytes = std::make_shared<std::vector<std::byte>>(rows * cols / 256 * block_bytes);
+  std::vector<std::byte> bytes(rows * cols / 256 * block_bytes);
   std::mt19937_64 random(7);
-  for (std::byte& byte : *bytes) byte = std::byte(random() & 0xFF);
-  for (std::size_t at = 0; at < bytes->size(); at += block_bytes)
+  for (std::byte& byte : bytes) byte = std::byte(random() & 0xFF);
+  for (std::size_t at = 0; at < bytes.size(); at += block_bytes)
     for (std::size_t half : type == quant::TensorType::Q4_K ? std::vector<std::size_t>{0, 2} : std::vector<std::size_t>{208}) {
       const std::uint16_t bits = quant::f32_to_f16(float(random() % 1000) * 1e-5f);
-      (*bytes)[at + half] = std::byte(bits & 0xFF), (*bytes)[at + half + 1] = std::byte(bits >> 8);
+      bytes[at + half] = std::byte(bits & 0xFF), bytes[at + half + 1] = std::byte(bits >> 8);
     }
-  return quant::view_matrix(type, rows, cols, *bytes, bytes);
+  return quant::interleave_matrix(type, rows, cols, bytes);
 }
 
 // Microseconds of y (M, out) = x (M, in) W^T, float32 (in, out) rows against each packed format
-// (for one row also against dequantizing each block to float32). The formats take turns within
+// The formats take turns within
 // each repeat, so that a loaded machine slows them alike; ratios are float32's time over the
 // format's, and for the K-quants and Q5_0 also Q4_1's time over theirs.
 void kernel_products(std::size_t in, std::size_t out, std::size_t M, int repeats) {
@@ -150,15 +116,6 @@ void kernel_products(std::size_t in, std::size_t out, std::size_t M, int repeats
     if (type == quant::TensorType::Q5_0 || type == quant::TensorType::Q4_K || type == quant::TensorType::Q6_K)
       line += fmt::format(", q4_1 {:.2f}x", q4_1 / t);
     line += ")";
-    if (M == 1 && (type == quant::TensorType::Q8_0 || type == quant::TensorType::Q4_1) &&
-        simd_level() == SimdLevel::avx512) {
-      std::vector<double> dequantizing;
-      for (int r = 0; r < repeats; ++r)
-        dequantizing.push_back(once([&] {
-          for (std::size_t n = 0; n < out; ++n) y[n] = dequantizing_dot(packed[f], n, x.data());
-        }));
-      line += fmt::format(" [dequantizing to float: {:7.1f} us]", median(dequantizing));
-    }
   }
   fmt::print("{}\n", line);
 }

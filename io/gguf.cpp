@@ -336,6 +336,13 @@ const GgufTensor* GgufFile::find_tensor(const std::string& name) const {
   return it == tensor_index_.end() ? nullptr : &tensors_[it->second];
 }
 
+void GgufFile::release(const GgufTensor& tensor) const {
+  const auto page = std::uintptr_t(::sysconf(_SC_PAGESIZE));
+  const auto begin = reinterpret_cast<std::uintptr_t>(tensor.data.data());
+  const std::uintptr_t first = (begin + page - 1) / page * page, last = (begin + tensor.data.size()) / page * page;
+  if (first < last) ::madvise(reinterpret_cast<void*>(first), last - first, MADV_DONTNEED);  // a hint: failure is harmless
+}
+
 Tensor GgufFile::dequantize(const GgufTensor& tensor) const {
   const quant::BlockFormat& format = quant::block_format(tensor.type);
   const std::size_t elements = numel(tensor.shape);

@@ -51,6 +51,9 @@ class GgufFile {
   const GgufTensor* find_tensor(const std::string& name) const;
   /// The tensor as float32 of its shape, dequantized as gguf.quants.dequantize does.
   Tensor dequantize(const GgufTensor& tensor) const;
+  /// Lets the system drop the pages that hold only this tensor's bytes (a caller that has copied
+  /// them: the process then holds the copy, not both); reading them again reads the file again.
+  void release(const GgufTensor& tensor) const;
 
  private:
   GgufFile() = default;

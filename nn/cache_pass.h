@@ -78,6 +78,8 @@ class CachePass {
   std::size_t logit_rows() const { return logits_ == PrefillLogits::every_token ? rows_ : runs_.size(); }
   /// Attention layers the pass has used so far.
   std::size_t layers_used() const { return layer_; }
+  /// The bytes of packed weights the pass's products have read so far.
+  std::size_t packed_bytes() const { return packed_bytes_; }
   /// Computes what linear() and rope() have deferred; every other op does it first. Call it
   /// before reading a value the description returns.
   void run_deferred();
@@ -95,6 +97,8 @@ class CachePass {
   Rows head_input(const Rows& x);                  // the rows the head ops compute logits for
   Rows take_logits(std::size_t rows, std::size_t cols);  // logits_out_ the first time, then scratch
   void product_into(Rows& y, const Rows& x, const Linear& layer);  // y = x W (+ b) (+ adapter), for x's rows
+  // packed_matmul, its weights counted in packed_bytes_
+  void packed_product(float* y, const float* x, std::size_t rows, const quant::PackedMatrix& w, bool accumulate);
   void check_cols(const char* op, const Rows& x, std::size_t cols) const;
   void attend(float* y, const float* q, const float* keys, const float* values, const kernels::AttentionShape& shape,
               float* scratch);
@@ -125,6 +129,7 @@ class CachePass {
   float* logits_out_;
   std::size_t vocab_;
   std::size_t rows_ = 0, layer_ = 0;
+  std::size_t packed_bytes_ = 0;
 };
 static_assert(ModelPass<CachePass>);
 
@@ -145,8 +150,10 @@ void check_decode(std::span<CachePass::Run> runs, KVCache& cache, const void* mo
                   std::size_t max_len, std::size_t width, std::size_t vocab);
 
 /// Runs `describe` (a model's description on a CachePass, returning logits rows) over the runs:
-/// split across the kernel threads by sequence when there are several, one pass per thread. The
-/// caller has checked the tokens, positions and weights version; this advances the positions.
+/// split across the kernel threads by sequence when there are several, one pass per thread, unless
+/// the model's packed weights stream from memory (the cache's packed_bytes_per_pass): then in one
+/// pass whose kernels split their own work. The caller has checked the tokens, positions and
+/// weights version; this advances the positions.
 void run_cache_passes(KVCache& cache, const DecodeRequest& request, const std::function<Rows(CachePass&)>& describe);
 
 }  // namespace tapegrad::nn

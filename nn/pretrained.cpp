@@ -197,14 +197,16 @@ LanguageModel load_weights(const Config& config, std::span<const ForeignTensor> 
   return LanguageModel(std::move(model));
 }
 
-// A GGUF tensor's own blocks, memory-mapped, when packed_matmul has kernels for its type.
+// A GGUF tensor's own blocks, interleaved (core/quant/row_groups.h), when packed_matmul has kernels for its type.
 FileMatrix gguf_matrix(const io::GgufFile& file) {
   auto mapping = std::make_shared<const io::GgufFile>(file);  // copies share the mapping
   return [mapping](const ForeignTensor& entry, std::size_t rows, std::size_t cols) -> std::optional<quant::PackedMatrix> {
     const io::GgufTensor* tensor = mapping->find_tensor(entry.gguf_name);
     if (!tensor || !quant::has_packed_kernels(tensor->type) || tensor->shape != std::vector<std::size_t>{rows, cols})
       return std::nullopt;
-    return quant::view_matrix(tensor->type, rows, cols, tensor->data, mapping);
+    quant::PackedMatrix packed = quant::interleave_matrix(tensor->type, rows, cols, tensor->data);
+    mapping->release(*tensor);  // the process holds the interleaved copy, not the file's pages too
+    return packed;
   };
 }
 

@@ -1,8 +1,9 @@
-// This level's packed kernels for the block formats of 32 (Q4_0, Q4_1, Q5_0, Q8_0; core/quant/
-// packed_kernels.h): integer dot products on 8-bit activation blocks, each output computed as Note
-// [Packed products] fixes it, in register tiles of weight rows by activation rows; and the level's
-// tables. The portable loops run at SSE2 and emulated16; AVX2 forms the integer sums with AVX-VNNI
-// or vpmaddubsw, AVX-512 with VNNI two blocks at a time.
+// This level's packed kernels for the integer formats, the blocks of 32 (Q4_0, Q4_1, Q5_0, Q8_0) and
+// the K-quants (Q4_K, Q6_K; core/quant/packed_kernels.h): integer dot products of sixteen outputs'
+// codes, a SIMD lane each (core/quant/row_groups.h), with x's 8-bit blocks broadcast, each output
+// computed as Note [Packed products] fixes it, in tiles of one group by MR rows of x; and the
+// level's tables. Plain loops at SSE2 and emulated16; AVX2 forms the integer sums with AVX-VNNI or
+// vpmaddubsw, eight lanes at a time; AVX-512 with VNNI sixteen.
 #include <cpuid.h>
 
 #include <cmath>
@@ -17,299 +18,268 @@ namespace {
 using quant::ActivationRows;
 using quant::PackedMatrix;
 using quant::TensorType;
+using quant::UnitLayout;
 
-// The layout of a block format's blocks of 32 (core/quant/block_format.cpp): bytes per block, where
-// the codes start, the offset subtracted from the unsigned codes, whether a minimum follows d, and
-// whether a 32-bit word after d holds each code's fifth bit (Q5_0).
-template <TensorType type> struct Blocks;
-template <> struct Blocks<TensorType::Q4_0> {
-  static constexpr std::size_t bytes = 18, codes = 2;
-  static constexpr int offset = 8, shift = 3;  // offset = 1 << shift
-  static constexpr bool nibbles = true, has_min = false, fifth_bits = false;
+// What the kernels need of a format beside its unit's layout: blocks of 32 a unit, integer sums a
+// block (Q6_K's halves have their own scales), whether a minimum term follows, and the offset as a
+// shift (offset = 1 << shift, or no offset).
+template <TensorType type> struct Format {
+  static constexpr UnitLayout layout = quant::unit_layout(type);
+  static constexpr bool k_quant = type == TensorType::Q4_K || type == TensorType::Q6_K;
+  static constexpr std::size_t blocks = k_quant ? 8 : 1;
+  static constexpr int segments = type == TensorType::Q6_K ? 2 : 1;
+  static constexpr bool has_min = type == TensorType::Q4_1 || type == TensorType::Q4_K;
+  static constexpr bool nibbles = type != TensorType::Q8_0;
+  static constexpr int shift = std::countr_zero(unsigned(layout.offset));
 };
-template <> struct Blocks<TensorType::Q4_1> {
-  static constexpr std::size_t bytes = 20, codes = 4;
-  static constexpr int offset = 0, shift = 0;
-  static constexpr bool nibbles = true, has_min = true, fifth_bits = false;
-};
-template <> struct Blocks<TensorType::Q5_0> {
-  static constexpr std::size_t bytes = 22, codes = 6;
-  static constexpr int offset = 16, shift = 4;
-  static constexpr bool nibbles = true, has_min = false, fifth_bits = true;
-};
-template <> struct Blocks<TensorType::Q8_0> {
-  static constexpr std::size_t bytes = 34, codes = 2;
-  static constexpr int offset = 128, shift = 7;
-  static constexpr bool nibbles = false, has_min = false, fifth_bits = false;
-};
+
+// x's bias for segment h of block `at` (an index into x's blocks): offset times minus the sum of
+// its q, so that the unsigned codes' sum becomes q_w . q.
+template <TensorType type> std::int32_t bias_of(const ActivationRows& x, std::size_t at, int h) {
+  using F = Format<type>;
+  if constexpr (F::layout.offset == 0) {
+    return 0;
+  } else {
+    const std::int32_t neg = F::segments == 2 ? x.neg_half_sums[2 * at + h] : x.neg_sums[at];
+    return std::int32_t(std::uint32_t(neg) << F::shift);
+  }
+}
 
 // ---- portable: the definition, in plain loops --------------------------------------------------
 
+// Row r's code k (0..31) of block s of a unit.
+template <TensorType type> unsigned code_of(const std::byte* unit, std::size_t s, std::size_t r, std::size_t k) {
+  using F = Format<type>;
+  const std::byte* chunks = unit + F::layout.codes + s * F::layout.sub_bytes;
+  const std::size_t t = k % 4;
+  if constexpr (!F::nibbles) return unsigned(chunks[64 * (k / 4) + 4 * r + t]);
+  const unsigned byte = unsigned(chunks[64 * (k % 16 / 4) + 4 * r + t]);
+  unsigned u = k < 16 ? byte & 0xF : byte >> 4;
+  if constexpr (type == TensorType::Q5_0) u |= ((unsigned(unit[F::layout.fifth + 4 * r + t]) >> (k / 4)) & 1) << 4;
+  if constexpr (type == TensorType::Q6_K) u |= ((unsigned(chunks[256 + 64 * (k / 16) + 4 * r + t]) >> (2 * (k / 4 % 4))) & 3) << 4;
+  return u;
+}
+
+// d_w of segment h of block s for row r, and m_w (Note [Packed products]).
+template <TensorType type> float scale_of(const std::byte* unit, std::size_t s, int h, std::size_t r) {
+  using F = Format<type>;
+  const float d = half_to_float(load_u16(unit + F::layout.d + 2 * r));
+  if constexpr (type == TensorType::Q4_K) return d * float(unsigned(unit[F::layout.scales + 16 * s + r]));
+  if constexpr (type == TensorType::Q6_K) return d * float(std::int8_t(unit[F::layout.scales + 16 * (2 * s + h) + r]));
+  return d;
+}
+template <TensorType type> float min_of(const std::byte* unit, std::size_t s, std::size_t r) {
+  using F = Format<type>;
+  const float m = half_to_float(load_u16(unit + F::layout.m + 2 * r));
+  if constexpr (type == TensorType::Q4_K) return -(m * float(unsigned(unit[F::layout.scales + 16 * (8 + s) + r])));
+  return m;
+}
+
 template <TensorType type>
-void block_rows_portable(float* y, std::size_t ldy, const ActivationRows& x, const PackedMatrix& w,
-                         std::size_t first, std::size_t last, bool accumulate) {
-  using B = Blocks<type>;
-  const std::size_t blocks = w.cols / 32;
+void integer_rows_portable(float* y, std::size_t ldy, const ActivationRows& x, const PackedMatrix& w,
+                           std::size_t first, std::size_t last, bool accumulate) {
+  using F = Format<type>;
+  constexpr std::size_t per_segment = 32 / F::segments;
   for (std::size_t n = first; n < last; ++n) {
-    const std::byte* row = w.row(n);
+    const std::byte* group = w.group(n / group_rows);
+    const std::size_t r = n % group_rows;
     for (std::size_t m = 0; m < x.rows; ++m) {
-      const std::int8_t* q = x.q + m * x.blocks * 32;
-      const std::int32_t* neg_sums = x.neg_sums + m * x.blocks * 8;
-      const float* d = x.d + m * x.blocks * 8;
-      const float* scaled_sums = x.scaled_sums + m * x.blocks * 8;
-      float acc[16] = {};
-      for (std::size_t b = 0; b < blocks; ++b) {
-        const std::byte* block = row + b * B::bytes;
-        std::uint8_t u[32];
-        for (int j = 0; j < 16 && B::nibbles; ++j) {
-          u[j] = std::uint8_t(unsigned(block[B::codes + j]) & 0xF);
-          u[j + 16] = std::uint8_t(unsigned(block[B::codes + j]) >> 4);
-        }
-        for (int j = 0; j < 32 && !B::nibbles; ++j) u[j] = std::uint8_t(unsigned(block[B::codes + j]) ^ 0x80);
-        for (int j = 0; j < 32 && B::fifth_bits; ++j) u[j] |= std::uint8_t(((load_u32(block + 2) >> j) & 1) << 4);
-        const float scale = half_to_float(load_u16(block)) * d[8 * b];
-        const float min = B::has_min ? half_to_float(load_u16(block + 2)) : 0;
-        for (std::size_t g = 0; g < 8; ++g) {
-          std::int32_t sum = B::offset * neg_sums[8 * b + g];
-          for (std::size_t j = 4 * g; j < 4 * g + 4; ++j) sum += std::int32_t(u[j]) * q[32 * b + j];
-          float& lane = acc[(b % 2) * 8 + g];
-          lane = std::fma(float(sum), scale, lane);
-          if constexpr (B::has_min) lane = std::fma(min, scaled_sums[8 * b + g], lane);
+      float acc = 0;
+      for (std::size_t u = 0; u < w.units(); ++u) {
+        const std::byte* unit = group + u * F::layout.bytes;
+        for (std::size_t s = 0; s < F::blocks; ++s) {
+          const std::size_t at = m * x.blocks + u * F::blocks + s;
+          for (int h = 0; h < F::segments; ++h) {
+            std::int32_t sum = bias_of<type>(x, at, h);
+            for (std::size_t k = h * per_segment; k < (h + 1) * per_segment; ++k)
+              sum += std::int32_t(code_of<type>(unit, s, r, k)) * x.q[32 * at + k];
+            acc = std::fma(float(sum), scale_of<type>(unit, s, h, r) * x.d[at], acc);
+          }
+          if constexpr (F::has_min) acc = std::fma(min_of<type>(unit, s, r), x.scaled_sums[at], acc);
         }
       }
-      store_sum(y + m * ldy + n, acc, accumulate);
+      y[m * ldy + n] = accumulate ? y[m * ldy + n] + acc : acc;
     }
   }
 }
 
 #if defined(__AVX2__) && !defined(TAPEGRAD_EMULATED_BATCH)
 
-// ---- AVX2: register tiles, a block at a time; integer sums by AVX-VNNI's vpdpbusd where the CPU
-// has it, else by vpmaddubsw + vpmaddwd -----------------------------------------------------------
+// ---- SIMD: a tile of one group's lanes by MR rows of x, for AVX2 (eight lanes, the group in two
+// halves) and AVX-512 (sixteen), through the operations below ------------------------------------
 
-// A block's 32 codes in element order: Q4's and Q5_0's unsigned, Q8_0's signed bytes as stored.
-template <TensorType type> __m256i codes256(const std::byte* block) {
-  using B = Blocks<type>;
-  if constexpr (!B::nibbles) {
-    return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + B::codes));
-  } else {
-    const __m128i packed = _mm_loadu_si128(reinterpret_cast<const __m128i*>(block + B::codes));
-    const __m128i low = _mm_set1_epi8(0xF);
-    const __m256i nibbles = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(packed, 4), low), _mm_and_si128(packed, low));
-    if constexpr (!B::fifth_bits) return nibbles;
-    // byte j gets the fifth bits' byte j / 8, then keeps its bit j % 8 as 0x10
-    const __m256i spread = _mm256_shuffle_epi8(_mm256_set1_epi32(int(load_u32(block + 2))),
-                                               _mm256_set_epi64x(0x0303030303030303, 0x0202020202020202,
-                                                                 0x0101010101010101, 0));
-    const __m256i bit = _mm256_set1_epi64x(std::int64_t(0x8040201008040201));
-    const __m256i set = _mm256_cmpeq_epi8(_mm256_and_si256(spread, bit), bit);
-    return _mm256_or_si256(nibbles, _mm256_and_si256(set, _mm256_set1_epi8(0x10)));
+// AVX2's lanes: half h of a group reads the second 32 bytes of each chunk, the second 8 halves and
+// scale bytes. Integer sums by AVX-VNNI's vpdpbusd (vnni) or by vpmaddubsw and vpmaddwd, whose
+// pairs stay below 2^15: Q4's and Q6_K's codes are below 64, and Q8_0's are taken signed with
+// their sign moved onto x (the sum is then q_w . q itself, with no offset to take back).
+template <bool vnni> struct Lanes256 {
+  static constexpr std::size_t lanes = 8;
+  static constexpr bool signed_q8 = !vnni;
+  using I = __m256i;
+  using F = __m256;
+  static I chunk(const std::byte* p, std::size_t half) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 32 * half)); }
+  static I set1(std::int32_t v) { return _mm256_set1_epi32(v); }
+  static I broadcast(const std::int8_t* q) { return _mm256_set1_epi32(int(load_u32(reinterpret_cast<const std::byte*>(q)))); }
+  static I and_(I a, std::int32_t mask) { return _mm256_and_si256(a, _mm256_set1_epi32(mask)); }
+  static I or_(I a, I b) { return _mm256_or_si256(a, b); }
+  static I shift_left(I a, int n) { return _mm256_slli_epi32(a, n); }
+  static I shift_right(I a, int n) { return _mm256_srli_epi32(a, n); }
+  [[gnu::target("avxvnni")]] static I dot(I sum, I u, I q) {
+    if constexpr (vnni) return _mm256_dpbusd_avx_epi32(sum, u, q);
+    else return _mm256_add_epi32(sum, _mm256_madd_epi16(_mm256_maddubs_epi16(u, q), _mm256_set1_epi16(1)));
   }
-}
-
-// The eight group sums L[b][g] of one block (Note [Packed products]) from its codes and x's block.
-// The functions that take vnni as a parameter are compiled for AVX-VNNI in both versions; the one
-// without calls no VNNI intrinsic and holds no loop a compiler could turn into one.
-template <TensorType type, bool vnni>
-[[gnu::target("avxvnni")]] inline __m256i group_sums256(__m256i codes, __m256i xq, const std::int32_t* neg_sums) {
-  using B = Blocks<type>;
-  __m256i bias = _mm256_setzero_si256();
-  if constexpr (B::offset != 0 && (vnni || B::nibbles))
-    bias = _mm256_slli_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(neg_sums)), B::shift);
-  if constexpr (vnni) {  // unsigned codes: Q8_0's offset by 128
-    return _mm256_dpbusd_avx_epi32(bias, B::nibbles ? codes : _mm256_xor_si256(codes, _mm256_set1_epi8(char(0x80))), xq);
-  } else {
-    const __m256i ones = _mm256_set1_epi16(1);
-    if constexpr (!B::nibbles)  // signed codes: |w| times q with w's sign, pairs below 2 * 128 * 127
-      return _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_abs_epi8(codes), _mm256_sign_epi8(xq, codes)), ones);
-    const __m256i sums = _mm256_madd_epi16(_mm256_maddubs_epi16(codes, xq), ones);  // pairs below 2 * 15 * 127
-    return B::offset == 0 ? sums : _mm256_add_epi32(sums, bias);
+  static I dot_signed(I sum, I w, I q) {  // w signed bytes
+    return _mm256_add_epi32(sum, _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_abs_epi8(w), _mm256_sign_epi8(q, w)),
+                                                   _mm256_set1_epi16(1)));
   }
-}
-
-// Block b of the tile's NR weight rows against its MR activation rows, into the lanes of b's parity.
-template <TensorType type, bool vnni, int NR, int MR, int parity>
-[[gnu::target("avxvnni,f16c")]] inline void block_step256(const std::byte* rows[NR], const ActivationRows& x,
-                                                          std::size_t m0, std::size_t b, std::size_t ahead,
-                                                          __m256 (&acc)[NR][MR][2]) {
-  using B = Blocks<type>;
-  __m256i codes[NR];
-  __m256 d[NR], min[NR];
-  for (int r = 0; r < NR; ++r) {
-    const std::byte* block = rows[r] + b * B::bytes;
-    _mm_prefetch(reinterpret_cast<const char*>(block + ahead), _MM_HINT_T0);  // ahead: prefetch_distance
-    codes[r] = codes256<type>(block);
-    d[r] = _mm256_set1_ps(_cvtsh_ss(load_u16(block)));
-    if constexpr (B::has_min) min[r] = _mm256_set1_ps(_cvtsh_ss(load_u16(block + 2)));
+  static I flip(I u) { return _mm256_xor_si256(u, _mm256_set1_epi8(char(0x80))); }
+  [[gnu::target("f16c")]] static F halves(const std::byte* p, std::size_t half) {
+    return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 16 * half)));
   }
-  for (int i = 0; i < MR; ++i) {
-    const std::size_t at = (m0 + i) * x.blocks + b;
-    const __m256i xq = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x.q + 32 * at));
-    const __m256 dx = _mm256_loadu_ps(x.d + 8 * at);
-    for (int r = 0; r < NR; ++r) {
-      const __m256 sums = _mm256_cvtepi32_ps(group_sums256<type, vnni>(codes[r], xq, x.neg_sums + 8 * at));
-      acc[r][i][parity] = _mm256_fmadd_ps(sums, _mm256_mul_ps(d[r], dx), acc[r][i][parity]);
-      if constexpr (B::has_min)
-        acc[r][i][parity] = _mm256_fmadd_ps(min[r], _mm256_loadu_ps(x.scaled_sums + 8 * at), acc[r][i][parity]);
-    }
+  static F unsigned_bytes(const std::byte* p, std::size_t half) {
+    return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p + 8 * half))));
   }
-}
-
-// Outputs (m0 .. m0 + MR - 1, n0 .. n0 + NR - 1): weight row n0 at `row`, the next ones `stride` on.
-template <TensorType type, bool vnni, int NR, int MR>
-[[gnu::target("avxvnni,f16c")]] void block_tile_avx2(float* y, std::size_t ldy, const ActivationRows& x, std::size_t m0,
-                                                     const std::byte* row, std::size_t stride, std::size_t blocks,
-                                                     std::size_t n0, bool accumulate) {
-  const std::byte* rows[NR];
-  for (int r = 0; r < NR; ++r) rows[r] = row + r * stride;
-  __m256 acc[NR][MR][2];
-  for (int r = 0; r < NR; ++r)
-    for (int i = 0; i < MR; ++i) acc[r][i][0] = acc[r][i][1] = _mm256_setzero_ps();
-  const std::size_t ahead = prefetch_distance<NR>(stride);
-  std::size_t b = 0;
-  for (; b + 1 < blocks; b += 2) {
-    block_step256<type, vnni, NR, MR, 0>(rows, x, m0, b, ahead, acc);
-    block_step256<type, vnni, NR, MR, 1>(rows, x, m0, b + 1, ahead, acc);
+  static F signed_bytes(const std::byte* p, std::size_t half) {
+    return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p + 8 * half))));
   }
-  if (b < blocks) block_step256<type, vnni, NR, MR, 0>(rows, x, m0, b, ahead, acc);
-  store_tile256(y, ldy, m0, n0, acc, accumulate);
-}
-
-template <TensorType type, bool vnni>
-void block_rows_avx2(float* y, std::size_t ldy, const ActivationRows& x, const PackedMatrix& w, std::size_t first,
-                     std::size_t last, bool accumulate) {
-  const std::size_t stride = w.row_bytes(), blocks = w.cols / 32;
-  auto tile = [&]<int NR, int MR>(std::size_t m0, std::size_t n) {
-    block_tile_avx2<type, vnni, NR, MR>(y, ldy, x, m0, w.bytes.data() + n * stride, stride, blocks, n, accumulate);
-  };
-  run_integer_tiles_avx2(tile, x.rows, first, last);
-}
-
-#endif
+  static F zero() { return _mm256_setzero_ps(); }
+  static F set1f(float v) { return _mm256_set1_ps(v); }
+  static F to_float(I a) { return _mm256_cvtepi32_ps(a); }
+  static F mul(F a, F b) { return _mm256_mul_ps(a, b); }
+  static F neg(F a) { return _mm256_xor_ps(a, _mm256_set1_ps(-0.0f)); }
+  static F fma(F a, F b, F c) { return _mm256_fmadd_ps(a, b, c); }
+  static void store(float* p, F a) { _mm256_storeu_ps(p, a); }
+};
 
 #if defined(__AVX512F__)
+struct Lanes512 {
+  static constexpr std::size_t lanes = 16;
+  static constexpr bool signed_q8 = false;
+  using I = __m512i;
+  using F = __m512;
+  static I chunk(const std::byte* p, std::size_t) { return _mm512_loadu_si512(p); }
+  static I set1(std::int32_t v) { return _mm512_set1_epi32(v); }
+  static I broadcast(const std::int8_t* q) { return _mm512_set1_epi32(int(load_u32(reinterpret_cast<const std::byte*>(q)))); }
+  static I and_(I a, std::int32_t mask) { return _mm512_and_si512(a, _mm512_set1_epi32(mask)); }
+  static I or_(I a, I b) { return _mm512_or_si512(a, b); }
+  static I shift_left(I a, int n) { return _mm512_slli_epi32(a, unsigned(n)); }
+  static I shift_right(I a, int n) { return _mm512_srli_epi32(a, unsigned(n)); }
+  [[gnu::target("avx512vnni")]] static I dot(I sum, I u, I q) { return _mm512_dpbusd_epi32(sum, u, q); }
+  static I dot_signed(I sum, I, I) { return sum; }  // not used: VNNI takes Q8_0's codes unsigned
+  static I flip(I u) { return u; }
+  static F halves(const std::byte* p, std::size_t) { return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))); }
+  static F unsigned_bytes(const std::byte* p, std::size_t) {
+    return _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
+  }
+  static F signed_bytes(const std::byte* p, std::size_t) {
+    return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
+  }
+  static F zero() { return _mm512_setzero_ps(); }
+  static F set1f(float v) { return _mm512_set1_ps(v); }
+  static F to_float(I a) { return _mm512_cvtepi32_ps(a); }
+  static F mul(F a, F b) { return _mm512_mul_ps(a, b); }
+  static F neg(F a) { return _mm512_castsi512_ps(_mm512_xor_si512(_mm512_castps_si512(a), _mm512_set1_epi32(int(0x80000000u)))); }
+  static F fma(F a, F b, F c) { return _mm512_fmadd_ps(a, b, c); }
+  static void store(float* p, F a) { _mm512_storeu_ps(p, a); }
+};
+#endif
 
-// ---- AVX-512 with VNNI: register tiles of NR weight rows by MR activation rows -----------------
-// A pair of blocks of each of NR weight rows is decoded once (codes, scales, minimums) and meets MR
-// activation rows, whose blocks are loaded once for the NR rows: one-row decoding runs 4 x 1 tiles,
-// prefill and batched decoding 2 x 4 or 4 x 4. Each output keeps its own accumulators and its own
-// sequence of operations, so the tile a row falls in never changes its bits.
+// The tiles are compiled for every integer dot the level's tables may use (each table's kernels
+// call only their own instructions).
+#if defined(__AVX512F__)
+#define TAPEGRAD_INTEGER_TARGETS "avxvnni,f16c,avx512vnni"
+#else
+#define TAPEGRAD_INTEGER_TARGETS "avxvnni,f16c"
+#endif
 
-// The codes of blocks a and b (absent: no second block) as 64 unsigned bytes in the order of
-// x's quantized pair: a's 32 then b's 32 (an absent block's codes count for zero). With GFNI one
-// affine transform per byte takes the nibbles (a bit matrix per 64-bit lane: the low or the high
-// four bits) where a shift and a mask take two instructions.
-template <TensorType type, bool pair, bool gfni>
-[[gnu::target("gfni")]] inline __m512i codes512(const std::byte* a) {
-  using B = Blocks<type>;
-  if constexpr (B::nibbles) {
-    const __m128i low_a = _mm_loadu_si128(reinterpret_cast<const __m128i*>(a + B::codes));
-    __m512i packed = _mm512_maskz_broadcast_i32x4(pair ? 0xFFFF : 0x00FF, low_a);  // a, a, 0, 0
-    if constexpr (pair)
-      packed = _mm512_mask_broadcast_i32x4(packed, 0xFF00,
-                                           _mm_loadu_si128(reinterpret_cast<const __m128i*>(a + B::bytes + B::codes)));
-    // 128-bit lanes a, a, b, b: the second of each keeps the high nibbles
-    __m512i nibbles;
-    if constexpr (gfni) {
-      constexpr long long low = 0x0102040800000000, high = 0x1020408000000000;
-      nibbles = _mm512_gf2p8affine_epi64_epi8(packed, _mm512_set_epi64(high, high, low, low, high, high, low, low), 0);
-    } else {
-      const __m512i shifted = _mm512_srlv_epi64(packed, _mm512_set_epi64(4, 4, 0, 0, 4, 4, 0, 0));
-      nibbles = _mm512_and_si512(shifted, _mm512_set1_epi8(0xF));
+// Chunk j of block s's codes (codes 4j .. 4j + 3 of each lane), unsigned.
+template <TensorType type, class V>
+[[gnu::target(TAPEGRAD_INTEGER_TARGETS)]] inline typename V::I codes(const std::byte* unit, std::size_t s, int j, std::size_t half) {
+  using F = Format<type>;
+  const std::byte* chunks = unit + F::layout.codes + s * F::layout.sub_bytes;
+  if constexpr (!F::nibbles) return V::chunk(chunks + 64 * j, half);
+  const typename V::I packed = V::chunk(chunks + 64 * (j % 4), half);
+  typename V::I u = j < 4 ? V::and_(packed, 0x0F0F0F0F) : V::and_(V::shift_right(packed, 4), 0x0F0F0F0F);
+  if constexpr (type == TensorType::Q5_0) {  // bit j of each byte, to 0x10
+    const typename V::I bits = V::chunk(unit + F::layout.fifth, half);
+    u = V::or_(u, V::and_(j <= 4 ? V::shift_left(bits, 4 - j) : V::shift_right(bits, j - 4), 0x10101010));
+  }
+  if constexpr (type == TensorType::Q6_K) {  // bits 2c, 2c + 1 of chunk j / 4, to 0x30
+    const typename V::I bits = V::chunk(chunks + 256 + 64 * (j / 4), half);
+    const int c = j % 4;
+    u = V::or_(u, V::and_(c <= 2 ? V::shift_left(bits, 4 - 2 * c) : V::shift_right(bits, 2), 0x30303030));
+  }
+  return u;
+}
+
+// Outputs of group `group`'s lanes for x's rows m0 .. m0 + MR - 1, into out[i * 16 + lane]. When
+// `ahead` is not zero, each unit asks for the same unit of the next group, `ahead` bytes on, into
+// L2: the weights stream from memory while a group's tiles compute.
+template <TensorType type, class V, int MR>
+[[gnu::target(TAPEGRAD_INTEGER_TARGETS)]] void integer_tile(const std::byte* group, std::size_t units,
+                                                            const ActivationRows& x, std::size_t m0, std::size_t half,
+                                                            std::size_t ahead, float* out) {
+  using F = Format<type>;
+  using I = typename V::I;
+  using Fl = typename V::F;
+  constexpr bool signed_q8 = V::signed_q8 && type == TensorType::Q8_0;
+  constexpr int per_segment = 8 / F::segments;
+  Fl acc[MR];
+  for (int i = 0; i < MR; ++i) acc[i] = V::zero();
+  for (std::size_t u = 0; u < units; ++u) {
+    const std::byte* unit = group + u * F::layout.bytes;
+    if (ahead)
+      for (std::size_t line = 0; line < F::layout.bytes; line += 64)
+        _mm_prefetch(reinterpret_cast<const char*>(unit + ahead + line), _MM_HINT_T1);
+    for (std::size_t s = 0; s < F::blocks; ++s) {
+      const std::size_t b = u * F::blocks + s;
+      const Fl d = V::halves(unit + F::layout.d, half);
+      for (int h = 0; h < F::segments; ++h) {
+        Fl d_w = d;
+        if constexpr (type == TensorType::Q4_K) d_w = V::mul(d, V::unsigned_bytes(unit + F::layout.scales + 16 * s, half));
+        if constexpr (type == TensorType::Q6_K)
+          d_w = V::mul(d, V::signed_bytes(unit + F::layout.scales + 16 * (2 * s + h), half));
+        I sums[MR];
+        for (int i = 0; i < MR; ++i) sums[i] = V::set1(signed_q8 ? 0 : bias_of<type>(x, (m0 + i) * x.blocks + b, h));
+        for (int j = h * per_segment; j < (h + 1) * per_segment; ++j) {
+          const I u8 = codes<type, V>(unit, s, j, half);
+          const I w8 = V::flip(u8);
+          for (int i = 0; i < MR; ++i) {
+            const I q = V::broadcast(x.q + 32 * ((m0 + i) * x.blocks + b) + 4 * j);
+            sums[i] = signed_q8 ? V::dot_signed(sums[i], w8, q) : V::dot(sums[i], u8, q);
+          }
+        }
+        for (int i = 0; i < MR; ++i)
+          acc[i] = V::fma(V::to_float(sums[i]), V::mul(d_w, V::set1f(x.d[(m0 + i) * x.blocks + b])), acc[i]);
+      }
+      if constexpr (F::has_min) {
+        Fl m_w = V::halves(unit + F::layout.m, half);
+        if constexpr (type == TensorType::Q4_K)
+          m_w = V::neg(V::mul(m_w, V::unsigned_bytes(unit + F::layout.scales + 16 * (8 + s), half)));
+        for (int i = 0; i < MR; ++i) acc[i] = V::fma(m_w, V::set1f(x.scaled_sums[(m0 + i) * x.blocks + b]), acc[i]);
+      }
     }
-    if constexpr (!B::fifth_bits) return nibbles;
-    // bit j of the 64-bit word a's fifth bits then b's is code j's
-    const std::uint64_t fifth = load_u32(a + 2) | (pair ? std::uint64_t(load_u32(a + B::bytes + 2)) << 32 : 0);
-    return _mm512_mask_add_epi8(nibbles, __mmask64(fifth), nibbles, _mm512_set1_epi8(0x10));
-  } else {  // Q8_0's signed codes as they are (tile_step takes x as the unsigned operand)
-    const __m256i ua = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a + B::codes));
-    const __m256i ub = pair ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a + B::bytes + B::codes))
-                            : _mm256_setzero_si256();
-    return _mm512_inserti64x4(_mm512_castsi256_si512(ua), ub, 1);
   }
+  for (int i = 0; i < MR; ++i) V::store(out + 16 * i + V::lanes * half, acc[i]);
 }
 
-// The weights' scales d_w (lanes 0-7 block a's, 8-15 b's) and, for Q4_1, minimums m_w the same way.
-template <TensorType type, bool pair> void scales512(const std::byte* a, __m512& d, __m512& min) {
-  using B = Blocks<type>;
-  // d and m (or d and the first codes) of each block, four halves converted at once
-  const __m128i halves =
-      _mm_insert_epi32(_mm_cvtsi32_si128(int(load_u32(a))), pair ? int(load_u32(a + B::bytes)) : 0, 1);
-  const __m512 both = _mm512_cvtph_ps(_mm256_castsi128_si256(halves));  // d_a, m_a, d_b, m_b, ...
-  d = _mm512_permutexvar_ps(_mm512_set_epi32(2, 2, 2, 2, 2, 2, 2, 2, 0, 0, 0, 0, 0, 0, 0, 0), both);
-  if constexpr (B::has_min)
-    min = _mm512_permutexvar_ps(_mm512_set_epi32(3, 3, 3, 3, 3, 3, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1), both);
-}
-
-// One pair of blocks (b, b + 1; pair false: b alone, the row's last) of the tile.
-template <TensorType type, bool gfni, int NR, int MR, bool pair>
-[[gnu::target("avx512vnni,gfni")]] inline void tile_step(const std::byte* rows[NR], const ActivationRows& x,
-                                                         std::size_t m0, std::size_t b, std::size_t ahead,
-                                                         __m512 (&acc)[NR][MR]) {
-  using B = Blocks<type>;
-  // Q8_0's signed codes meet x + 128 (x.q_plus_128): the sums gain 128 times the weights' group
-  // sums, taken back by starting from minus that, once a weight row (the other formats' unsigned
-  // codes meet x and start from offset times x's negated group sums, once a row of x).
-  constexpr bool signed_codes = type == TensorType::Q8_0;
-  __m512i codes[NR], weight_bias[NR];
-  __m512 d[NR], min[NR];
-  for (int r = 0; r < NR; ++r) {
-    _mm_prefetch(reinterpret_cast<const char*>(rows[r] + b * B::bytes + ahead), _MM_HINT_T0);
-    codes[r] = codes512<type, pair, gfni>(rows[r] + b * B::bytes);
-    scales512<type, pair>(rows[r] + b * B::bytes, d[r], min[r]);
-    if constexpr (signed_codes)
-      weight_bias[r] = _mm512_sub_epi32(
-          _mm512_setzero_si512(), _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_set1_epi8(char(0x80)), codes[r]));
-  }
-  for (int i = 0; i < MR; ++i) {
-    const std::size_t at = (m0 + i) * x.blocks + b;
-    const __m512 dx = _mm512_loadu_ps(x.d + 8 * at);
-    const __m512i xq = _mm512_loadu_si512(signed_codes ? static_cast<const void*>(x.q_plus_128 + 32 * at)
-                                                       : static_cast<const void*>(x.q + 32 * at));
-    __m512i bias = _mm512_setzero_si512();
-    if constexpr (!signed_codes && B::offset != 0)
-      bias = _mm512_slli_epi32(_mm512_loadu_si512(x.neg_sums + 8 * at), B::shift);
-    for (int r = 0; r < NR; ++r) {
-      const __m512 sums = signed_codes ? _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(weight_bias[r], xq, codes[r]))
-                                       : _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(bias, codes[r], xq));
-      acc[r][i] = _mm512_fmadd_ps(sums, _mm512_mul_ps(d[r], dx), acc[r][i]);
-      if constexpr (B::has_min)
-        acc[r][i] = _mm512_fmadd_ps(min[r], _mm512_loadu_ps(x.scaled_sums + 8 * at), acc[r][i]);
-    }
-  }
-}
-
-// Outputs (m0 .. m0 + MR - 1, n0 .. n0 + NR - 1): weight row n0 at `row`, the next ones `stride` on.
-template <TensorType type, bool gfni, int NR, int MR>
-[[gnu::target("avx512vnni,gfni")]] void block_tile_vnni(float* y, std::size_t ldy, const ActivationRows& x,
-                                                        std::size_t m0, const std::byte* row, std::size_t stride,
-                                                        std::size_t blocks, std::size_t n0, bool accumulate) {
-  const std::byte* rows[NR];
-  for (int r = 0; r < NR; ++r) rows[r] = row + r * stride;
-  __m512 acc[NR][MR];
-  for (int r = 0; r < NR; ++r)
-    for (int i = 0; i < MR; ++i) acc[r][i] = _mm512_setzero_ps();
-  const std::size_t ahead = prefetch_distance<NR>(stride);  // bytes on (quant_matmul_tiles.h)
-  std::size_t b = 0;
-  for (; b + 1 < blocks; b += 2) tile_step<type, gfni, NR, MR, true>(rows, x, m0, b, ahead, acc);
-  if (b < blocks) tile_step<type, gfni, NR, MR, false>(rows, x, m0, b, ahead, acc);
-  store_tile512(y, ldy, m0, n0, acc, accumulate);
-}
-
-// The functions that take gfni as a parameter are compiled for GFNI in both versions: the one
-// without calls no GFNI intrinsic and holds no loop over bytes a compiler could turn into one.
-template <TensorType type, bool gfni>
-void block_rows_vnni(float* y, std::size_t ldy, const ActivationRows& x, const PackedMatrix& w, std::size_t first,
-                     std::size_t last, bool accumulate) {
-  const std::size_t stride = w.row_bytes(), blocks = w.cols / 32;
-  auto tile = [&]<int NR, int MR>(std::size_t m0, std::size_t n) {
-    block_tile_vnni<type, gfni, NR, MR>(y, ldy, x, m0, w.bytes.data() + n * stride, stride, blocks, n, accumulate);
+// The tiles' rows of x: AVX-512's 32 registers hold 8 rows' sums and accumulators, AVX2's 16 hold 4.
+template <TensorType type, class V>
+void integer_rows_simd(float* y, std::size_t ldy, const ActivationRows& x, const PackedMatrix& w, std::size_t first,
+                       std::size_t last, bool accumulate) {
+  constexpr int MR = V::lanes == 16 ? 8 : 4;
+  auto tile = [&]<int NG, int R>(std::size_t g, std::size_t m0) {
+    alignas(64) float out[R * 16];
+    const std::size_t ahead = m0 == 0 && g + 1 < w.groups() ? w.group_bytes() : 0;  // the first tile of rows
+    for (std::size_t half = 0; half < 16 / V::lanes; ++half)
+      integer_tile<type, V, R>(w.group(g), w.units(), x, m0, half, half == 0 ? ahead : 0, out);
+    for (int i = 0; i < R; ++i)
+      store_group(y + (m0 + i) * ldy + g * group_rows, out + 16 * i, g, first, last, accumulate);
   };
-  run_integer_tiles_avx512(tile, x.rows, first, last);
+  run_groups<1, MR>(tile, x.rows, first, last);
 }
 
 #endif
-
 
 // AVX-VNNI is CPUID leaf 7 subleaf 1, EAX bit 4, asked of CPUID itself: clang 14's
 // __builtin_cpu_supports does not know the name "avxvnni".
@@ -318,37 +288,42 @@ void block_rows_vnni(float* y, std::size_t ldy, const ActivationRows& x, const P
   return __get_cpuid_count(7, 1, &eax, &ebx, &ecx, &edx) && (eax & (1u << 4)) != 0;
 }
 
-// One table: the block formats' kernels that form integer sums as `dot` says, the K-quants' alike,
-// and the level's float kernels and activation quantizer.
+template <template <TensorType> class Kernel> void set_integer_kernels(quant::PackedKernelTable& table) {
+  table.q4_0 = Kernel<TensorType::Q4_0>::run, table.q4_1 = Kernel<TensorType::Q4_1>::run;
+  table.q5_0 = Kernel<TensorType::Q5_0>::run, table.q8_0 = Kernel<TensorType::Q8_0>::run;
+  table.q4_k = Kernel<TensorType::Q4_K>::run, table.q6_k = Kernel<TensorType::Q6_K>::run;
+}
+template <TensorType type> struct Portable {
+  static constexpr quant::PackedKernel run = integer_rows_portable<type>;
+};
+#if defined(__AVX2__) && !defined(TAPEGRAD_EMULATED_BATCH)
+template <TensorType type> struct Maddubs {
+  static constexpr quant::PackedKernel run = integer_rows_simd<type, Lanes256<false>>;
+};
+template <TensorType type> struct AvxVnni {
+  static constexpr quant::PackedKernel run = integer_rows_simd<type, Lanes256<true>>;
+};
+#endif
+#if defined(__AVX512F__)
+template <TensorType type> struct Avx512Vnni {
+  static constexpr quant::PackedKernel run = integer_rows_simd<type, Lanes512>;
+};
+#endif
+
+// One table: the integer formats' kernels that form integer sums as `dot` says, and the level's
+// float kernels and activation quantizer.
 quant::PackedKernelTable make_table(IntegerDot dot, const char* name) {
   quant::PackedKernelTable table;
   switch (dot) {
 #if defined(__AVX512F__)
-    case IntegerDot::avx512_vnni_gfni:
-      table.q4_0 = block_rows_vnni<TensorType::Q4_0, true>, table.q4_1 = block_rows_vnni<TensorType::Q4_1, true>;
-      table.q5_0 = block_rows_vnni<TensorType::Q5_0, true>, table.q8_0 = block_rows_vnni<TensorType::Q8_0, true>;
-      break;
-    case IntegerDot::avx512_vnni:
-      table.q4_0 = block_rows_vnni<TensorType::Q4_0, false>, table.q4_1 = block_rows_vnni<TensorType::Q4_1, false>;
-      table.q5_0 = block_rows_vnni<TensorType::Q5_0, false>, table.q8_0 = block_rows_vnni<TensorType::Q8_0, false>;
-      break;
+    case IntegerDot::avx512_vnni: set_integer_kernels<Avx512Vnni>(table); break;
 #endif
 #if defined(__AVX2__) && !defined(TAPEGRAD_EMULATED_BATCH)
-    case IntegerDot::avx_vnni:
-      table.q4_0 = block_rows_avx2<TensorType::Q4_0, true>, table.q4_1 = block_rows_avx2<TensorType::Q4_1, true>;
-      table.q5_0 = block_rows_avx2<TensorType::Q5_0, true>, table.q8_0 = block_rows_avx2<TensorType::Q8_0, true>;
-      break;
-    case IntegerDot::avx2_maddubs:
-      table.q4_0 = block_rows_avx2<TensorType::Q4_0, false>, table.q4_1 = block_rows_avx2<TensorType::Q4_1, false>;
-      table.q5_0 = block_rows_avx2<TensorType::Q5_0, false>, table.q8_0 = block_rows_avx2<TensorType::Q8_0, false>;
-      break;
+    case IntegerDot::avx_vnni: set_integer_kernels<AvxVnni>(table); break;
+    case IntegerDot::avx2_maddubs: set_integer_kernels<Maddubs>(table); break;
 #endif
-    default:
-      table.q4_0 = block_rows_portable<TensorType::Q4_0>, table.q4_1 = block_rows_portable<TensorType::Q4_1>;
-      table.q5_0 = block_rows_portable<TensorType::Q5_0>, table.q8_0 = block_rows_portable<TensorType::Q8_0>;
-      break;
+    default: set_integer_kernels<Portable>(table); break;
   }
-  set_k_quant_kernels(table, dot);
   set_float_kernels(table);
   table.quantize_row = activation_quantizer();
   table.integer_dot = name;
@@ -360,8 +335,6 @@ std::vector<quant::PackedKernelTable> make_tables() {
 #if defined(__AVX2__) && !defined(TAPEGRAD_EMULATED_BATCH)
   __builtin_cpu_init();
 #if defined(__AVX512F__)
-  if (__builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("gfni"))
-    tables.push_back(make_table(IntegerDot::avx512_vnni_gfni, "avx512vnni gfni"));
   if (__builtin_cpu_supports("avx512vnni")) tables.push_back(make_table(IntegerDot::avx512_vnni, "avx512vnni"));
 #endif
   if (cpu_has_avx_vnni()) tables.push_back(make_table(IntegerDot::avx_vnni, "avxvnni"));

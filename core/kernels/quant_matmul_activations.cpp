@@ -1,5 +1,5 @@
 // This level's activation quantizer for the packed block kernels (core/quant/packed_kernels.h):
-// each row of x cut into blocks of 32 and rounded to 8-bit codes with their scale and group sums,
+// each row of x cut into blocks of 32 and rounded to 8-bit codes with their scale and sums,
 // as Note [Packed products] fixes them; AVX-512 runs the same operations sixteen lanes at a time.
 #include <algorithm>
 #include <cmath>
@@ -23,19 +23,18 @@ inline void block_scale(float amax, float& d, float& inverse) {
   inverse = d >= std::numeric_limits<float>::min() ? 1 / d : 0;
 }
 
-// The groups of a block, from its codes and d: -sum, d and d * sum of each group's four q.
-inline void block_groups(const std::int8_t* q, float d, std::int32_t* neg_sums, float* ds, float* scaled_sums) {
-  for (int g = 0; g < 8; ++g) {
-    const int sum = q[4 * g] + q[4 * g + 1] + q[4 * g + 2] + q[4 * g + 3];
-    neg_sums[g] = -sum;
-    ds[g] = d;
-    scaled_sums[g] = d * float(sum);
-  }
+// A block's sums, from its codes and d: -sum of its q, -sum of each half's, and d * float(sum).
+inline void block_sums(const std::int8_t* q, float d, std::int32_t* neg_sum, std::int32_t* neg_halves, float* scaled_sum) {
+  int halves[2] = {};
+  for (int j = 0; j < 32; ++j) halves[j / 16] += q[j];
+  neg_halves[0] = -halves[0], neg_halves[1] = -halves[1];
+  *neg_sum = -(halves[0] + halves[1]);
+  *scaled_sum = d * float(halves[0] + halves[1]);
 }
 
-inline void quantize_row_portable(const float* x, std::size_t cols, std::size_t blocks, std::int8_t* q,
-                                  std::int32_t* neg_sums, float* d, float* scaled_sums) {
-  for (std::size_t b = 0; b < blocks; ++b, q += 32, neg_sums += 8, d += 8, scaled_sums += 8) {
+inline void quantize_row_portable(const float* x, std::size_t cols, std::int8_t* q, float* d, std::int32_t* neg_sums,
+                                  std::int32_t* neg_half_sums, float* scaled_sums) {
+  for (std::size_t b = 0; 32 * b < cols; ++b, q += 32) {
     float block[32] = {};  // a partial last block reads zeros past the row's end
     if (32 * b < cols) std::copy_n(x + 32 * b, std::min<std::size_t>(32, cols - 32 * b), block);
     float amax = 0;
@@ -50,18 +49,19 @@ inline void quantize_row_portable(const float* x, std::size_t cols, std::size_t 
     if (!finite) scale = std::numeric_limits<float>::quiet_NaN(), inverse = 0;
     for (int j = 0; j < 32; ++j)
       q[j] = std::int8_t(std::clamp(finite ? round_even(block[j] * inverse) : 0.0f, -127.0f, 127.0f));
-    block_groups(q, scale, neg_sums, d, scaled_sums);
+    d[b] = scale;
+    block_sums(q, scale, neg_sums + b, neg_half_sums + 2 * b, scaled_sums + b);
   }
 }
 
 #if defined(__AVX512F__)
 
 // quantize_row_portable's operations sixteen lanes at a time: the same bits.
-void quantize_row_avx512(const float* x, std::size_t cols, std::size_t blocks, std::int8_t* q,
-                         std::int32_t* neg_sums, float* d, float* scaled_sums) {
+void quantize_row_avx512(const float* x, std::size_t cols, std::int8_t* q, float* d, std::int32_t* neg_sums,
+                         std::int32_t* neg_half_sums, float* scaled_sums) {
   const __m512 sign = _mm512_set1_ps(-0.0f), limit = _mm512_set1_ps(127.0f);
-  for (std::size_t b = 0; b < blocks; ++b, q += 32, neg_sums += 8, d += 8, scaled_sums += 8) {
-    const std::size_t rest = 32 * b < cols ? cols - 32 * b : 0;
+  for (std::size_t b = 0; 32 * b < cols; ++b, q += 32) {
+    const std::size_t rest = cols - 32 * b;
     const __m512 x0 =
         rest >= 16 ? _mm512_loadu_ps(x + 32 * b) : _mm512_maskz_loadu_ps(detail::lanes_below(rest), x + 32 * b);
     const __m512 x1 = rest >= 32 ? _mm512_loadu_ps(x + 32 * b + 16)
@@ -82,10 +82,15 @@ void quantize_row_avx512(const float* x, std::size_t cols, std::size_t blocks, s
     };
     const __m256i block = finite ? _mm256_set_m128i(codes(x1), codes(x0)) : _mm256_setzero_si256();
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(q), block);
-    const __m256i sums = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_set1_epi8(1), block), _mm256_set1_epi16(1));
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(neg_sums), _mm256_sub_epi32(_mm256_setzero_si256(), sums));
-    _mm256_storeu_ps(d, _mm256_set1_ps(scale));
-    _mm256_storeu_ps(scaled_sums, _mm256_mul_ps(_mm256_set1_ps(scale), _mm256_cvtepi32_ps(sums)));
+    // each half's sum: four groups' sums of four codes, then the groups added in a tree
+    const __m256i groups = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_set1_epi8(1), block), _mm256_set1_epi16(1));
+    const __m128i pairs = _mm_hadd_epi32(_mm256_castsi256_si128(groups), _mm256_extracti128_si256(groups, 1));
+    const __m128i halves = _mm_hadd_epi32(pairs, pairs);  // half 0, half 1, half 0, half 1
+    const int h0 = _mm_cvtsi128_si32(halves), h1 = _mm_extract_epi32(halves, 1);
+    d[b] = scale;
+    neg_half_sums[2 * b] = -h0, neg_half_sums[2 * b + 1] = -h1;
+    neg_sums[b] = -(h0 + h1);
+    scaled_sums[b] = scale * float(h0 + h1);
   }
 }
 

@@ -6,7 +6,11 @@
 #include <fmt/format.h>
 #include <omp.h>
 
+#include <sys/mman.h>
+
 #include <algorithm>
+#include <cstdlib>
+#include <mutex>
 #include <cmath>
 #include <cstring>
 #include <stdexcept>
@@ -15,6 +19,7 @@
 #include "core/aligned.h"
 #include "core/kernels.h"
 #include "core/quant/packed_kernels.h"
+#include "core/quant/row_groups.h"
 #include "core/simd.h"
 
 #ifndef TAPEGRAD_HAVE_EMULATED16
@@ -109,32 +114,90 @@ const BlockFormat* find_conversion(std::string_view name) {
   return nullptr;
 }
 
-PackedMatrix view_matrix(TensorType type, std::size_t rows, std::size_t cols, std::span<const std::byte> bytes,
-                         std::shared_ptr<const void> owner) {
+std::size_t PackedMatrix::group_bytes() const { return units() * unit_layout(type).bytes; }
+
+namespace {
+
+void check_shape(TensorType type, std::size_t rows, std::size_t cols, bool converting) {
   const BlockFormat& format = block_format(type);
-  if (!has_packed_kernels(type) || cols % format.block_elems != 0)
-    throw std::invalid_argument(fmt::format("PackedMatrix: a ({}, {}) matrix of {} has no kernels (block formats "
-                                            "need columns in whole blocks of {})",
+  if (has_packed_kernels(type) && cols % format.block_elems == 0) return;
+  if (converting)
+    throw std::invalid_argument(fmt::format("pack_matrix: a ({}, {}) matrix cannot be {} (its rows must be whole "
+                                            "blocks of {})",
                                             rows, cols, format.name, format.block_elems));
-  PackedMatrix w{type, rows, cols, bytes, std::move(owner)};
-  if (bytes.size() != rows * w.row_bytes())
-    throw std::invalid_argument(fmt::format("PackedMatrix: a ({}, {}) matrix of {} is {} bytes, got {}", rows, cols,
-                                            format.name, rows * w.row_bytes(), bytes.size()));
+  throw std::invalid_argument(fmt::format("PackedMatrix: a ({}, {}) matrix of {} has no kernels (block formats need "
+                                          "columns in whole blocks of {})",
+                                          rows, cols, format.name, format.block_elems));
+}
+
+// Storage for packed weights, carved from chunks of 32 MB on 2 MB pages where the kernel gives them
+// (transparent huge pages on request): a product streams its weights, and on 4 KB pages each 4 KB
+// of them costs a TLB miss (Q8_0's one-row product streamed 1.3x as fast on 2 MB pages). Matrices
+// share a chunk, so that a model of many small matrices holds about the pages its bytes need; a
+// chunk is freed with the last matrix in it.
+std::shared_ptr<std::byte> packed_storage(std::size_t bytes) {
+  constexpr std::size_t page = std::size_t(2) << 20, chunk_bytes = std::size_t(32) << 20;
+  auto allocate = [](std::size_t size) {
+    auto* data = static_cast<std::byte*>(std::aligned_alloc(page, size));
+    if (!data) throw std::bad_alloc();
+    madvise(data, size, MADV_HUGEPAGE);  // a hint: without it (or THP) the pages are 4 KB
+    return std::shared_ptr<std::byte>(data, std::free);
+  };
+  const std::size_t lines = (bytes + 63) / 64 * 64;
+  if (lines > chunk_bytes / 4) return allocate((lines + page - 1) / page * page);
+  static std::mutex mutex;
+  static std::weak_ptr<std::byte> carving;
+  static std::size_t used = 0;
+  std::lock_guard lock(mutex);
+  std::shared_ptr<std::byte> chunk = carving.lock();
+  if (!chunk || used + lines > chunk_bytes) chunk = allocate(chunk_bytes), carving = chunk, used = 0;
+  std::shared_ptr<std::byte> part(chunk, chunk.get() + used);
+  used += lines;
+  return part;
+}
+
+// A matrix of `type` whose row r's blocks (ggml's layout) row_blocks(r) gives, 16 rows at a time.
+template <class RowBlocks>
+PackedMatrix interleave_rows(TensorType type, std::size_t rows, std::size_t cols, RowBlocks row_blocks) {
+  PackedMatrix w{type, rows, cols, {}, nullptr};
+  std::shared_ptr<std::byte> storage = packed_storage(w.groups() * w.group_bytes());
+  const std::size_t block_bytes = w.format().block_bytes, unit_bytes = unit_layout(type).bytes;
+  for (std::size_t g = 0; g < w.groups(); ++g) {
+    const std::byte* blocks[group_rows];
+    for (std::size_t r = 0; r < group_rows; ++r) blocks[r] = 16 * g + r < rows ? row_blocks(16 * g + r) : nullptr;
+    std::byte* group = storage.get() + g * w.group_bytes();
+    for (std::size_t u = 0; u < w.units(); ++u) {
+      interleave_unit(type, blocks, group + u * unit_bytes);
+      for (const std::byte*& block : blocks)
+        if (block) block += block_bytes;
+    }
+  }
+  w.bytes = {storage.get(), w.groups() * w.group_bytes()};
+  w.owner = std::move(storage);
   return w;
+}
+
+}  // namespace
+
+PackedMatrix interleave_matrix(TensorType type, std::size_t rows, std::size_t cols, std::span<const std::byte> bytes) {
+  check_shape(type, rows, cols, false);
+  const std::size_t row_bytes = cols / block_format(type).block_elems * block_format(type).block_bytes;
+  if (bytes.size() != rows * row_bytes)
+    throw std::invalid_argument(fmt::format("PackedMatrix: a ({}, {}) matrix of {} is {} bytes, got {}", rows, cols,
+                                            block_format(type).name, rows * row_bytes, bytes.size()));
+  return interleave_rows(type, rows, cols, [&](std::size_t r) { return bytes.data() + r * row_bytes; });
 }
 
 // A (rows, cols) matrix of `type`, row r converted from the floats row(r) returns.
 template <class Row>
 static PackedMatrix pack_rows(std::size_t rows, std::size_t cols, TensorType type, Row row) {
-  const BlockFormat& format = block_format(type);
-  if (!has_packed_kernels(type) || cols % format.block_elems != 0)
-    throw std::invalid_argument(fmt::format("pack_matrix: a ({}, {}) matrix cannot be {} (its rows must be whole "
-                                            "blocks of {})",
-                                            rows, cols, format.name, format.block_elems));
-  const std::size_t row_bytes = cols / format.block_elems * format.block_bytes;
-  auto storage = std::make_shared<AlignedVector<std::byte>>(rows * row_bytes);  // rows on lines, as a file's
-  for (std::size_t r = 0; r < rows; ++r) pack_row(row(r), cols, type, storage->data() + r * row_bytes);
-  return view_matrix(type, rows, cols, *storage, storage);
+  check_shape(type, rows, cols, true);
+  const std::size_t row_bytes = cols / block_format(type).block_elems * block_format(type).block_bytes;
+  std::vector<std::byte> group(group_rows * row_bytes);
+  return interleave_rows(type, rows, cols, [&](std::size_t r) {
+    pack_row(row(r), cols, type, group.data() + r % group_rows * row_bytes);
+    return group.data() + r % group_rows * row_bytes;
+  });
 }
 
 PackedMatrix pack_matrix(const float* w, std::size_t rows, std::size_t cols, TensorType type) {
@@ -143,10 +206,9 @@ PackedMatrix pack_matrix(const float* w, std::size_t rows, std::size_t cols, Ten
 
 PackedMatrix pack_transposed(const float* w, std::size_t rows, std::size_t cols, TensorType type) {
   // Columns of w gathered 16 at a time, so that each line of w is read once.
-  constexpr std::size_t group = 16;
-  std::vector<float> gathered(group * cols);
+  std::vector<float> gathered(group_rows * cols);
   return pack_rows(rows, cols, type, [&](std::size_t r) {
-    const std::size_t first = r / group * group, count = std::min(group, rows - first);
+    const std::size_t first = r / group_rows * group_rows, count = std::min(group_rows, rows - first);
     if (r == first)
       for (std::size_t c = 0; c < cols; ++c)
         for (std::size_t i = 0; i < count; ++i) gathered[i * cols + c] = w[c * rows + first + i];
@@ -157,13 +219,22 @@ PackedMatrix pack_transposed(const float* w, std::size_t rows, std::size_t cols,
 void dequantize_rows(const PackedMatrix& w, std::size_t first, std::size_t count, float* out) {
   if (first + count > w.rows)
     throw std::out_of_range(fmt::format("dequantize_rows: rows {}..{} of a matrix of {}", first, first + count, w.rows));
-  w.format().dequantize(w.row(first), out, count * w.cols);
+  const BlockFormat& format = w.format();
+  const std::size_t unit_bytes = unit_layout(w.type).bytes;
+  std::vector<std::byte> block(format.block_bytes);
+  for (std::size_t r = first; r < first + count; ++r, out += w.cols) {
+    const std::byte* group = w.group(r / group_rows);
+    for (std::size_t u = 0; u < w.units(); ++u) {
+      deinterleave_unit(w.type, group + u * unit_bytes, r % group_rows, block.data());
+      format.dequantize(block.data(), out + u * format.block_elems, format.block_elems);
+    }
+  }
 }
 
 void quantize_activations(const float* x, std::size_t rows, std::size_t cols, QuantizedActivations& out) {
-  const std::size_t blocks = (cols / 32 + 1) / 2 * 2;  // padded to whole pairs
-  const std::size_t q_bytes = rows * blocks * 32, group_bytes = rows * blocks * 8 * 4;
-  const std::size_t needed = 2 * q_bytes + 3 * group_bytes + 64;
+  const std::size_t blocks = (cols + 31) / 32;
+  const std::size_t q_bytes = rows * blocks * 32, block_bytes = rows * blocks * 4;
+  const std::size_t needed = q_bytes + 5 * block_bytes + 64;
   if (out.capacity < needed) {
     out.storage = std::make_unique<std::byte[]>(needed);
     out.capacity = needed;
@@ -171,33 +242,15 @@ void quantize_activations(const float* x, std::size_t rows, std::size_t cols, Qu
   std::byte* base = out.storage.get();
   base += (64 - reinterpret_cast<std::uintptr_t>(base) % 64) % 64;
   auto* q = reinterpret_cast<std::int8_t*>(base);
-  auto* neg_sums = reinterpret_cast<std::int32_t*>(base + q_bytes);
-  auto* d = reinterpret_cast<float*>(base + q_bytes + group_bytes);
-  auto* scaled_sums = reinterpret_cast<float*>(base + q_bytes + 2 * group_bytes);
-  auto* q_plus_128 = reinterpret_cast<std::uint8_t*>(base + q_bytes + 3 * group_bytes);
+  auto* d = reinterpret_cast<float*>(base + q_bytes);
+  auto* neg_sums = reinterpret_cast<std::int32_t*>(base + q_bytes + block_bytes);
+  auto* scaled_sums = reinterpret_cast<float*>(base + q_bytes + 2 * block_bytes);
+  auto* neg_half_sums = reinterpret_cast<std::int32_t*>(base + q_bytes + 3 * block_bytes);
   const RowQuantizer quantize_row = active_packed_table().quantize_row;
   for (std::size_t m = 0; m < rows; ++m)
-    quantize_row(x + m * cols, cols, blocks, q + m * blocks * 32, neg_sums + m * blocks * 8, d + m * blocks * 8,
-                 scaled_sums + m * blocks * 8);
-  for (std::size_t i = 0; i < q_bytes; ++i) q_plus_128[i] = std::uint8_t(q[i] ^ 0x80);
-  out.rows = {x, rows, cols, blocks, q, q_plus_128, neg_sums, d, scaled_sums};
-}
-
-void pair_activations(QuantizedActivations& out) {
-  ActivationRows& rows = out.rows;
-  const std::size_t cols = rows.cols, whole = cols / 32 * 32;
-  rows.pairs_cols = (cols + 31) / 32 * 32;
-  if (out.pairs.size() < rows.rows * rows.pairs_cols) out.pairs.resize(rows.rows * rows.pairs_cols);
-  for (std::size_t m = 0; m < rows.rows; ++m) {
-    const float* x = rows.x + m * cols;
-    float* pairs = out.pairs.data() + m * rows.pairs_cols;
-    for (std::size_t k = 0; k < whole; k += 32)
-      for (std::size_t j = 0; j < 16; ++j) pairs[k + j] = x[k + 2 * j], pairs[k + 16 + j] = x[k + 2 * j + 1];
-    if (whole == cols) continue;
-    std::fill(pairs + whole, pairs + whole + 32, 0.0f);
-    for (std::size_t k = whole; k < cols; ++k) pairs[whole + k % 2 * 16 + (k - whole) / 2] = x[k];
-  }
-  rows.pairs = out.pairs.data();
+    quantize_row(x + m * cols, cols, q + m * blocks * 32, d + m * blocks, neg_sums + m * blocks,
+                 neg_half_sums + 2 * m * blocks, scaled_sums + m * blocks);
+  out.rows = {x, rows, cols, blocks, q, d, neg_sums, neg_half_sums, scaled_sums};
 }
 
 std::span<const PackedKernelTable> level_packed_tables() {
@@ -244,15 +297,14 @@ void packed_matmul(float* y, const float* x, std::size_t M, const PackedMatrix& 
 void packed_matmuls(std::span<const PackedProduct> products, const float* x, std::size_t M, bool accumulate) {
   const PackedKernelTable& table = active_packed_table();
   std::size_t total_rows = 0, total_bytes = 0;
-  bool blocks = false, bf16 = false;
+  bool blocks = false;
   for (const PackedProduct& p : products) {
     kernel_for(table, *p.w);
     if (p.w->cols != products[0].w->cols)
       throw std::invalid_argument(fmt::format("packed_matmuls: matrices of {} and {} columns cannot share x",
                                               products[0].w->cols, p.w->cols));
-    total_rows += p.w->rows, total_bytes += p.w->rows * p.w->row_bytes();
+    total_rows += p.w->rows, total_bytes += p.w->groups() * p.w->group_bytes();
     blocks = blocks || p.w->format().block_elems > 1;  // blocks of 32, or K-quants' of 256
-    bf16 = bf16 || p.w->type == TensorType::BF16;
   }
   if (M == 0 || total_rows == 0) return;
   const std::size_t cols = products[0].w->cols;
@@ -263,43 +315,21 @@ void packed_matmuls(std::span<const PackedProduct> products, const float* x, std
     activations.rows = {};
     activations.rows.x = x, activations.rows.rows = M, activations.rows.cols = cols;
   }
-  if (bf16) pair_activations(activations);
   const ActivationRows& rows = activations.rows;
-  // Outputs first .. last - 1 of the products' rows laid end to end, in panels of weight rows that
-  // stay in L2 while x's rows pass a few at a time (those stay in L1): the weights are read from
-  // memory once a call, not once per chunk of x (BF16's prefill waited on them; the block formats
-  // measured within 3% either way, M = 16 to 512 on SmolLM2's shapes).
+  // Outputs first .. last - 1 of the products' rows laid end to end; each kernel walks its share in
+  // panels that stay in L2 while x's rows pass (quant_matmul_tiles.h).
   auto outputs = [&](std::size_t first, std::size_t last) {
-    constexpr std::size_t chunk = 8;
     std::size_t offset = 0;
     for (const PackedProduct& p : products) {
       const PackedMatrix& w = *p.w;
       const std::size_t from = std::clamp(first, offset, offset + w.rows) - offset;
       const std::size_t to = std::clamp(last, offset, offset + w.rows) - offset;
       offset += w.rows;
-      if (from == to) continue;
-      const PackedKernel kernel = kernel_for(table, w);
-      // BF16, F16 and F32 kernels take all of x's rows and all the outputs, and block them themselves
-      // (core/kernels/quant_matmul_float.cpp): their panels fetch the next one while in use.
-      const bool blocks_itself = w.format().block_elems == 1;
-      const std::size_t panel = blocks_itself ? to - from : panel_rows(w.row_bytes());
-      const std::size_t rows_each = blocks_itself ? M : chunk;
-      for (std::size_t n0 = from; n0 < to; n0 += panel)
-        for (std::size_t m = 0; m < M; m += rows_each) {
-          ActivationRows part = rows;
-          part.rows = std::min(rows_each, M - m);
-          part.x = rows.x + m * rows.cols;
-          if (rows.pairs) part.pairs += m * rows.pairs_cols;
-          if (rows.q) {
-            part.q += m * rows.blocks * 32, part.q_plus_128 += m * rows.blocks * 32;
-            part.neg_sums += m * rows.blocks * 8, part.d += m * rows.blocks * 8, part.scaled_sums += m * rows.blocks * 8;
-          }
-          kernel(p.y + m * w.rows, w.rows, part, w, n0, std::min(n0 + panel, to), accumulate);
-        }
+      if (from < to) kernel_for(table, w)(p.y, w.rows, rows, w, from, to, accumulate);
     }
   };
-  // Outputs split into one contiguous share per thread: each output is computed whole by one
-  // thread, so the thread count never changes a bit.
+  // Outputs split into one contiguous share per thread, in whole groups of 16 where the products'
+  // rows are: each output is computed whole by one thread, so the thread count never changes a bit.
   const int threads = num_threads();
   constexpr std::size_t min_parallel_bytes = 1 << 16;
   if (threads <= 1 || omp_in_parallel() || total_rows < 64 || M * total_bytes < min_parallel_bytes) {

@@ -1,6 +1,6 @@
-// PackedMatrix: an inference-only weight matrix kept in a ggml block format, (out, in) rows of
-// blocks, its bytes owned or memory-mapped from the file they came from; packed_matmul, the
-// product y = x W^T that decoding runs on it (docs/quantization.md).
+// PackedMatrix: an inference-only weight matrix kept in a ggml block format, its (out, in) rows
+// interleaved sixteen at a time (core/quant/row_groups.h); packed_matmul, the product y = x W^T
+// that decoding runs on it (docs/quantization.md).
 #pragma once
 
 #include <cstddef>
@@ -12,17 +12,20 @@
 
 namespace tapegrad::quant {
 
-/// rows x cols weights, row r (an output) being cols / block_elems blocks of the format's bytes.
+/// rows x cols weights in groups of 16 rows, each group cols / block_elems units of the format's
+/// blocks of 16 rows interleaved (core/quant/row_groups.h), the last group padded with zero rows.
 struct PackedMatrix {
   TensorType type = TensorType::F32;
   std::size_t rows = 0;  ///< outputs
   std::size_t cols = 0;  ///< inputs, a multiple of the format's block_elems
-  std::span<const std::byte> bytes;  ///< rows * row_bytes() bytes
-  std::shared_ptr<const void> owner;  ///< keeps `bytes` alive: an owned buffer or a file mapping
+  std::span<const std::byte> bytes;  ///< groups() * group_bytes() bytes, starting on a cache line
+  std::shared_ptr<const void> owner;  ///< keeps `bytes` alive
 
   const BlockFormat& format() const { return block_format(type); }
-  std::size_t row_bytes() const { return cols / format().block_elems * format().block_bytes; }
-  const std::byte* row(std::size_t r) const { return bytes.data() + r * row_bytes(); }
+  std::size_t groups() const { return (rows + 15) / 16; }
+  std::size_t units() const { return cols / format().block_elems; }
+  std::size_t group_bytes() const;
+  const std::byte* group(std::size_t g) const { return bytes.data() + g * group_bytes(); }
 };
 
 /// Whether packed_matmul has kernels for `type`: Q4_0, Q4_1, Q5_0, Q8_0, Q4_K, Q6_K, BF16, F16 and F32.
@@ -42,9 +45,9 @@ PackedMatrix pack_matrix(const float* w, std::size_t rows, std::size_t cols, Ten
 /// transposed float32 copy.
 PackedMatrix pack_transposed(const float* w, std::size_t rows, std::size_t cols, TensorType type);
 
-/// A matrix over `bytes` of a file's tensor, kept alive by `owner`; checks the sizes.
-PackedMatrix view_matrix(TensorType type, std::size_t rows, std::size_t cols, std::span<const std::byte> bytes,
-                         std::shared_ptr<const void> owner);
+/// A matrix from the `bytes` of a file's tensor, rows of blocks in ggml's layout, interleaved into
+/// its own storage; checks the sizes.
+PackedMatrix interleave_matrix(TensorType type, std::size_t rows, std::size_t cols, std::span<const std::byte> bytes);
 
 /// out (count, cols) = rows first .. first + count - 1 of w, dequantized (block_format's dequantize).
 void dequantize_rows(const PackedMatrix& w, std::size_t first, std::size_t count, float* out);

@@ -10,6 +10,7 @@
 #include <filesystem>
 #include <vector>
 
+#include "core/threads.h"
 #include "nn/linear.h"
 #include "nn/packed_weights.h"
 #include "nn/pretrained.h"
@@ -112,6 +113,28 @@ TEST_CASE("a sequence decoded on packed weights gets the same bits alone and bes
     CHECK_MESSAGE(std::memcmp(logits.data(), stepped.data() + s * vocab, vocab * sizeof(float)) == 0,
                   fmt::format("sequence {}'s step differs beside the other", s));
   }
+}
+
+TEST_CASE("sequences decoded on two threads get the same bits in a pass each and in one pass that splits products") {
+  // A model whose packed weights stream from memory runs in one pass (run_cache_passes); the tiny
+  // Llama's are small, so the cache is told its last pass read more than that.
+  nn::PretrainedModel packed = nn::load_pretrained(tiny_llama("q8_0"), {.weights = "file"});
+  const nn::LanguageModel& model = packed.model;
+  const std::vector<std::vector<std::int32_t>> prompts = {prompt, {9, 8, 7}, {5, 4, 3, 2, 1}, {100, 200}};
+  const int threads_before = num_threads();
+  set_num_threads(2);
+  std::vector<std::vector<float>> logits;
+  for (bool streaming : {false, true}) {
+    nn::KVCache cache = model.make_cache(prompts.size(), 32);
+    model.prefill(prompts, cache);
+    if (streaming) cache.packed_bytes_per_pass = std::size_t(1) << 40;
+    CHECK((cache.packed_bytes_per_pass > 0));  // the prefill counted the packed weights
+    const std::vector<std::int32_t> next = {31, 200, 7, 1};
+    const std::span<const float> stepped = model.step(next, cache);
+    logits.emplace_back(stepped.begin(), stepped.end());
+  }
+  set_num_threads(threads_before);
+  CHECK(std::memcmp(logits[0].data(), logits[1].data(), logits[0].size() * sizeof(float)) == 0);
 }
 
 TEST_CASE("the full forward refuses packed weights, naming what to do instead") {

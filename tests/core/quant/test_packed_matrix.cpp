@@ -37,36 +37,36 @@ bool is_float(TensorType type) {
 
 std::uint16_t u16(const std::byte* p) { return std::uint16_t(unsigned(p[0]) | (unsigned(p[1]) << 8)); }
 
-float tree_sum(const float t[16]) {
-  float t8[8], t4[4];
-  for (int l = 0; l < 8; ++l) t8[l] = t[l] + t[l + 8];
-  for (int l = 0; l < 4; ++l) t4[l] = t8[l] + t8[l + 4];
-  return (t4[0] + t4[2]) + (t4[1] + t4[3]);
-}
+// A matrix's rows in ggml's layout, which the reference reads, and the packed matrix made from them.
+struct TestMatrix {
+  std::vector<std::byte> file;
+  quant::PackedMatrix w;
+  const std::byte* row(std::size_t n) const { return file.data() + n * w.cols / w.format().block_elems * w.format().block_bytes; }
+};
 
-// Block b of 32 of a row of a block format or K-quant: its unsigned codes, each group's d_w and the
-// block's m_w (Note [Packed products]), read from the bytes as ggml lays them out.
+// Block b of 32 of a row of a block format or K-quant: its unsigned codes, d_w of each half (Q6_K's
+// have their own scales) and the block's m_w (Note [Packed products]), read from the bytes as ggml
+// lays them out.
 struct BlockTerms {
   int code[32];
-  float d_w[8];
+  float d_w[2];
   float m_w = 0;
 };
 
-BlockTerms block_terms(const quant::PackedMatrix& w, const std::byte* row, std::size_t b) {
+BlockTerms block_terms(TensorType type, const std::byte* row, std::size_t b) {
   BlockTerms t;
-  if (is_k_quant(w.type)) {
-    const std::byte* super = row + b / 8 * w.format().block_bytes;
+  if (is_k_quant(type)) {
+    const std::byte* super = row + b / 8 * quant::block_format(type).block_bytes;
     const int i = int(b % 8);
-    if (w.type == TensorType::Q4_K) {
+    if (type == TensorType::Q4_K) {
       auto at = [&](int k) { return unsigned(super[4 + k]); };
       const unsigned scale = i < 4 ? at(i) & 63 : (at(i + 4) & 15) | ((at(i - 4) >> 6) << 4);
       const unsigned min = i < 4 ? at(i + 4) & 63 : (at(i + 4) >> 4) | ((at(i) >> 6) << 4);
-      for (int g = 0; g < 8; ++g) t.d_w[g] = quant::f16_to_f32(u16(super)) * float(scale);
+      t.d_w[0] = t.d_w[1] = quant::f16_to_f32(u16(super)) * float(scale);
       t.m_w = -(quant::f16_to_f32(u16(super + 2)) * float(min));
       for (int j = 0; j < 32; ++j) t.code[j] = (unsigned(super[16 + 32 * (i / 2) + j]) >> (4 * (i % 2))) & 15;
     } else {
-      for (int g = 0; g < 8; ++g)
-        t.d_w[g] = quant::f16_to_f32(u16(super + 208)) * float(std::int8_t(super[192 + 2 * i + g / 4]));
+      for (int h = 0; h < 2; ++h) t.d_w[h] = quant::f16_to_f32(u16(super + 208)) * float(std::int8_t(super[192 + 2 * i + h]));
       for (int j = 0; j < 32; ++j) {
         const int element = 32 * i + j, half = element / 128, k = element % 128;  // k = 32 * quarter + l
         const unsigned low = unsigned(super[64 * half + k % 64]) >> (4 * (k / 64));
@@ -76,72 +76,79 @@ BlockTerms block_terms(const quant::PackedMatrix& w, const std::byte* row, std::
     }
     return t;
   }
-  const std::byte* block = row + b * w.format().block_bytes;
-  for (int g = 0; g < 8; ++g) t.d_w[g] = quant::f16_to_f32(u16(block));
+  const std::byte* block = row + b * quant::block_format(type).block_bytes;
+  t.d_w[0] = t.d_w[1] = quant::f16_to_f32(u16(block));
   for (int j = 0; j < 32; ++j) {
-    if (w.type == TensorType::Q8_0) {
+    if (type == TensorType::Q8_0) {
       t.code[j] = int(std::int8_t(block[2 + j])) + 128;
     } else {
-      const std::size_t codes = w.type == TensorType::Q4_1 ? 4 : w.type == TensorType::Q5_0 ? 6 : 2;
+      const std::size_t codes = type == TensorType::Q4_1 ? 4 : type == TensorType::Q5_0 ? 6 : 2;
       t.code[j] = (unsigned(block[codes + j % 16]) >> (j < 16 ? 0 : 4)) & 0xF;
-      if (w.type == TensorType::Q5_0) t.code[j] |= int(((u16(block + 2 + 2 * (j / 16)) >> (j % 16)) & 1) << 4);
+      if (type == TensorType::Q5_0) t.code[j] |= int(((u16(block + 2 + 2 * (j / 16)) >> (j % 16)) & 1) << 4);
     }
   }
-  if (w.type == TensorType::Q4_1) t.m_w = quant::f16_to_f32(u16(block + 2));
+  if (type == TensorType::Q4_1) t.m_w = quant::f16_to_f32(u16(block + 2));
   return t;
 }
 
 // Note [Packed products] for output (m, n), from the block bytes and the quantized x.
-float reference_output(const quant::PackedMatrix& w, const quant::ActivationRows& x, std::size_t m, std::size_t n) {
-  const std::byte* row = w.row(n);
-  float acc[16] = {};
+float reference_output(const TestMatrix& t, const quant::ActivationRows& x, std::size_t m, std::size_t n) {
+  const quant::PackedMatrix& w = t.w;
+  const std::byte* row = t.row(n);
+  float acc = 0;
   if (is_float(w.type)) {
     for (std::size_t k = 0; k < w.cols; ++k) {
       float weight = 0;
       quant::block_format(w.type).dequantize(row + w.format().block_bytes * k, &weight, 1);
-      const std::size_t lane = w.type == TensorType::BF16 ? k % 32 / 2 : k % 16;
-      acc[lane] = std::fma(weight, x.x[m * x.cols + k], acc[lane]);
+      acc = std::fma(weight, x.x[m * x.cols + k], acc);
     }
-    return tree_sum(acc);
+    return acc;
   }
   const int offset = w.type == TensorType::Q4_0   ? 8
                      : w.type == TensorType::Q5_0 ? 16
                      : w.type == TensorType::Q6_K ? 32
                      : w.type == TensorType::Q8_0 ? 128
                                                   : 0;
+  const int halves = w.type == TensorType::Q6_K ? 2 : 1;
   for (std::size_t b = 0; b < w.cols / 32; ++b) {
-    const BlockTerms terms = block_terms(w, row, b);
+    const BlockTerms terms = block_terms(w.type, row, b);
     const std::int8_t* q = x.q + (m * x.blocks + b) * 32;
-    const float dx = x.d[(m * x.blocks + b) * 8];
-    for (int g = 0; g < 8; ++g) {
-      int sum = 0, q_sum = 0;
-      for (int j = 4 * g; j < 4 * g + 4; ++j) sum += (terms.code[j] - offset) * q[j], q_sum += q[j];
-      float& lane = acc[(b % 2) * 8 + g];
-      lane = std::fma(float(sum), terms.d_w[g] * dx, lane);
-      if (w.type == TensorType::Q4_1 || w.type == TensorType::Q4_K) lane = std::fma(terms.m_w, dx * float(q_sum), lane);
+    const float dx = x.d[m * x.blocks + b];
+    int q_sum = 0;
+    for (int h = 0; h < halves; ++h) {
+      int sum = 0;
+      for (int j = h * 32 / halves; j < (h + 1) * 32 / halves; ++j) sum += (terms.code[j] - offset) * q[j], q_sum += q[j];
+      acc = std::fma(float(sum), terms.d_w[h] * dx, acc);
     }
+    if (w.type == TensorType::Q4_1 || w.type == TensorType::Q4_K) acc = std::fma(terms.m_w, dx * float(q_sum), acc);
   }
-  return tree_sum(acc);
+  return acc;
 }
 
-// Random weights: the float formats' converted from random floats; the K-quants' random bytes with
-// random finite halves for d (and Q4_K's dmin), tapegrad having no K-quant quantizer.
-quant::PackedMatrix random_matrix(TensorType type, std::size_t rows, std::size_t cols, std::uint64_t seed) {
-  if (!is_k_quant(type)) {
-    const std::vector<float> w = test::random_vector(rows * cols, seed);
-    return quant::pack_matrix(w.data(), rows, cols, type);
-  }
+// Random weights in ggml's layout: the float formats' converted from random floats; the others'
+// random bytes with random finite halves for d (and Q4_1's m, Q4_K's dmin).
+TestMatrix random_matrix(TensorType type, std::size_t rows, std::size_t cols, std::uint64_t seed) {
   const quant::BlockFormat& format = quant::block_format(type);
-  auto bytes = std::make_shared<std::vector<std::byte>>(rows * cols / 256 * format.block_bytes);
-  std::mt19937_64 random(seed);
-  for (std::byte& byte : *bytes) byte = std::byte(random() & 0xFF);
-  std::uniform_real_distribution<float> scale(-0.01f, 0.01f);
-  for (std::size_t at = 0; at < bytes->size(); at += format.block_bytes)
-    for (std::size_t half : type == TensorType::Q4_K ? std::vector<std::size_t>{0, 2} : std::vector<std::size_t>{208}) {
-      const std::uint16_t bits = quant::f32_to_f16(scale(random));
-      (*bytes)[at + half] = std::byte(bits & 0xFF), (*bytes)[at + half + 1] = std::byte(bits >> 8);
-    }
-  return quant::view_matrix(type, rows, cols, *bytes, bytes);
+  std::vector<std::byte> bytes(rows * cols / format.block_elems * format.block_bytes);
+  if (is_float(type)) {
+    const std::vector<float> w = test::random_vector(rows * cols, seed);
+    format.quantize(w.data(), bytes.data(), rows * cols);
+  } else {
+    std::mt19937_64 random(seed);
+    for (std::byte& byte : bytes) byte = std::byte(random() & 0xFF);
+    std::uniform_real_distribution<float> scale(-0.01f, 0.01f);
+    const std::vector<std::size_t> halves = type == TensorType::Q4_K   ? std::vector<std::size_t>{0, 2}
+                                            : type == TensorType::Q6_K ? std::vector<std::size_t>{208}
+                                            : type == TensorType::Q4_1 ? std::vector<std::size_t>{0, 2}
+                                                                       : std::vector<std::size_t>{0};
+    for (std::size_t at = 0; at < bytes.size(); at += format.block_bytes)
+      for (std::size_t half : halves) {
+        const std::uint16_t bits = quant::f32_to_f16(scale(random));
+        bytes[at + half] = std::byte(bits & 0xFF), bytes[at + half + 1] = std::byte(bits >> 8);
+      }
+  }
+  quant::PackedMatrix w = quant::interleave_matrix(type, rows, cols, bytes);
+  return {std::move(bytes), std::move(w)};
 }
 
 bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
@@ -188,17 +195,17 @@ TEST_CASE("every packed kernel table of this level gives Note [Packed products]'
       for (std::size_t cols : column_counts(type))
         for (std::size_t M : {1, 2, 3, 5, 7, 17, 23}) {  // 17 and up: a prompt's tiles at AVX-512
           const std::size_t rows = 37;
-          const quant::PackedMatrix w = random_matrix(type, rows, cols, 7 + cols);
+          const TestMatrix t = random_matrix(type, rows, cols, 7 + cols);
+          const quant::PackedMatrix& w = t.w;
           const std::vector<float> x = test::random_vector(M * cols, 100 + M, 3.0);
           quant::QuantizedActivations qx;
           quant::quantize_activations(x.data(), M, cols, qx);
-          quant::pair_activations(qx);
           const quant::ActivationRows& xr = qx.rows;
           std::vector<float> y(M * rows);
           kernel_of(table, type)(y.data(), rows, xr, w, 0, rows, false);
           for (std::size_t m = 0; m < M; ++m)
             for (std::size_t n = 0; n < rows; ++n) {
-              const float expected = reference_output(w, xr, m, n);
+              const float expected = reference_output(t, xr, m, n);
               if (std::bit_cast<std::uint32_t>(y[m * rows + n]) != std::bit_cast<std::uint32_t>(expected))
                 FAIL(fmt::format("{} ({}) cols {} M {}: output ({}, {}) is {}, Note [Packed products] gives {}",
                                  w.format().name, table.integer_dot, cols, M, m, n, y[m * rows + n], expected));
@@ -209,13 +216,40 @@ TEST_CASE("every packed kernel table of this level gives Note [Packed products]'
             if (accumulated[i] != 0.5f + y[i])
               FAIL(fmt::format("{} ({}) cols {} M {}: accumulating onto 0.5 gave {} at {}, not 0.5 + {}",
                                w.format().name, table.integer_dot, cols, M, accumulated[i], i, y[i]));
+          // outputs 5 .. 28: parts of groups, the others untouched
+          std::vector<float> part(M * rows, -1.0f);
+          kernel_of(table, type)(part.data(), rows, xr, w, 5, 29, false);
+          for (std::size_t i = 0; i < M * rows; ++i) {
+            const bool inside = i % rows >= 5 && i % rows < 29;
+            if (std::bit_cast<std::uint32_t>(part[i]) != std::bit_cast<std::uint32_t>(inside ? y[i] : -1.0f))
+              FAIL(fmt::format("{} ({}) cols {} M {}: outputs 5 to 28 alone gave {} at {}, not {}", w.format().name,
+                               table.integer_dot, cols, M, part[i], i, inside ? y[i] : -1.0f));
+          }
         }
+}
+
+TEST_CASE("a packed matrix gives back its file's blocks and their dequantized rows") {
+  for (TensorType type : kFormats) {
+    const std::size_t rows = 37, cols = is_k_quant(type) ? 512 : 96;
+    const TestMatrix t = random_matrix(type, rows, cols, 5);
+    const quant::BlockFormat& format = t.w.format();
+    std::vector<float> expected(rows * cols), got(rows * cols);
+    format.dequantize(t.file.data(), expected.data(), rows * cols);
+    quant::dequantize_rows(t.w, 0, rows, got.data());
+    CHECK_MESSAGE(same_bits(got, expected), format.name, ": dequantized rows differ from the file's");
+    std::vector<float> row(cols);
+    quant::dequantize_rows(t.w, 20, 1, row.data());
+    CHECK_MESSAGE(std::equal(row.begin(), row.end(), expected.begin() + 20 * cols), format.name, ": row 20 alone differs");
+  }
+  const std::vector<std::byte> short_bytes(100);
+  CHECK_THROWS_WITH(quant::interleave_matrix(TensorType::Q8_0, 2, 64, short_bytes),
+                    "PackedMatrix: a (2, 64) matrix of q8_0 is 136 bytes, got 100");
 }
 
 TEST_CASE("packed_matmul stays within its activation rounding of a double product over the dequantized weights") {
   for (TensorType type : kFormats) {
     const std::size_t rows = 19, cols = is_k_quant(type) ? 512 : 96, M = 3;
-    const quant::PackedMatrix w = random_matrix(type, rows, cols, 3);
+    const quant::PackedMatrix w = random_matrix(type, rows, cols, 3).w;
     const std::vector<float> x = test::random_vector(M * cols, 4, 2.0);
     std::vector<float> dense(rows * cols), y(M * rows);
     quant::dequantize_rows(w, 0, rows, dense.data());
@@ -246,7 +280,7 @@ TEST_CASE("packed_matmul gives a row the same bits alone, among others and on an
   const int threads_before = num_threads();
   for (TensorType type : kFormats) {
     const std::size_t rows = 160, cols = is_k_quant(type) ? 768 : 576, M = 4;  // rows * cols worth two threads
-    const quant::PackedMatrix w = random_matrix(type, rows, cols, 11);
+    const quant::PackedMatrix w = random_matrix(type, rows, cols, 11).w;
     const std::vector<float> x = test::random_vector(M * cols, 12);
     set_num_threads(1);
     std::vector<float> together(M * rows);
@@ -273,7 +307,7 @@ TEST_CASE("packed_matmul gives a row the bits it gets alone in a batch of 1 to 1
   // elements (a partial last vector).
   for (TensorType type : kFormats) {
     const std::size_t cols = is_k_quant(type) ? 512 : quant::block_format(type).block_elems == 32 ? 96 : 40;
-    const quant::PackedMatrix w = random_matrix(type, 37, cols, 31);
+    const quant::PackedMatrix w = random_matrix(type, 37, cols, 31).w;
     const std::vector<float> probe = test::random_vector(cols, 32);
     const std::vector<float> alone = probe_in_batch(w, probe, 1, 0, 33);
     for (std::size_t batch = 1; batch <= 17; ++batch)
@@ -288,7 +322,7 @@ TEST_CASE("packed_matmul gives a row the same bits in batches of any size on one
   const int threads_before = num_threads();
   for (TensorType type : kFormats) {
     const std::size_t cols = is_k_quant(type) ? 768 : 576;
-    const quant::PackedMatrix w = random_matrix(type, 400, cols, 51);
+    const quant::PackedMatrix w = random_matrix(type, 400, cols, 51).w;
     const std::vector<float> probe = test::random_vector(cols, 52);
     set_num_threads(1);
     const std::vector<float> alone = probe_in_batch(w, probe, 1, 0, 53);
@@ -304,7 +338,7 @@ TEST_CASE("packed_matmul gives a row the same bits in batches of any size on one
 }
 
 TEST_CASE("quantize_activations gives every level the same blocks, ties, tiny, infinite and NaN values included") {
-  const std::size_t rows = 3, cols = 200;  // 7 blocks, the last partial, padded to 8
+  const std::size_t rows = 3, cols = 200;  // 7 blocks, the last partial
   std::vector<float> x = test::random_vector(rows * cols, 71, 3.0);
   x[5] = 63.5f, x[6] = -127.0f;                             // a block whose codes meet ties (x / d = 31.75 ... )
   for (std::size_t k = 32; k < 64; ++k) x[k] = 1e-39f * float(k);  // subnormal d: no codes
@@ -321,18 +355,20 @@ TEST_CASE("quantize_activations gives every level the same blocks, ties, tiny, i
     quant::QuantizedActivations got;
     quant::quantize_activations(x.data(), rows, cols, got);
     CHECK_MESSAGE(same(got.rows.q, expected.rows.q, rows * blocks * 32), simd_level_name(level), ": codes differ");
-    CHECK_MESSAGE(same(got.rows.neg_sums, expected.rows.neg_sums, rows * blocks * 32), simd_level_name(level),
+    CHECK_MESSAGE(same(got.rows.neg_sums, expected.rows.neg_sums, rows * blocks * 4), simd_level_name(level),
                   ": sums differ");
-    CHECK_MESSAGE(same(got.rows.d, expected.rows.d, rows * blocks * 32), simd_level_name(level), ": d differs");
-    CHECK_MESSAGE(same(got.rows.scaled_sums, expected.rows.scaled_sums, rows * blocks * 32), simd_level_name(level),
+    CHECK_MESSAGE(same(got.rows.neg_half_sums, expected.rows.neg_half_sums, rows * blocks * 8), simd_level_name(level),
+                  ": half sums differ");
+    CHECK_MESSAGE(same(got.rows.d, expected.rows.d, rows * blocks * 4), simd_level_name(level), ": d differs");
+    CHECK_MESSAGE(same(got.rows.scaled_sums, expected.rows.scaled_sums, rows * blocks * 4), simd_level_name(level),
                   ": scaled sums differ");
   }
   set_simd_level(before);
-  CHECK(std::isnan(expected.rows.d[2 * 8]));                // the block holding the infinity
-  CHECK(std::isnan(expected.rows.d[(blocks + 3) * 8]));     // the block holding the NaN
-  CHECK(expected.rows.d[1 * 8] < std::numeric_limits<float>::min());
+  CHECK(std::isnan(expected.rows.d[2]));              // the block holding the infinity
+  CHECK(std::isnan(expected.rows.d[blocks + 3]));     // the block holding the NaN
+  CHECK(expected.rows.d[1] < std::numeric_limits<float>::min());
   for (int j = 0; j < 32; ++j) REQUIRE(expected.rows.q[32 + j] == 0);
-  const quant::PackedMatrix w = random_matrix(TensorType::Q8_0, 5, cols / 32 * 32 + 32, 72);
+  const quant::PackedMatrix w = random_matrix(TensorType::Q8_0, 5, cols / 32 * 32 + 32, 72).w;
   std::vector<float> padded(rows * w.cols);
   for (std::size_t m = 0; m < rows; ++m) std::copy_n(x.data() + m * cols, cols, padded.data() + m * w.cols);
   std::vector<float> y(rows * w.rows);
@@ -346,9 +382,9 @@ TEST_CASE("packed_matmuls gives each matrix sharing x packed_matmul's bits, on o
   // BF16), large enough together to split across two threads mid-matrix.
   const int threads_before = num_threads();
   const std::size_t cols = 576;
-  const quant::PackedMatrix q = random_matrix(TensorType::Q4_1, 200, cols, 81);
-  const quant::PackedMatrix k = random_matrix(TensorType::BF16, 72, cols, 82);
-  const quant::PackedMatrix v = random_matrix(TensorType::Q8_0, 88, cols, 83);
+  const quant::PackedMatrix q = random_matrix(TensorType::Q4_1, 200, cols, 81).w;
+  const quant::PackedMatrix k = random_matrix(TensorType::BF16, 72, cols, 82).w;
+  const quant::PackedMatrix v = random_matrix(TensorType::Q8_0, 88, cols, 83).w;
   for (std::size_t M : {1, 5}) {
     const std::vector<float> x = test::random_vector(M * cols, 84 + M);
     for (int threads : {1, 2}) {
@@ -366,7 +402,7 @@ TEST_CASE("packed_matmuls gives each matrix sharing x packed_matmul's bits, on o
   }
   set_num_threads(threads_before);
   std::vector<float> y(64);
-  const quant::PackedMatrix narrow = random_matrix(TensorType::Q8_0, 2, 64, 85);
+  const quant::PackedMatrix narrow = random_matrix(TensorType::Q8_0, 2, 64, 85).w;
   const quant::PackedProduct mixed[] = {{y.data(), &q}, {y.data(), &narrow}};
   CHECK_THROWS_WITH(quant::packed_matmuls(mixed, y.data(), 1, false),
                     "packed_matmuls: matrices of 576 and 64 columns cannot share x");
