@@ -347,15 +347,16 @@ void run_cache_passes(KVCache& cache, const DecodeRequest& request, const std::f
   for (const auto& run : runs) total += run.count;
   // Several sequences: contiguous groups of runs, one per thread, balanced by tokens; a single
   // sequence runs on this thread and its kernels split their own work.
-  // A model whose packed weights outgrow the cores' L2 caches (the last pass read more than
-  // streaming_bytes of them) reads them from memory once a pass: it runs in one pass whose
-  // products split their outputs across the threads, where a pass per thread would read them once
-  // per thread (SmolLM2's F32 file, 16 sequences on 2 threads: 1.17x as many tokens a second, 4
-  // sequences 1.4-1.6x for every format). The bits are the same either way.
-  constexpr std::size_t streaming_bytes = std::size_t(8) << 20;
-  const std::size_t threads = omp_in_parallel() || cache.packed_bytes_per_pass > streaming_bytes
-                                  ? 1
-                                  : std::min<std::size_t>(std::max(1, num_threads()), runs.size());
+  // A pass per thread reads every weight once per thread; one pass reads them once, its products
+  // splitting their outputs over the threads, but runs the rest of the per-token work (attention,
+  // norms) on one thread. One pass wins where the last pass read many packed bytes per token
+  // (SmolLM2 at 2 threads, one pass against a pass per thread, docs/quantization.md: 4 sequences
+  // 1.4-1.6x for every file, 24 to 134 MB a token; 16 sequences F32 1.17x at 34 MB a token, BF16
+  // 1.00x at 17, Q8_0 0.96x at 9, Q4_1 0.82x at 6). The bits are the same either way.
+  constexpr std::size_t streaming_bytes_per_token = std::size_t(16) << 20;
+  const bool streaming = cache.packed_bytes_per_pass > streaming_bytes_per_token * total;
+  const std::size_t threads =
+      omp_in_parallel() || streaming ? 1 : std::min<std::size_t>(std::max(1, num_threads()), runs.size());
   if (cache.scratch.size() < threads) cache.scratch.resize(threads);
   auto pass = [&](std::size_t t) {
     std::size_t begin = 0, end = runs.size(), first_row = 0;  // first_row: of the request's tokens

@@ -151,8 +151,8 @@ void check_decode(std::span<CachePass::Run> runs, KVCache& cache, const void* mo
 
 /// Runs `describe` (a model's description on a CachePass, returning logits rows) over the runs:
 /// split across the kernel threads by sequence when there are several, one pass per thread, unless
-/// the model's packed weights stream from memory (the cache's packed_bytes_per_pass): then in one
-/// pass whose kernels split their own work. The caller has checked the tokens, positions and
+/// the last pass read more than 16 MB of packed weights a token of this request (the cache's
+/// packed_bytes_per_pass): then in one pass whose kernels split their own work. The caller has checked the tokens, positions and
 /// weights version; this advances the positions.
 void run_cache_passes(KVCache& cache, const DecodeRequest& request, const std::function<Rows(CachePass&)>& describe);
 

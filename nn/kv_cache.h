@@ -82,7 +82,7 @@ class KVCache {
   /// The version the held rows were computed under (meaningful while any sequence holds rows).
   std::uint64_t filled_version = 0;
   /// The bytes of packed weights the last pass read (CachePass::packed_bytes): run_cache_passes
-  /// runs a model whose weights stream from memory in one pass.
+  /// runs few tokens of a model of many such bytes in one pass.
   std::size_t packed_bytes_per_pass = 0;
 
   /// A bump allocator over buffers that keep their size from pass to pass: the n-th take() of a
