@@ -27,7 +27,7 @@ struct PretrainedModel {
 struct LoadOptions {
   /// "f32": dequantized to float32, trainable (the default). "file": inference only (decoding
   /// through a KVCache), each matrix kept in the file's format where packed_matmul has kernels for
-  /// it (Q4_0, Q4_1, Q5_0, Q8_0, Q4_K, Q6_K, BF16, F16, F32; memory-mapped), float32 otherwise. "bf16",
+  /// it (Q4_0, Q4_1, Q5_0, Q8_0, Q4_K, Q6_K, BF16, F16, F32; interleaved at load), float32 otherwise. "bf16",
   /// "f16", "q8_0", "q4_0", "q4_1": inference only, every matrix converted (nn/packed_weights.h).
   /// The float32 copies of packed matrices are freed once loaded.
   std::string weights = "f32";

@@ -19,7 +19,7 @@ void ModelSource::add_options(CLI::App& app) {
 
 void ModelSource::add_weights_option(CLI::App& app) {
   app.add_option("--weights", weights,
-                 "How --model's matrices are held: f32 (dequantized), file (the file's blocks, memory-mapped), or "
+                 "How --model's matrices are held: f32 (dequantized), file (the file's blocks, interleaved), or "
                  "converted to bf16, f16, q8_0, q4_0 or q4_1 (docs/quantization.md)")
       ->check(CLI::IsMember({"f32", "file", "bf16", "f16", "q8_0", "q4_0", "q4_1"}));
 }
