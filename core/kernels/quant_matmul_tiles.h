@@ -1,5 +1,5 @@
 // Private to the packed kernels (core/kernels/quant_matmul*.cpp, compiled per level): what their
-// files share: reading halves and words, the walk over groups of 16 outputs in tiles of x's rows,
+// files share: halves to floats, the walk over groups of 16 outputs in tiles of x's rows,
 // storing a group's outputs, and the pieces each file contributes to the level's tables.
 #pragma once
 
@@ -10,6 +10,7 @@
 #include <cstring>
 
 #include "core/kernels/level.h"
+#include "core/quant/little_endian.h"
 #include "core/quant/packed_kernels.h"
 #include "core/quant/row_groups.h"
 
@@ -17,13 +18,8 @@ namespace tapegrad::kernels::TAPEGRAD_SIMD_LEVEL {
 
 using quant::group_rows;
 
-inline std::uint16_t load_u16(const std::byte* p) { return std::uint16_t(unsigned(p[0]) | (unsigned(p[1]) << 8)); }
-
-inline std::uint32_t load_u32(const std::byte* p) {
-  std::uint32_t v;
-  std::memcpy(&v, p, 4);
-  return v;
-}
+using quant::load_u16;
+using quant::load_u32;
 
 // IEEE half to float, exactly (block_format.h's f16_to_f32, without its loop): the half's
 // exponent and mantissa moved into a float's and scaled by 2^112; a subnormal half becomes a

@@ -14,17 +14,11 @@
 #include <stdexcept>
 
 #include "core/bf16.h"
+#include "core/quant/little_endian.h"
 
 namespace tapegrad::quant {
 
 namespace {
-
-std::uint16_t load_u16(const std::byte* p) { return std::uint16_t(unsigned(p[0]) | (unsigned(p[1]) << 8)); }
-
-void store_u16(std::byte* p, std::uint16_t bits) {
-  p[0] = std::byte(bits & 0xFF);
-  p[1] = std::byte(bits >> 8);
-}
 
 float load_f16(const std::byte* p) { return f16_to_f32(load_u16(p)); }
 

@@ -18,6 +18,7 @@
 
 #include "core/aligned.h"
 #include "core/kernels.h"
+#include "core/quant/little_endian.h"
 #include "core/quant/packed_kernels.h"
 #include "core/quant/row_groups.h"
 #include "core/simd.h"
@@ -29,11 +30,6 @@
 namespace tapegrad::quant {
 
 namespace {
-
-void store_u16(std::byte* p, std::uint16_t v) {
-  p[0] = std::byte(v & 0xFF);
-  p[1] = std::byte(v >> 8);
-}
 
 // The block's value of largest magnitude, sign kept (the first of equal magnitudes), as ggml's
 // reference quantizers of Q4_0 and Q5_0 find it.

@@ -4,16 +4,11 @@
 
 #include <cstring>
 
+#include "core/quant/little_endian.h"
+
 namespace tapegrad::quant {
 
 namespace {
-
-std::uint16_t load_u16(const std::byte* p) { return std::uint16_t(unsigned(p[0]) | (unsigned(p[1]) << 8)); }
-
-void store_u16(std::byte* p, std::uint16_t v) {
-  p[0] = std::byte(v & 0xFF);
-  p[1] = std::byte(v >> 8);
-}
 
 // One row's block in parts: its halves, scale bytes and unsigned codes (Note [Packed products]).
 struct Parts {
