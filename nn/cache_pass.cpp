@@ -125,7 +125,7 @@ void CachePass::run_deferred() {
   if (products_deferred_ == 0) return;
   quant::packed_matmuls(std::span(deferred_products_).first(products_deferred_), deferred_input_, rows_, false);
   for (std::size_t i = 0; i < products_deferred_; ++i)
-    packed_bytes_ += deferred_products_[i].w->groups() * deferred_products_[i].w->group_bytes();
+    packed_bytes_ += deferred_products_[i].w->bytes.size();
   for (std::size_t i = 0; i < ropes_deferred_; ++i) {
     const DeferredRope& r = deferred_ropes_[i];
     rope_now(r.y, r.x, *r.table, r.n_heads);
@@ -157,7 +157,7 @@ Rows CachePass::head_input(const Rows& x) {
 void CachePass::packed_product(float* y, const float* x, std::size_t rows, const quant::PackedMatrix& w,
                                bool accumulate) {
   quant::packed_matmul(y, x, rows, w, accumulate);
-  packed_bytes_ += w.groups() * w.group_bytes();
+  packed_bytes_ += w.bytes.size();
 }
 
 void CachePass::product_into(Rows& y, const Rows& x, const Linear& layer) {

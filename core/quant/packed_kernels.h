@@ -43,8 +43,8 @@
 // its group and its outputs are never stored.
 // Each level may compute the integer sums with any instructions (VNNI's vpdpbusd, AVX2's
 // vpmaddubsw, plain loops): they are exact. A block's float work is a conversion, a product and an
-// FMA for sixteen outputs of one row of x, so the integer dot products bound prefill and batched
-// decoding, as they should.
+// FMA for sixteen outputs of one row of x, so the integer dot products, not the float work, bound
+// prefill and batched decoding.
 
 namespace tapegrad::quant {
 

@@ -299,7 +299,7 @@ void packed_matmuls(std::span<const PackedProduct> products, const float* x, std
     if (p.w->cols != products[0].w->cols)
       throw std::invalid_argument(fmt::format("packed_matmuls: matrices of {} and {} columns cannot share x",
                                               products[0].w->cols, p.w->cols));
-    total_rows += p.w->rows, total_bytes += p.w->groups() * p.w->group_bytes();
+    total_rows += p.w->rows, total_bytes += p.w->bytes.size();
     blocks = blocks || p.w->format().block_elems > 1;  // blocks of 32, or K-quants' of 256
   }
   if (M == 0 || total_rows == 0) return;
