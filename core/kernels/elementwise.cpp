@@ -233,6 +233,11 @@ template <class T> void adamw_update(T* p, T* m, T* v, const T* g, std::size_t n
 }
 TAPEGRAD_INSTANTIATE_KERNEL(adamw_update)
 
+// The gradients' global norm squared (clip_grad_norm), in double: in each block of 4096, chain c
+// adds the squares of elements c, c + 8, ... in order, then the chains are added pairwise. The
+// chains are the lanes of the compiler's vectors (omp simd: a lane's operations keep their order),
+// so the bits are the same at every level and thread count; scalar, the loop ran at a third of the
+// memory's speed (clip took 130 of a SmolLM2 step's 6,400 ms at 1 thread).
 template <class T> double sum_squares(const T* x, std::size_t n) {
   constexpr std::size_t block = 4096, chains = 8;
   const std::size_t blocks = (n + block - 1) / block;
@@ -242,6 +247,7 @@ template <class T> double sum_squares(const T* x, std::size_t n) {
     double acc[chains] = {};
     std::size_t i = begin;
     for (; i + chains <= end; i += chains)
+#pragma omp simd
       for (std::size_t c = 0; c < chains; ++c) acc[c] += double(x[i + c]) * double(x[i + c]);
     for (std::size_t c = 0; i < end; ++i, ++c) acc[c] += double(x[i]) * double(x[i]);
     sums[b] = ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));

@@ -182,6 +182,11 @@ TEST_CASE("every kernel gives the same results at every level and at 16 emulated
     out.insert(out.end(), written.begin(), written.end());
     return widen(out);
   });
+  check_levels_agree("the sum of squares of gradient clipping: the same bits", 0.0, [&](const Table& k) {
+    const std::size_t n = 3 * 4096 + 77;  // blocks of 4096, and a last one with a tail past 8 chains
+    auto g = test::random_vector<float>(n, 11, 4.0);
+    return std::vector<double>{k.sum_squares(g.data(), n), k.sum_squares(g.data(), 4096 + 5)};
+  });
   check_levels_agree("RMSNorm forward and backward", rtol, [&](const Table& k) {
     std::vector<float> y(rows * dim), rstd(rows), dx(rows * dim), dw(dim);
     k.rms_norm_forward(y.data(), rstd.data(), x.data(), w.data(), rows, dim, 1e-5f);
