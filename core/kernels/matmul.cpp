@@ -7,6 +7,7 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <type_traits>
 #include <vector>
 
 #include "core/aligned.h"
@@ -51,23 +52,106 @@ static void small_gemm(bool transpose_a, bool transpose_b, std::size_t M, std::s
   }
 }
 
+// Packing op(B) = B^T into panels transposes it: W x W blocks of floats in registers (16 at
+// AVX-512, 8 at AVX2, 4 at SSE2), dst[c * ldd + r] = src[r * lds + c]. Element by element, the
+// head's logits (x W^T, 147 x 576 by 576 x 49,152) spent as long packing as multiplying.
+#if defined(__AVX512F__) && !defined(TAPEGRAD_EMULATED_BATCH)
+constexpr std::size_t transpose_block = 16;
+static void transpose_floats(const float* src, std::size_t lds, float* dst, std::size_t ldd) {
+  __m512 rows[16], pairs[16];
+  for (std::size_t i = 0; i < 16; ++i) rows[i] = _mm512_loadu_ps(src + i * lds);
+  for (std::size_t i = 0; i < 16; i += 2) {  // 128-bit lane L: elements 4L.. of rows i and i + 1, interleaved
+    pairs[i] = _mm512_unpacklo_ps(rows[i], rows[i + 1]);
+    pairs[i + 1] = _mm512_unpackhi_ps(rows[i], rows[i + 1]);
+  }
+  auto pd = [](__m512 x) { return _mm512_castps_pd(x); };
+  for (std::size_t g = 0; g < 16; g += 4) {  // rows[g + c], lane L: column 4L + c of rows g .. g + 3
+    rows[g] = _mm512_castpd_ps(_mm512_unpacklo_pd(pd(pairs[g]), pd(pairs[g + 2])));
+    rows[g + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(pd(pairs[g]), pd(pairs[g + 2])));
+    rows[g + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(pd(pairs[g + 1]), pd(pairs[g + 3])));
+    rows[g + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(pd(pairs[g + 1]), pd(pairs[g + 3])));
+  }
+  for (std::size_t c = 0; c < 4; ++c) {  // column 4L + c: lane L of rows[c], rows[4 + c], rows[8 + c], rows[12 + c]
+    const __m512 low01 = _mm512_shuffle_f32x4(rows[c], rows[4 + c], 0x44);
+    const __m512 low23 = _mm512_shuffle_f32x4(rows[c], rows[4 + c], 0xEE);
+    const __m512 high01 = _mm512_shuffle_f32x4(rows[8 + c], rows[12 + c], 0x44);
+    const __m512 high23 = _mm512_shuffle_f32x4(rows[8 + c], rows[12 + c], 0xEE);
+    _mm512_storeu_ps(dst + c * ldd, _mm512_shuffle_f32x4(low01, high01, 0x88));
+    _mm512_storeu_ps(dst + (4 + c) * ldd, _mm512_shuffle_f32x4(low01, high01, 0xDD));
+    _mm512_storeu_ps(dst + (8 + c) * ldd, _mm512_shuffle_f32x4(low23, high23, 0x88));
+    _mm512_storeu_ps(dst + (12 + c) * ldd, _mm512_shuffle_f32x4(low23, high23, 0xDD));
+  }
+}
+#elif defined(__AVX2__) && !defined(TAPEGRAD_EMULATED_BATCH)
+constexpr std::size_t transpose_block = 8;
+static void transpose_floats(const float* src, std::size_t lds, float* dst, std::size_t ldd) {
+  __m256 rows[8], pairs[8];
+  for (std::size_t i = 0; i < 8; ++i) rows[i] = _mm256_loadu_ps(src + i * lds);
+  for (std::size_t i = 0; i < 8; i += 2) {
+    pairs[i] = _mm256_unpacklo_ps(rows[i], rows[i + 1]);
+    pairs[i + 1] = _mm256_unpackhi_ps(rows[i], rows[i + 1]);
+  }
+  for (std::size_t g = 0; g < 8; g += 4) {  // rows[g + c], lane L: column 4L + c of rows g .. g + 3
+    rows[g] = _mm256_shuffle_ps(pairs[g], pairs[g + 2], 0x44);
+    rows[g + 1] = _mm256_shuffle_ps(pairs[g], pairs[g + 2], 0xEE);
+    rows[g + 2] = _mm256_shuffle_ps(pairs[g + 1], pairs[g + 3], 0x44);
+    rows[g + 3] = _mm256_shuffle_ps(pairs[g + 1], pairs[g + 3], 0xEE);
+  }
+  for (std::size_t c = 0; c < 4; ++c) {
+    _mm256_storeu_ps(dst + c * ldd, _mm256_permute2f128_ps(rows[c], rows[4 + c], 0x20));
+    _mm256_storeu_ps(dst + (4 + c) * ldd, _mm256_permute2f128_ps(rows[c], rows[4 + c], 0x31));
+  }
+}
+#elif defined(__SSE2__) && !defined(TAPEGRAD_EMULATED_BATCH)
+constexpr std::size_t transpose_block = 4;
+static void transpose_floats(const float* src, std::size_t lds, float* dst, std::size_t ldd) {
+  __m128 r0 = _mm_loadu_ps(src), r1 = _mm_loadu_ps(src + lds), r2 = _mm_loadu_ps(src + 2 * lds),
+         r3 = _mm_loadu_ps(src + 3 * lds);
+  _MM_TRANSPOSE4_PS(r0, r1, r2, r3);
+  _mm_storeu_ps(dst, r0), _mm_storeu_ps(dst + ldd, r1), _mm_storeu_ps(dst + 2 * ldd, r2), _mm_storeu_ps(dst + 3 * ldd, r3);
+}
+#else
+constexpr std::size_t transpose_block = 0;  // emulated16: element by element
+[[maybe_unused]] static void transpose_floats(const float*, std::size_t, float*, std::size_t) {}
+#endif
+
+// panel[k * NR + j] = B[(j0 + j) * ldb + p0 + k] for k < kc, j < cols: op(B) = B^T's panel.
+template <class T>
+static void pack_transposed(T* panel, std::size_t NR, const T* B, std::size_t ldb, std::size_t j0, std::size_t p0,
+                            std::size_t kc, std::size_t cols) {
+  constexpr std::size_t n = std::is_same_v<T, float> ? transpose_block : 0;
+  std::size_t j = 0;
+  if constexpr (n > 0)
+    for (; j + n <= cols; j += n) {
+      const T* rows = B + (j0 + j) * ldb + p0;
+      std::size_t k = 0;
+      for (; k + n <= kc; k += n) transpose_floats(rows + k, ldb, panel + k * NR + j, NR);
+      for (; k < kc; ++k)
+        for (std::size_t r = 0; r < n; ++r) panel[k * NR + j + r] = rows[r * ldb + k];
+    }
+  for (; j < cols; ++j) {
+    const T* row = B + (j0 + j) * ldb + p0;
+    for (std::size_t k = 0; k < kc; ++k) panel[k * NR + j] = row[k];
+  }
+}
+
 // packed_product's register tile and blocking, per vector size in bytes: MR rows by `vectors`
 // vectors of C held in registers, KC-deep slices of k (one KC x NR panel of B is reused by every
 // tile of a block), and blocks of MC rows (their KC-long slices stay in L2). Each entry is a
 // choice that `bench_kernels --threads 1 --only matmul` on a machine of that width settles.
 template <std::size_t Bytes> struct PackedTiling;
 template <> struct PackedTiling<16> {  // SSE2, 16 registers: AVX2's tile, not measured on its own
-  static constexpr std::size_t MR = 6, vectors = 2, KC = 256, MC = 96;
+  static constexpr std::size_t MR = 6, vectors = 2, KC = 256, MC = 96, NC = 256;
 };
 template <> struct PackedTiling<32> {  // AVX2, 16 registers: 12 accumulators, a 16 KB panel (Zen 3)
-  static constexpr std::size_t MR = 6, vectors = 2, KC = 256, MC = 96;
+  static constexpr std::size_t MR = 6, vectors = 2, KC = 256, MC = 96, NC = 256;
 };
 // AVX-512, 32 registers: 24 accumulators, and KC 128 so that a B panel (128 x 64 floats, 32 KB)
 // stays in a 48 KB L1 while the row tiles pass (at KC 256 it took 64 KB and came from L2 for every
 // tile). 6 x 4 at KC 128 beat the other tiles and depths tried on an Emerald Rapids core
 // (docs/benchmarks.md, "Measurements behind choices in the code").
 template <> struct PackedTiling<64> {
-  static constexpr std::size_t MR = 6, vectors = 4, KC = 128, MC = 96;
+  static constexpr std::size_t MR = 6, vectors = 4, KC = 128, MC = 96, NC = 512;
 };
 
 // The MR x NR tile, as a function of its own: inlined into packed_product, GCC 12 at AVX-512 spilled
@@ -111,10 +195,7 @@ static void packed_product(bool transpose_a, bool transpose_b, std::size_t M, st
       if (cols < NR)
         for (std::size_t k = 0; k < kc; ++k) std::fill(panel + k * NR + cols, panel + (k + 1) * NR, T(0));
       if (transpose_b) {  // op(B)(k, j) = B[j * ldb + k]: read B's rows, write the panel's columns
-        for (std::size_t j = 0; j < cols; ++j) {
-          const T* row = B + (j0 + j) * ldb + p0;
-          for (std::size_t k = 0; k < kc; ++k) panel[k * NR + j] = row[k];
-        }
+        pack_transposed(panel, NR, B, ldb, j0, p0, kc, cols);
       } else if (cols == NR) {  // a fixed trip count: vector copies, not a memmove per row
         for (std::size_t k = 0; k < kc; ++k)
           for (std::size_t j = 0; j < NR; ++j) panel[k * NR + j] = B[(p0 + k) * ldb + j0 + j];
@@ -185,22 +266,34 @@ static const T* column_block(const T* B, bool trans, std::size_t first, std::siz
 // measured faster than OpenBLAS on an AVX2 core (bench_kernels' packed_gemm and cblas_sgemm rows, A
 // not transposed): outputs of at most 128 columns, and fresh outputs (beta 0, which OpenBLAS first
 // zeroes in a pass of its own) with K <= 256: 0.98-1.40x OpenBLAS's speed at the training shapes,
-// against 0.93-0.96x at K = 1024 and 0.87-1.01x for X^T dY. A function of the CPU, the shape and
-// beta only, so results never depend on timing.
+// against 0.93-0.96x at K = 1024 and 0.87-1.01x for X^T dY. At AVX-512, float products of at
+// most 256 rows too: OpenBLAS packs all of op(B) for a few rows, where this level's packing
+// transposes in registers (the fused head's chunks of 147 rows at SmolLM2's shapes, 1 thread on a
+// Xeon of family 6 model 167: logits x W^T 1.13x, dx = g W 1.15x; 256 x 576 x 576 1.06-1.11x; at
+// 512 rows 0.9x). A function of the CPU, the shape and beta only, so results never depend on timing.
 template <class T>
-static bool packed_is_faster(bool transpose_a, std::size_t N, std::size_t K, T beta) {
+static bool packed_is_faster(bool transpose_a, std::size_t M, std::size_t N, std::size_t K, T beta) {
   static const bool blas_serves_level = blas_serves(SimdLevel::TAPEGRAD_SIMD_LEVEL);
   if (!blas_serves_level) return true;
-  return !transpose_a && (N <= 128 || (beta == T(0) && K <= 256));
+  constexpr bool wide_floats = std::is_same_v<T, float> && sizeof(Batch<T>) == 64;
+  return !transpose_a && (N <= 128 || (beta == T(0) && K <= 256) || (wide_floats && M <= 256));
 }
 
 template <class T>
 void packed_gemm(bool transpose_a, bool transpose_b, std::size_t M, std::size_t N, std::size_t K, T alpha, const T* A,
                  std::size_t lda, const T* B, std::size_t ldb, T beta, T* C, std::size_t ldc) {
   if (M == 0 || N == 0) return;
+  // A part wider than 8 NC columns (the vocabulary's 49,152) runs NC columns at a time, so that a
+  // KC-deep slice of op(B)'s panels (128 x 512 floats at AVX-512) stays in L2 while the row tiles
+  // pass; the arithmetic of an element is the same. The head's logits, 147 x 576 by 576 x 49,152
+  // at AVX-512: 96 to 128 GFLOP/s (1 thread, bench/results: docs/benchmarks.md).
+  constexpr std::size_t NC = PackedTiling<sizeof(Batch<T>)>::NC;
   detail::split_product(M, N, K, [&](std::size_t m0, std::size_t m, std::size_t n0, std::size_t n) {
-    packed_product(transpose_a, transpose_b, m, n, K, alpha, row_block(A, transpose_a, m0, lda), lda,
-                   column_block(B, transpose_b, n0, ldb), ldb, beta, C + m0 * ldc + n0, ldc);
+    const std::size_t step = n > 8 * NC ? NC : n;
+    for (std::size_t j = n0; j < n0 + n; j += step)
+      packed_product(transpose_a, transpose_b, m, std::min(step, n0 + n - j), K, alpha,
+                     row_block(A, transpose_a, m0, lda), lda, column_block(B, transpose_b, j, ldb), ldb, beta,
+                     C + m0 * ldc + j, ldc);
   });
 }
 TAPEGRAD_INSTANTIATE_KERNEL(packed_gemm)
@@ -211,7 +304,7 @@ void gemm(bool transpose_a, bool transpose_b, std::size_t M, std::size_t N, std:
   if (M == 0 || N == 0) return;
   constexpr std::size_t small_rows = 2;
   if (M <= small_rows) return small_gemm(transpose_a, transpose_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
-  if (packed_is_faster<T>(transpose_a, N, K, beta))
+  if (packed_is_faster<T>(transpose_a, M, N, K, beta))
     return packed_gemm(transpose_a, transpose_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
   auto ta = transpose_a ? CblasTrans : CblasNoTrans;
   auto tb = transpose_b ? CblasTrans : CblasNoTrans;
