@@ -133,7 +133,7 @@ void TensorAllocationLimit::charge(std::size_t bytes) {
   limit->used_ += bytes;
 }
 
-static std::unique_ptr<float[], StorageDeleter> allocate(std::size_t count) {
+std::unique_ptr<float[], StorageDeleter> cached_storage(std::size_t count) {
   if (count == 0) return {nullptr, StorageDeleter{0}};
   if (count > (std::size_t(-1) - 64) / sizeof(float)) throw std::length_error(fmt::format("Tensor: {} elements", count));
   std::size_t bytes = StorageCache::rounded(count);
@@ -145,7 +145,7 @@ Tensor Tensor::uninitialized(Shape shape) {
   Tensor t;
   t.size_ = numel(shape);
   t.shape_ = std::move(shape);
-  t.data_ = allocate(t.size_);
+  t.data_ = cached_storage(t.size_);
   return t;
 }
 
@@ -160,7 +160,7 @@ Tensor::Tensor(Shape shape, const std::vector<float>& values) : Tensor(uninitial
   std::copy(values.begin(), values.end(), data());
 }
 
-Tensor::Tensor(const Tensor& other) : shape_(other.shape_), size_(other.size_), data_(allocate(other.size_)) {
+Tensor::Tensor(const Tensor& other) : shape_(other.shape_), size_(other.size_), data_(cached_storage(other.size_)) {
   if (size_) std::memcpy(data(), other.data(), bytes());
 }
 

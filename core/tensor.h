@@ -100,6 +100,10 @@ class TensorAllocationLimit {
   std::string what_;
 };
 
+/// Uninitialized storage for `count` floats, on a cache line, from the cache tensors' storage
+/// comes from and goes back to: for a kernel's large scratch that every training step asks for
+/// again (fresh, it costs a page fault every 4 KB). Counted by an active TensorAllocationLimit.
+std::unique_ptr<float[], StorageDeleter> cached_storage(std::size_t count);
 /// Bytes of freed tensor storage kept for reuse.
 std::size_t cached_storage_bytes();
 /// Hands the cached storage back to the system.

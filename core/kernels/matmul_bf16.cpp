@@ -413,8 +413,10 @@ SharedBf16Operand::SharedBf16Operand(bool transpose_b, std::size_t K, std::size_
     : transpose_b_(transpose_b), K_(K), N_(N), B_(B), ldb_(ldb) {
 #if TAPEGRAD_BF16_AMX
   if (K > 0 && amx_chosen()) {
-    packed_.resize(amx_packed_columns_size(K, N));
-    amx_pack_columns(packed_.data(), B, transpose_b, ldb, K, N);
+    const std::size_t words = amx_packed_columns_size(K, N);  // every one written by the packing
+    storage_ = cached_storage((words + 1) / 2);
+    packed_ = reinterpret_cast<std::uint16_t*>(storage_.get());
+    amx_pack_columns(packed_, B, transpose_b, ldb, K, N);
   }
 #endif
 }
@@ -422,11 +424,11 @@ SharedBf16Operand::SharedBf16Operand(bool transpose_b, std::size_t K, std::size_
 void SharedBf16Operand::product(bool transpose_a, std::size_t M, const float* A, std::size_t lda, bool accumulate,
                                 float* C, std::size_t ldc) const {
 #if TAPEGRAD_BF16_AMX
-  if (!packed_.empty()) {
+  if (packed_) {
     if (M == 0 || N_ == 0) return;
     detail::split_product(M, N_, K_, [&](std::size_t m0, std::size_t m, std::size_t n0, std::size_t n) {
       amx_bf16_product(transpose_a, transpose_b_, m, n, K_, A + (transpose_a ? m0 : m0 * lda), lda, nullptr, ldb_,
-                       accumulate, C + m0 * ldc + n0, ldc, packed_.data(), n0);
+                       accumulate, C + m0 * ldc + n0, ldc, packed_, n0);
     });
     return;
   }
