@@ -13,6 +13,7 @@
 #include "core/aligned.h"
 #include "core/blas_core.h"
 #include "core/kernels/level.h"
+#include "core/kernels/register_transpose.h"
 
 
 namespace tapegrad::kernels::TAPEGRAD_SIMD_LEVEL {
@@ -58,49 +59,18 @@ static void small_gemm(bool transpose_a, bool transpose_b, std::size_t M, std::s
 #if defined(__AVX512F__) && !defined(TAPEGRAD_EMULATED_BATCH)
 constexpr std::size_t transpose_block = 16;
 static void transpose_floats(const float* src, std::size_t lds, float* dst, std::size_t ldd) {
-  __m512 rows[16], pairs[16];
-  for (std::size_t i = 0; i < 16; ++i) rows[i] = _mm512_loadu_ps(src + i * lds);
-  for (std::size_t i = 0; i < 16; i += 2) {  // 128-bit lane L: elements 4L.. of rows i and i + 1, interleaved
-    pairs[i] = _mm512_unpacklo_ps(rows[i], rows[i + 1]);
-    pairs[i + 1] = _mm512_unpackhi_ps(rows[i], rows[i + 1]);
-  }
-  auto pd = [](__m512 x) { return _mm512_castps_pd(x); };
-  for (std::size_t g = 0; g < 16; g += 4) {  // rows[g + c], lane L: column 4L + c of rows g .. g + 3
-    rows[g] = _mm512_castpd_ps(_mm512_unpacklo_pd(pd(pairs[g]), pd(pairs[g + 2])));
-    rows[g + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(pd(pairs[g]), pd(pairs[g + 2])));
-    rows[g + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(pd(pairs[g + 1]), pd(pairs[g + 3])));
-    rows[g + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(pd(pairs[g + 1]), pd(pairs[g + 3])));
-  }
-  for (std::size_t c = 0; c < 4; ++c) {  // column 4L + c: lane L of rows[c], rows[4 + c], rows[8 + c], rows[12 + c]
-    const __m512 low01 = _mm512_shuffle_f32x4(rows[c], rows[4 + c], 0x44);
-    const __m512 low23 = _mm512_shuffle_f32x4(rows[c], rows[4 + c], 0xEE);
-    const __m512 high01 = _mm512_shuffle_f32x4(rows[8 + c], rows[12 + c], 0x44);
-    const __m512 high23 = _mm512_shuffle_f32x4(rows[8 + c], rows[12 + c], 0xEE);
-    _mm512_storeu_ps(dst + c * ldd, _mm512_shuffle_f32x4(low01, high01, 0x88));
-    _mm512_storeu_ps(dst + (4 + c) * ldd, _mm512_shuffle_f32x4(low01, high01, 0xDD));
-    _mm512_storeu_ps(dst + (8 + c) * ldd, _mm512_shuffle_f32x4(low23, high23, 0x88));
-    _mm512_storeu_ps(dst + (12 + c) * ldd, _mm512_shuffle_f32x4(low23, high23, 0xDD));
-  }
+  __m512i rows[16];
+  for (std::size_t i = 0; i < 16; ++i) rows[i] = _mm512_castps_si512(_mm512_loadu_ps(src + i * lds));
+  transpose_16x16(rows);
+  for (std::size_t i = 0; i < 16; ++i) _mm512_storeu_ps(dst + i * ldd, _mm512_castsi512_ps(rows[i]));
 }
 #elif defined(__AVX2__) && !defined(TAPEGRAD_EMULATED_BATCH)
 constexpr std::size_t transpose_block = 8;
 static void transpose_floats(const float* src, std::size_t lds, float* dst, std::size_t ldd) {
-  __m256 rows[8], pairs[8];
+  __m256 rows[8];
   for (std::size_t i = 0; i < 8; ++i) rows[i] = _mm256_loadu_ps(src + i * lds);
-  for (std::size_t i = 0; i < 8; i += 2) {
-    pairs[i] = _mm256_unpacklo_ps(rows[i], rows[i + 1]);
-    pairs[i + 1] = _mm256_unpackhi_ps(rows[i], rows[i + 1]);
-  }
-  for (std::size_t g = 0; g < 8; g += 4) {  // rows[g + c], lane L: column 4L + c of rows g .. g + 3
-    rows[g] = _mm256_shuffle_ps(pairs[g], pairs[g + 2], 0x44);
-    rows[g + 1] = _mm256_shuffle_ps(pairs[g], pairs[g + 2], 0xEE);
-    rows[g + 2] = _mm256_shuffle_ps(pairs[g + 1], pairs[g + 3], 0x44);
-    rows[g + 3] = _mm256_shuffle_ps(pairs[g + 1], pairs[g + 3], 0xEE);
-  }
-  for (std::size_t c = 0; c < 4; ++c) {
-    _mm256_storeu_ps(dst + c * ldd, _mm256_permute2f128_ps(rows[c], rows[4 + c], 0x20));
-    _mm256_storeu_ps(dst + (4 + c) * ldd, _mm256_permute2f128_ps(rows[c], rows[4 + c], 0x31));
-  }
+  transpose_8x8(rows);
+  for (std::size_t i = 0; i < 8; ++i) _mm256_storeu_ps(dst + i * ldd, rows[i]);
 }
 #elif defined(__SSE2__) && !defined(TAPEGRAD_EMULATED_BATCH)
 constexpr std::size_t transpose_block = 4;

@@ -12,6 +12,7 @@
 #include <algorithm>
 
 #include "core/aligned.h"
+#include "core/kernels/register_transpose.h"
 #endif
 
 namespace tapegrad::kernels::TAPEGRAD_SIMD_LEVEL {
@@ -133,33 +134,12 @@ void store_operands(std::uint16_t* out, const float* x, std::size_t count) {
 }
 
 // Stores the 16 x 16 32-bit words of `words` transposed: word i of out's row j (16 words a row)
-// is word j of words[i]. Three rounds of shuffles: pairs of words, pairs of pairs, then 128-bit
-// lanes.
+// is word j of words[i].
 void store_transposed(std::uint16_t* out, const __m512i words[16]) {
-  __m512i pairs[16], quads[16];
-  for (int i = 0; i < 16; i += 2) {
-    pairs[i] = _mm512_unpacklo_epi32(words[i], words[i + 1]);
-    pairs[i + 1] = _mm512_unpackhi_epi32(words[i], words[i + 1]);
-  }
-  // quads[g + c] (g = 0, 4, 8, 12), 128-bit lane L: word 4L + c of words[g .. g + 3]
-  for (int g = 0; g < 16; g += 4) {
-    quads[g] = _mm512_unpacklo_epi64(pairs[g], pairs[g + 2]);
-    quads[g + 1] = _mm512_unpackhi_epi64(pairs[g], pairs[g + 2]);
-    quads[g + 2] = _mm512_unpacklo_epi64(pairs[g + 1], pairs[g + 3]);
-    quads[g + 3] = _mm512_unpackhi_epi64(pairs[g + 1], pairs[g + 3]);
-  }
-  // row 4L + c: lane L of quads[c], quads[4 + c], quads[8 + c], quads[12 + c]
-  __m512i* rows = reinterpret_cast<__m512i*>(out);
-  for (int c = 0; c < 4; ++c) {
-    const __m512i low01 = _mm512_shuffle_i32x4(quads[c], quads[4 + c], 0x44);
-    const __m512i low23 = _mm512_shuffle_i32x4(quads[c], quads[4 + c], 0xEE);
-    const __m512i high01 = _mm512_shuffle_i32x4(quads[8 + c], quads[12 + c], 0x44);
-    const __m512i high23 = _mm512_shuffle_i32x4(quads[8 + c], quads[12 + c], 0xEE);
-    _mm512_storeu_si512(rows + c, _mm512_shuffle_i32x4(low01, high01, 0x88));
-    _mm512_storeu_si512(rows + 4 + c, _mm512_shuffle_i32x4(low01, high01, 0xDD));
-    _mm512_storeu_si512(rows + 8 + c, _mm512_shuffle_i32x4(low23, high23, 0x88));
-    _mm512_storeu_si512(rows + 12 + c, _mm512_shuffle_i32x4(low23, high23, 0xDD));
-  }
+  __m512i rows[16];
+  std::copy_n(words, 16, rows);
+  transpose_16x16(rows);
+  for (std::size_t j = 0; j < 16; ++j) _mm512_storeu_si512(reinterpret_cast<__m512i*>(out) + j, rows[j]);
 }
 
 // op(A) (M, K) into row tiles: tile (r / 16, k / 32) at (r / 16 * blocks + k / 32) tile_elements,
