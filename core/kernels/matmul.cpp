@@ -78,7 +78,8 @@ static void transpose_floats(const float* src, std::size_t lds, float* dst, std:
   __m128 r0 = _mm_loadu_ps(src), r1 = _mm_loadu_ps(src + lds), r2 = _mm_loadu_ps(src + 2 * lds),
          r3 = _mm_loadu_ps(src + 3 * lds);
   _MM_TRANSPOSE4_PS(r0, r1, r2, r3);
-  _mm_storeu_ps(dst, r0), _mm_storeu_ps(dst + ldd, r1), _mm_storeu_ps(dst + 2 * ldd, r2), _mm_storeu_ps(dst + 3 * ldd, r3);
+  _mm_storeu_ps(dst, r0), _mm_storeu_ps(dst + ldd, r1);
+  _mm_storeu_ps(dst + 2 * ldd, r2), _mm_storeu_ps(dst + 3 * ldd, r3);
 }
 #else
 constexpr std::size_t transpose_block = 0;  // emulated16: element by element
@@ -256,7 +257,7 @@ void packed_gemm(bool transpose_a, bool transpose_b, std::size_t M, std::size_t 
   // A part wider than 8 NC columns (the vocabulary's 49,152) runs NC columns at a time, so that a
   // KC-deep slice of op(B)'s panels (128 x 512 floats at AVX-512) stays in L2 while the row tiles
   // pass; the arithmetic of an element is the same. The head's logits, 147 x 576 by 576 x 49,152
-  // at AVX-512: 96 to 128 GFLOP/s (1 thread, bench/results: docs/benchmarks.md).
+  // at AVX-512: 96 to 128 GFLOP/s (1 thread; docs/benchmarks.md, session 19).
   constexpr std::size_t NC = PackedTiling<sizeof(Batch<T>)>::NC;
   detail::split_product(M, N, K, [&](std::size_t m0, std::size_t m, std::size_t n0, std::size_t n) {
     const std::size_t step = n > 8 * NC ? NC : n;

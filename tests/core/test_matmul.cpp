@@ -119,7 +119,8 @@ TEST_CASE("packed_gemm over thousands of columns (a vocabulary) has the bits of 
     CHECK(whole == parts);
     const auto ref = naive_matmul(a.data(), b.data(), M, K, N, false, tb);
     double worst = 0;
-    for (std::size_t i = 0; i < ref.size(); ++i) worst = std::max(worst, double(std::fabs(whole[i] - ref[i]) / (1 + std::fabs(ref[i]))));
+    for (std::size_t i = 0; i < ref.size(); ++i)
+      worst = std::max(worst, double(std::fabs(whole[i] - ref[i]) / (1 + std::fabs(ref[i]))));
     CHECK(worst < 1e-4);  // as in the edge test above
   }
 }
