@@ -135,7 +135,8 @@ void TensorAllocationLimit::charge(std::size_t bytes) {
 
 std::unique_ptr<float[], StorageDeleter> cached_storage(std::size_t count) {
   if (count == 0) return {nullptr, StorageDeleter{0}};
-  if (count > (std::size_t(-1) - 64) / sizeof(float)) throw std::length_error(fmt::format("Tensor: {} elements", count));
+  if (count > (std::size_t(-1) - 64) / sizeof(float))
+    throw std::length_error(fmt::format("tensor storage of {} floats: more floats than the address space holds", count));
   std::size_t bytes = StorageCache::rounded(count);
   TensorAllocationLimit::charge(bytes);
   return {storage_cache().allocate(bytes), StorageDeleter{bytes}};

@@ -1,6 +1,8 @@
 // Tensor: shape checks, the xtensor interop, the random streams and the storage cache.
 #include <doctest/doctest.h>
 
+#include <cstdint>
+
 #include "core/random.h"
 #include "core/tensor.h"
 #include "core/xtensor_interop.h"
@@ -95,6 +97,22 @@ TEST_CASE("freed large storage is cached by size and handed out again") {
   CHECK(cached_storage_bytes() == 0);
   { Tensor small({4}); }
   CHECK(cached_storage_bytes() == 0);  // small blocks go straight back to malloc
+  release_cached_storage();
+}
+
+TEST_CASE("a kernel's scratch from cached_storage goes back to the same cache and is handed out again") {
+  release_cached_storage();
+  const float* first;
+  {
+    auto scratch = cached_storage(256 * 1024);
+    first = scratch.get();
+    CHECK(reinterpret_cast<std::uintptr_t>(first) % 64 == 0);  // on a cache line
+  }
+  CHECK(cached_storage_bytes() == 256 * 1024 * sizeof(float));
+  Tensor again = Tensor::uninitialized({256, 1024});
+  CHECK(again.data() == first);
+  CHECK(cached_storage(0).get() == nullptr);
+  CHECK_THROWS_WITH_AS(cached_storage(std::size_t(-1) / 2), doctest::Contains("more floats than"), std::length_error);
   release_cached_storage();
 }
 
