@@ -14,6 +14,7 @@
 #include "core/aligned.h"
 #include "core/kernels/level.h"
 #include "core/kernels/matmul_bf16.h"
+#include "core/kernels/register_transpose.h"
 
 namespace tapegrad::kernels::TAPEGRAD_SIMD_LEVEL {
 
@@ -143,6 +144,38 @@ struct InstructionPath {
   }
   static Element element(std::uint16_t bits) { return bits; }
 
+  // pack_panel's panel, 16 k at a time: rounded 16 lanes at once, each word's two elements
+  // (slot 1 <- k = 4s + p, slot 0 <- 4s + 2 + p of its 16 k) joined in a lane, stored 16 columns
+  // at a time. Along k, the source's rows are 16 columns' k; a 16 x 16 transpose turns them into
+  // one vector per k.
+  static void pack(std::uint16_t* panel, std::size_t width, const float* X, bool trans, std::size_t ld,
+                   std::size_t k0, std::size_t kc, std::size_t j0, std::size_t cols) {
+    const std::size_t rows = round_up_to_block(kc);
+    if (rows != kc || cols % 16 != 0)  // the stores below cover whole words of `cols` columns only
+      std::fill(panel, panel + rows * width, std::uint16_t(0));
+    for (std::size_t j = 0; j < cols; j += 16) {  // the source's rows read along, when along k
+      const std::size_t count = std::min<std::size_t>(16, cols - j);
+      for (std::size_t kb = 0; kb < kc; kb += 16) {
+        const std::size_t depth = std::min<std::size_t>(16, kc - kb);
+        __m512i lanes[16];  // lanes[k]: the operands of the 16 columns at k0 + kb + k
+        if (trans) {
+          for (std::size_t c = 0; c < 16; ++c)
+            lanes[c] = c < count ? operand_lanes(X + (j0 + j + c) * ld + k0 + kb, depth) : _mm512_setzero_si512();
+          transpose_16x16(lanes);
+        } else {
+          for (std::size_t k = 0; k < 16; ++k)
+            lanes[k] = k < depth ? operand_lanes(X + (k0 + kb + k) * ld + j0 + j, count) : _mm512_setzero_si512();
+        }
+        const __mmask16 columns = count == 16 ? __mmask16(0xFFFF) : __mmask16((1u << count) - 1);
+        for (std::size_t s = 0; s < 4; ++s)
+          for (std::size_t p = 0; p < 2; ++p) {
+            const __m512i words = _mm512_or_si512(_mm512_slli_epi32(lanes[4 * s + p], 16), lanes[4 * s + 2 + p]);
+            _mm512_mask_storeu_epi32(panel + ((kb / 2 + 2 * s + p) * width + j) * 2, columns, words);
+          }
+      }
+    }
+  }
+
   [[gnu::target("avx512bf16"), gnu::noinline]] static void tile(float* c, std::size_t ldc, const std::uint16_t* a,
                                                                  const std::uint16_t* b, std::size_t rows,
                                                                  bool accumulate) {
@@ -216,6 +249,7 @@ template <class Path>
 static void pack_panel(typename Path::Element* panel, std::size_t width, const float* X, bool trans, std::size_t ld,
                        std::size_t k0, std::size_t kc, std::size_t j0, std::size_t cols) {
   using Element = typename Path::Element;
+  if constexpr (requires { &Path::pack; }) return Path::pack(panel, width, X, trans, ld, k0, kc, j0, cols);
   std::fill(panel, panel + round_up_to_block(kc) * width, Element(0));
   if (trans) {  // the source's rows run along k: per 16 k, each column's rounded (a loop that
     // vectorizes), then written a panel row at a time (the panel, 32 KiB at AVX-512, is written
@@ -246,14 +280,43 @@ static void zero_unless_accumulating(std::size_t M, std::size_t N, bool accumula
     for (std::size_t i = 0; i < M; ++i) std::fill_n(C + i * ldc, N, 0.0f);
 }
 
+// op(B) (K, N) packed whole, as bf16_product packs it a KC slice at a time: slice p0 / KC at
+// p0 * panels * NR elements, its panel jp at jp * rows * NR past that (rows: the slice's k
+// rounded up to whole blocks).
+template <class Path>
+static std::size_t packed_b_size(std::size_t K, std::size_t N) {
+  return (K / KC * KC + round_up_to_block(K % KC)) * ((N + Path::NR - 1) / Path::NR) * Path::NR;
+}
+
+template <class Path>
+static void pack_b(typename Path::Element* packed, const float* B, bool transpose_b, std::size_t ldb, std::size_t K,
+                   std::size_t N) {
+  const std::size_t panels = (N + Path::NR - 1) / Path::NR;
+  detail::parallel_for(panels, K * Path::NR, [&](std::size_t jp) {
+    for (std::size_t p0 = 0; p0 < K; p0 += KC) {
+      const std::size_t kc = std::min(KC, K - p0), rows = round_up_to_block(kc);
+      pack_panel<Path>(packed + p0 * panels * Path::NR + jp * rows * Path::NR, Path::NR, B, transpose_b, ldb, p0, kc,
+                       jp * Path::NR, std::min(Path::NR, N - jp * Path::NR));
+    }
+  });
+}
+
+// op(B) packed by pack_b over all its columns, C's column 0 being op(B)'s column j0 (a multiple
+// of NR); null to pack op(B) here.
+template <class Element>
+struct PackedB {
+  const Element* panels = nullptr;
+  std::size_t all_panels = 0, j0 = 0;
+};
+
 // The BLIS loop order of packed_gemm (core/kernels/matmul.cpp): per KC slice, op(B) packed into
-// panels of NR columns; per block of MC rows, op(A) packed into panels of MR rows; the tile runs
-// one panel of each. Partial tiles run on a copy of C's corner, so that every element gets the
-// same arithmetic.
+// panels of NR columns (unless `packed` holds them); per block of MC rows, op(A) packed into
+// panels of MR rows; the tile runs one panel of each. Partial tiles run on a copy of C's corner,
+// so that every element gets the same arithmetic.
 template <class Path>
 static void bf16_product(bool transpose_a, bool transpose_b, std::size_t M, std::size_t N, std::size_t K, const float* A,
-                         std::size_t lda, const float* B, std::size_t ldb, bool accumulate, float* C,
-                         std::size_t ldc) {
+                         std::size_t lda, const float* B, std::size_t ldb, bool accumulate, float* C, std::size_t ldc,
+                         PackedB<typename Path::Element> packed = {}) {
   using Element = typename Path::Element;
   constexpr std::size_t MR = Path::MR, NR = Path::NR;
   static_assert(MC % MR == 0, "a block of rows holds whole panels");
@@ -261,21 +324,24 @@ static void bf16_product(bool transpose_a, bool transpose_b, std::size_t M, std:
   FlushSubnormals flush;  // MXCSR is per thread; VDPBF16PS ignores it, its sums do not
   const std::size_t panels = (N + NR - 1) / NR;
   thread_local AlignedVector<Element> b_pack, a_pack;
-  b_pack.resize(panels * KC * NR);
+  if (!packed.panels) b_pack.resize(panels * KC * NR);
   a_pack.resize(MC * KC);
   alignas(64) float edge[MR * NR];
   for (std::size_t p0 = 0; p0 < K; p0 += KC) {
     const std::size_t kc = std::min(KC, K - p0), rows = round_up_to_block(kc);
     const bool continues = p0 > 0 || accumulate;
-    for (std::size_t jp = 0; jp < panels; ++jp)
-      pack_panel<Path>(b_pack.data() + jp * rows * NR, NR, B, transpose_b, ldb, p0, kc, jp * NR,
-                       std::min(NR, N - jp * NR));
+    const Element* b_slice = packed.panels ? packed.panels + p0 * packed.all_panels * NR + packed.j0 / NR * rows * NR
+                                           : b_pack.data();
+    if (!packed.panels)
+      for (std::size_t jp = 0; jp < panels; ++jp)
+        pack_panel<Path>(b_pack.data() + jp * rows * NR, NR, B, transpose_b, ldb, p0, kc, jp * NR,
+                         std::min(NR, N - jp * NR));
     for (std::size_t i0 = 0; i0 < M; i0 += MC) {
       const std::size_t i1 = std::min(M, i0 + MC);
       for (std::size_t r0 = i0; r0 < i1; r0 += MR)  // op(A)^T(k, r) = op(A)(r, k)
         pack_panel<Path>(a_pack.data() + (r0 - i0) * rows, MR, A, !transpose_a, lda, p0, kc, r0, std::min(MR, i1 - r0));
       for (std::size_t jp = 0; jp < panels; ++jp) {
-        const Element* b_panel = b_pack.data() + jp * rows * NR;
+        const Element* b_panel = b_slice + jp * rows * NR;
         const std::size_t j0 = jp * NR, cols = std::min(NR, N - j0);
         for (std::size_t r0 = i0; r0 < i1; r0 += MR) {
           const Element* a_panel = a_pack.data() + (r0 - i0) * rows;
@@ -295,7 +361,15 @@ static void bf16_product(bool transpose_a, bool transpose_b, std::size_t M, std:
   }
 }
 
-// A product (bf16_product's signature) over the kernel threads, each on its block of C.
+// bf16_product packing op(B) itself.
+template <class Path>
+static void packing_product(bool transpose_a, bool transpose_b, std::size_t M, std::size_t N, std::size_t K,
+                            const float* A, std::size_t lda, const float* B, std::size_t ldb, bool accumulate, float* C,
+                            std::size_t ldc) {
+  bf16_product<Path>(transpose_a, transpose_b, M, N, K, A, lda, B, ldb, accumulate, C, ldc);
+}
+
+// A product (packing_product's signature) over the kernel threads, each on its block of C.
 template <class Product>
 static void split_bf16_product(Product product, bool transpose_a, bool transpose_b, std::size_t M, std::size_t N,
                                std::size_t K, const float* A, std::size_t lda, const float* B, std::size_t ldb,
@@ -380,17 +454,16 @@ void bf16_gemm_via(Bf16Path path, bool transpose_a, bool transpose_b, std::size_
 #if defined(__AVX512F__) && !defined(TAPEGRAD_EMULATED_BATCH)
   static const bool has_instruction = cpu_has_bf16_dot_products();
   if (path != Bf16Path::fma_chain && has_instruction)
-    return split_bf16_product(bf16_product<InstructionPath>, transpose_a, transpose_b, M, N, K, A, lda, B, ldb,
+    return split_bf16_product(packing_product<InstructionPath>, transpose_a, transpose_b, M, N, K, A, lda, B, ldb,
                               accumulate, C, ldc);
 #endif
   (void)path;
-  split_bf16_product(bf16_product<ChainPath>, transpose_a, transpose_b, M, N, K, A, lda, B, ldb, accumulate, C, ldc);
+  split_bf16_product(packing_product<ChainPath>, transpose_a, transpose_b, M, N, K, A, lda, B, ldb, accumulate, C, ldc);
 }
 TAPEGRAD_INSTANTIATE_KERNEL(bf16_gemm_via)
 
-template <class T>
-void bf16_gemm(bool transpose_a, bool transpose_b, std::size_t M, std::size_t N, std::size_t K, const float* A,
-               std::size_t lda, const float* B, std::size_t ldb, bool accumulate, float* C, std::size_t ldc) {
+// The path bf16_gemm takes on this CPU at this level, decided once.
+static Bf16Path fastest_path() {
 #if TAPEGRAD_BF16_AMX
   static const bool amx = amx_chosen();
 #else
@@ -401,39 +474,59 @@ void bf16_gemm(bool transpose_a, bool transpose_b, std::size_t M, std::size_t N,
                                   : cpu_has_bf16_dot_products() && instruction_outruns_chain()
                                       ? Bf16Path::dot_product_instruction
                                       : Bf16Path::fma_chain;
+  return fastest;
 #else
-  constexpr Bf16Path fastest = Bf16Path::fma_chain;
   (void)amx;
+  return Bf16Path::fma_chain;
 #endif
-  TAPEGRAD_SIMD_LEVEL::bf16_gemm_via<T>(fastest, transpose_a, transpose_b, M, N, K, A, lda, B, ldb, accumulate, C, ldc);
+}
+
+template <class T>
+void bf16_gemm(bool transpose_a, bool transpose_b, std::size_t M, std::size_t N, std::size_t K, const float* A,
+               std::size_t lda, const float* B, std::size_t ldb, bool accumulate, float* C, std::size_t ldc) {
+  TAPEGRAD_SIMD_LEVEL::bf16_gemm_via<T>(fastest_path(), transpose_a, transpose_b, M, N, K, A, lda, B, ldb, accumulate,
+                                        C, ldc);
 }
 TAPEGRAD_INSTANTIATE_KERNEL(bf16_gemm)
 
 SharedBf16Operand::SharedBf16Operand(bool transpose_b, std::size_t K, std::size_t N, const float* B, std::size_t ldb)
     : transpose_b_(transpose_b), K_(K), N_(N), B_(B), ldb_(ldb) {
+  if (K == 0) return;
 #if TAPEGRAD_BF16_AMX
-  if (K > 0 && amx_chosen()) {
+  if (fastest_path() == Bf16Path::amx_tiles) {
     const std::size_t words = amx_packed_columns_size(K, N);  // every one written by the packing
     storage_ = cached_storage((words + 1) / 2);
     packed_ = reinterpret_cast<std::uint16_t*>(storage_.get());
     amx_pack_columns(packed_, B, transpose_b, ldb, K, N);
   }
 #endif
+#if defined(__AVX512F__) && !defined(TAPEGRAD_EMULATED_BATCH)
+  if (fastest_path() == Bf16Path::dot_product_instruction) {
+    storage_ = cached_storage((packed_b_size<InstructionPath>(K, N) + 1) / 2);
+    packed_ = reinterpret_cast<std::uint16_t*>(storage_.get());
+    pack_b<InstructionPath>(packed_, B, transpose_b, ldb, K, N);
+  }
+#endif
 }
 
 void SharedBf16Operand::product(bool transpose_a, std::size_t M, const float* A, std::size_t lda, bool accumulate,
                                 float* C, std::size_t ldc) const {
+  if (!packed_) return bf16_gemm<float>(transpose_a, transpose_b_, M, N_, K_, A, lda, B_, ldb_, accumulate, C, ldc);
+  if (M == 0 || N_ == 0) return;
+#if defined(__AVX512F__) && !defined(TAPEGRAD_EMULATED_BATCH)
+  const std::size_t all_panels = (N_ + InstructionPath::NR - 1) / InstructionPath::NR;
+  detail::split_product(M, N_, K_, [&](std::size_t m0, std::size_t m, std::size_t n0, std::size_t n) {
+    const float* a = A + (transpose_a ? m0 : m0 * lda);
+    float* c = C + m0 * ldc + n0;
 #if TAPEGRAD_BF16_AMX
-  if (packed_) {
-    if (M == 0 || N_ == 0) return;
-    detail::split_product(M, N_, K_, [&](std::size_t m0, std::size_t m, std::size_t n0, std::size_t n) {
-      amx_bf16_product(transpose_a, transpose_b_, m, n, K_, A + (transpose_a ? m0 : m0 * lda), lda, nullptr, ldb_,
-                       accumulate, C + m0 * ldc + n0, ldc, packed_, n0);
-    });
-    return;
-  }
+    if (fastest_path() == Bf16Path::amx_tiles)
+      return amx_bf16_product(transpose_a, transpose_b_, m, n, K_, a, lda, nullptr, ldb_, accumulate, c, ldc, packed_,
+                              n0);
 #endif
-  bf16_gemm<float>(transpose_a, transpose_b_, M, N_, K_, A, lda, B_, ldb_, accumulate, C, ldc);
+    bf16_product<InstructionPath>(transpose_a, transpose_b_, m, n, K_, a, lda, nullptr, ldb_, accumulate, c, ldc,
+                                  {packed_, all_panels, n0});
+  });
+#endif
 }
 
 }  // namespace tapegrad::kernels::TAPEGRAD_SIMD_LEVEL

@@ -3,6 +3,8 @@
 // points and the shared operand of several products (Note [bf16 products]).
 #pragma once
 
+#include <immintrin.h>
+
 #include <cstddef>
 #include <cstdint>
 
@@ -18,6 +20,28 @@ inline std::uint16_t bf16_operand(float x) {
   std::uint16_t bits = to_bf16_bits(x);
   return (bits & 0x7F80) == 0 ? std::uint16_t(bits & 0x8000) : bits;
 }
+
+#if defined(__AVX512F__) && !defined(TAPEGRAD_EMULATED_BATCH)
+/// bf16_operand of 16 floats' bits, one per 32-bit lane (in its low half): rounded to nearest
+/// even, a NaN kept quiet, a subnormal result flushed to a zero of its sign (core/bf16.h).
+inline __m512i operand_lanes(__m512i bits) {
+  const __m512i one = _mm512_set1_epi32(1), exponent = _mm512_set1_epi32(0x7F80);
+  const __mmask16 nan = _mm512_cmpgt_epu32_mask(_mm512_and_si512(bits, _mm512_set1_epi32(0x7FFFFFFF)),
+                                                _mm512_set1_epi32(0x7F800000));
+  const __m512i upper = _mm512_srli_epi32(bits, 16);
+  const __m512i bias = _mm512_add_epi32(_mm512_set1_epi32(0x7FFF), _mm512_and_si512(upper, one));
+  __m512i rounded = _mm512_srli_epi32(_mm512_add_epi32(bits, bias), 16);
+  rounded = _mm512_mask_or_epi32(rounded, nan, upper, _mm512_set1_epi32(0x40));
+  const __mmask16 subnormal = _mm512_testn_epi32_mask(rounded, exponent);
+  return _mm512_mask_and_epi32(rounded, subnormal, rounded, _mm512_set1_epi32(0x8000));
+}
+
+/// The operand lanes of count (0..16) floats from x, zeros past them.
+inline __m512i operand_lanes(const float* x, std::size_t count) {
+  const __mmask16 mask = count >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << count) - 1);
+  return operand_lanes(_mm512_maskz_loadu_epi32(mask, x));
+}
+#endif
 
 // The AMX path exists at the AVX-512 level, on Linux (which hands out the tile state).
 #if defined(__AVX512F__) && !defined(TAPEGRAD_EMULATED_BATCH) && defined(__linux__)
@@ -46,8 +70,8 @@ void amx_pack_columns(std::uint16_t* packed, const float* B, bool transpose_b, s
 #endif
 
 /// op(B) of several bf16_gemm products that share it (the vocabulary projection's weight over
-/// the chunks of a loss): rounded and packed once where bf16_gemm runs on AMX tiles, the floats as
-/// given elsewhere. Its products have bf16_gemm's bits.
+/// the chunks of a loss): rounded and packed once where bf16_gemm runs on AMX tiles or VDPBF16PS,
+/// the floats as given on the FMA chain's path. Its products have bf16_gemm's bits.
 class SharedBf16Operand {
  public:
   /// op(B) (K, N): B (K, N), or B (N, K) when transpose_b, rows ldb apart; B must outlive this.
@@ -61,8 +85,9 @@ class SharedBf16Operand {
   std::size_t K_, N_;
   const float* B_;
   std::size_t ldb_;
-  // AMX: op(B) in column tiles, in storage from the tensors' cache (the fused head makes two of
-  // 56 MB every step: 27,600 page faults a step when they were fresh); null on the other paths.
+  // op(B) rounded and packed for bf16_gemm's path (AMX column tiles, or VDPBF16PS's panels), in
+  // storage from the tensors' cache (the fused head makes two of 56 MB every step: 27,600 page
+  // faults a step when they were fresh); null on the FMA chain's path.
   std::unique_ptr<float[], StorageDeleter> storage_;
   std::uint16_t* packed_ = nullptr;
 };

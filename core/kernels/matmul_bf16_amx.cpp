@@ -106,26 +106,6 @@ static_assert(sizeof(TileConfig) == 64);
   _tile_stored(3, c + half * ldc + half, stride);
 }
 
-// bf16_operand of 16 floats' bits, one per 32-bit lane (in its low half): rounded to nearest
-// even, a NaN kept quiet, a subnormal result flushed to a zero of its sign (core/bf16.h).
-__m512i operand_lanes(__m512i bits) {
-  const __m512i one = _mm512_set1_epi32(1), exponent = _mm512_set1_epi32(0x7F80);
-  const __mmask16 nan = _mm512_cmpgt_epu32_mask(_mm512_and_si512(bits, _mm512_set1_epi32(0x7FFFFFFF)),
-                                                _mm512_set1_epi32(0x7F800000));
-  const __m512i upper = _mm512_srli_epi32(bits, 16);
-  const __m512i bias = _mm512_add_epi32(_mm512_set1_epi32(0x7FFF), _mm512_and_si512(upper, one));
-  __m512i rounded = _mm512_srli_epi32(_mm512_add_epi32(bits, bias), 16);
-  rounded = _mm512_mask_or_epi32(rounded, nan, upper, _mm512_set1_epi32(0x40));
-  const __mmask16 subnormal = _mm512_testn_epi32_mask(rounded, exponent);
-  return _mm512_mask_and_epi32(rounded, subnormal, rounded, _mm512_set1_epi32(0x8000));
-}
-
-// The operand lanes of count (0..16) floats from x, zeros past them.
-__m512i operand_lanes(const float* x, std::size_t count) {
-  const __mmask16 mask = count >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << count) - 1);
-  return operand_lanes(_mm512_maskz_loadu_epi32(mask, x));
-}
-
 // Writes the bf16 operands of count (0..32) floats from x, zeros past them, to out[0..32).
 void store_operands(std::uint16_t* out, const float* x, std::size_t count) {
   const std::size_t low = std::min<std::size_t>(count, 16), high = count - low;
