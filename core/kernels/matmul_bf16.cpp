@@ -163,8 +163,11 @@ struct InstructionPath {
             lanes[c] = c < count ? operand_lanes(X + (j0 + j + c) * ld + k0 + kb, depth) : _mm512_setzero_si512();
           transpose_16x16(lanes);
         } else {
-          for (std::size_t k = 0; k < 16; ++k)
+          for (std::size_t k = 0; k < 16; ++k) {
+            // rows far apart, read in runs of 16 columns: each asked for 16 rows ahead
+            if (kb + 16 + k < kc) _mm_prefetch(reinterpret_cast<const char*>(X + (k0 + kb + 16 + k) * ld + j0 + j), _MM_HINT_T0);
             lanes[k] = k < depth ? operand_lanes(X + (k0 + kb + k) * ld + j0 + j, count) : _mm512_setzero_si512();
+          }
         }
         const __mmask16 columns = count == 16 ? __mmask16(0xFFFF) : __mmask16((1u << count) - 1);
         for (std::size_t s = 0; s < 4; ++s)
