@@ -221,8 +221,9 @@ static bool cpu_has_bf16_dot_products() {
 // Whether the instruction's tile outruns the FMA chain's on this CPU. It does twice the arithmetic
 // per instruction, but on the Xeon this was written on (family 6 model 167, virtualized) it
 // retired one VDPBF16PS every 4 cycles against one 16-lane FMA per cycle, so the chain was twice
-// as fast; a Zen 4 (AMD family 25 model 17) retires one of each per cycle, so the instruction is. The two give the same bits, so the choice is timed, once: each tile on one panel
-// (K = 256, about 2 us), the best of 15 runs each, alternated.
+// as fast; a Zen 4 (AMD family 25 model 17) retires one of each per cycle, so there the
+// instruction is. The two give the same bits, so the choice is timed, once: each tile on one
+// panel (K = 256, about 2 us), the best of 15 runs each, alternated.
 static bool instruction_outruns_chain() {
   constexpr std::size_t rows = 256, MR = InstructionPath::MR, NR = InstructionPath::NR;
   static_assert(ChainPath::NR == NR && ChainPath::MR == MR, "both tiles cover the same block of C at AVX-512");
