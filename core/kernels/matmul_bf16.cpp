@@ -56,33 +56,6 @@ constexpr std::size_t block = 32;
 
 static std::size_t round_up_to_block(std::size_t n) { return (n + block - 1) / block * block; }
 
-// Sets MXCSR's flush-to-zero and denormals-are-zero bits on this thread while it lives.
-class FlushSubnormals {
- public:
-  FlushSubnormals() : saved_(_mm_getcsr()) { _mm_setcsr(saved_ | flush_to_zero | denormals_are_zero); }
-  ~FlushSubnormals() { _mm_setcsr(saved_); }
-  FlushSubnormals(const FlushSubnormals&) = delete;
-  FlushSubnormals& operator=(const FlushSubnormals&) = delete;
-
- private:
-  static constexpr unsigned flush_to_zero = 0x8000, denormals_are_zero = 0x0040;
-  unsigned saved_;
-};
-
-// One step of a chain, acc + x y rounded once (x y is exact).
-template <class V>
-static V chain_step(const V& acc, const V& x, const V& y) {
-#ifdef __FMA__
-  return fma(x, y, acc);
-#else  // SSE2: no fma; four lanes as two pairs of doubles
-  __m128 a = acc, p = x, q = y;
-  __m128d low = _mm_add_pd(_mm_cvtps_pd(a), _mm_mul_pd(_mm_cvtps_pd(p), _mm_cvtps_pd(q)));
-  __m128d high = _mm_add_pd(_mm_cvtps_pd(_mm_movehl_ps(a, a)),
-                            _mm_mul_pd(_mm_cvtps_pd(_mm_movehl_ps(p, p)), _mm_cvtps_pd(_mm_movehl_ps(q, q))));
-  return V(_mm_movelh_ps(_mm_cvtpd_ps(low), _mm_cvtpd_ps(high)));
-#endif
-}
-
 // The register tile: MR rows by `vectors` vectors of C, with an E and an O accumulator each (the
 // widths keep both sets and the operands in registers), KC-deep slices of K (whole blocks), blocks
 // of MC rows of op(A).
@@ -213,7 +186,7 @@ struct InstructionPath {
     }
   }
 };
-static bool cpu_has_bf16_dot_products() {
+bool cpu_has_bf16_dot_products() {
   __builtin_cpu_init();
   return __builtin_cpu_supports("avx512bf16");
 }
@@ -224,7 +197,7 @@ static bool cpu_has_bf16_dot_products() {
 // as fast; a Zen 4 (AMD family 25 model 17) retires one of each per cycle, so there the
 // instruction is. The two give the same bits, so the choice is timed, once: each tile on one
 // panel (K = 256, about 2 us), the best of 15 runs each, alternated.
-static bool instruction_outruns_chain() {
+bool instruction_outruns_chain() {
   constexpr std::size_t rows = 256, MR = InstructionPath::MR, NR = InstructionPath::NR;
   static_assert(ChainPath::NR == NR && ChainPath::MR == MR, "both tiles cover the same block of C at AVX-512");
   AlignedVector<std::uint16_t> a_bits(rows * MR, 0x3F80), b_bits(rows * NR, 0x3F80);

@@ -1,6 +1,7 @@
-// Private to the bf16 products (core/kernels/matmul_bf16.cpp, matmul_bf16_amx.cpp, and the fused
-// head of linear_cross_entropy.cpp): the operand rounding every path shares, the AMX path's entry
-// points and the shared operand of several products (Note [bf16 products]).
+// Private to the bf16 products (core/kernels/matmul_bf16.cpp, matmul_bf16_amx.cpp, the fused head
+// of linear_cross_entropy.cpp and the packed BF16 kernel, quant_matmul_bf16.cpp): the operand
+// rounding and chain step every path shares, the AMX path's entry points and the shared operand of
+// several products (Note [bf16 products]).
 #pragma once
 
 #include <immintrin.h>
@@ -41,6 +42,41 @@ inline __m512i operand_lanes(const float* x, std::size_t count) {
   const __mmask16 mask = count >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << count) - 1);
   return operand_lanes(_mm512_maskz_loadu_epi32(mask, x));
 }
+#endif
+
+// Sets MXCSR's flush-to-zero and denormals-are-zero bits on this thread while it lives.
+class FlushSubnormals {
+ public:
+  FlushSubnormals() : saved_(_mm_getcsr()) { _mm_setcsr(saved_ | flush_to_zero | denormals_are_zero); }
+  ~FlushSubnormals() { _mm_setcsr(saved_); }
+  FlushSubnormals(const FlushSubnormals&) = delete;
+  FlushSubnormals& operator=(const FlushSubnormals&) = delete;
+
+ private:
+  static constexpr unsigned flush_to_zero = 0x8000, denormals_are_zero = 0x0040;
+  unsigned saved_;
+};
+
+// One step of a chain, acc + x y rounded once (x y is exact).
+template <class V>
+V chain_step(const V& acc, const V& x, const V& y) {
+#ifdef __FMA__
+  return fma(x, y, acc);
+#else  // SSE2: no fma; four lanes as two pairs of doubles
+  __m128 a = acc, p = x, q = y;
+  __m128d low = _mm_add_pd(_mm_cvtps_pd(a), _mm_mul_pd(_mm_cvtps_pd(p), _mm_cvtps_pd(q)));
+  __m128d high = _mm_add_pd(_mm_cvtps_pd(_mm_movehl_ps(a, a)),
+                            _mm_mul_pd(_mm_cvtps_pd(_mm_movehl_ps(p, p)), _mm_cvtps_pd(_mm_movehl_ps(q, q))));
+  return V(_mm_movelh_ps(_mm_cvtpd_ps(low), _mm_cvtpd_ps(high)));
+#endif
+}
+
+#if defined(__AVX512F__) && !defined(TAPEGRAD_EMULATED_BATCH)
+/// Whether this CPU has AVX512_BF16's VDPBF16PS.
+bool cpu_has_bf16_dot_products();
+/// Whether VDPBF16PS's tile outruns the FMA chain's on this CPU (timed, about 50 us; callers keep
+/// the answer).
+bool instruction_outruns_chain();
 #endif
 
 // The AMX path exists at the AVX-512 level, on Linux (which hands out the tile state).

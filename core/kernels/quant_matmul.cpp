@@ -9,6 +9,7 @@
 #include <cmath>
 #include <vector>
 
+#include "core/kernels/matmul_bf16.h"
 #include "core/kernels/quant_matmul_tiles.h"
 
 namespace tapegrad::kernels::TAPEGRAD_SIMD_LEVEL {
@@ -310,9 +311,9 @@ template <TensorType type> struct Avx512Vnni {
 };
 #endif
 
-// One table: the integer formats' kernels that form integer sums as `dot` says, and the level's
-// float kernels and activation quantizer.
-quant::PackedKernelTable make_table(IntegerDot dot, const char* name) {
+// One table: the integer formats' kernels that form integer sums as `dot` says, BF16's with
+// VDPBF16PS or not, and the level's float kernels and activation quantizer.
+quant::PackedKernelTable make_table(IntegerDot dot, const char* name, bool bf16_instruction) {
   quant::PackedKernelTable table;
   switch (dot) {
 #if defined(__AVX512F__)
@@ -325,23 +326,34 @@ quant::PackedKernelTable make_table(IntegerDot dot, const char* name) {
     default: set_integer_kernels<Portable>(table); break;
   }
   set_float_kernels(table);
+  set_bf16_kernels(table, bf16_instruction);
   table.quantize_row = activation_quantizer();
   table.integer_dot = name;
   return table;
 }
 
+// The first table takes VDPBF16PS for BF16 where the CPU has it and it outruns the FMA chain (not
+// on every CPU: bf16_gemm's timing, matmul_bf16.cpp); the last takes the other way, so that the
+// tests run both.
 std::vector<quant::PackedKernelTable> make_tables() {
-  std::vector<quant::PackedKernelTable> tables;
+  std::vector<std::pair<IntegerDot, const char*>> dots;
+  bool has_instruction = false, faster = false;
 #if defined(__AVX2__) && !defined(TAPEGRAD_EMULATED_BATCH)
   __builtin_cpu_init();
 #if defined(__AVX512F__)
-  if (__builtin_cpu_supports("avx512vnni")) tables.push_back(make_table(IntegerDot::avx512_vnni, "avx512vnni"));
+  has_instruction = cpu_has_bf16_dot_products(), faster = has_instruction && instruction_outruns_chain();
+  if (__builtin_cpu_supports("avx512vnni")) dots.emplace_back(IntegerDot::avx512_vnni, "avx512vnni");
 #endif
-  if (cpu_has_avx_vnni()) tables.push_back(make_table(IntegerDot::avx_vnni, "avxvnni"));
-  tables.push_back(make_table(IntegerDot::avx2_maddubs, "avx2 vpmaddubsw"));
+  if (cpu_has_avx_vnni()) dots.emplace_back(IntegerDot::avx_vnni, "avxvnni");
+  dots.emplace_back(IntegerDot::avx2_maddubs, "avx2 vpmaddubsw");
 #else
-  tables.push_back(make_table(IntegerDot::portable, "portable"));
+  dots.emplace_back(IntegerDot::portable, "portable");
 #endif
+  std::vector<quant::PackedKernelTable> tables;
+  for (std::size_t i = 0; i < dots.size(); ++i) {
+    const bool instruction = i == 0 ? faster : i + 1 == dots.size() && has_instruction && !faster;
+    tables.push_back(make_table(dots[i].first, dots[i].second, instruction));
+  }
   return tables;
 }
 

@@ -1,4 +1,4 @@
-// This level's packed kernels for BF16, F16 and F32 weights (core/quant/packed_kernels.h): float
+// This level's packed kernels for F16 and F32 weights (core/quant/packed_kernels.h): float
 // products, the weights widened exactly, sixteen outputs' weights of one column side by side
 // (core/quant/row_groups.h) meeting x's value broadcast, each output's operations as Note [Packed
 // products] fixes them, in tiles of one group by MR rows of x. One loop for every level, on its
@@ -31,27 +31,18 @@ constexpr std::size_t batches = group_rows / Floats::size;  // a group's 16 lane
 #define TAPEGRAD_FLOAT_TARGET
 #endif
 
-// Column k's weights of a group (the unit at p), as floats, exactly.
+// Column k's weights of a group (the unit at p), as floats, exactly (F16's halves widened).
 template <TensorType type> TAPEGRAD_FLOAT_TARGET inline void widen(const std::byte* p, Floats (&w)[batches]) {
   if constexpr (type == TensorType::F32) {
     for (std::size_t i = 0; i < batches; ++i) w[i] = Floats::load_unaligned(reinterpret_cast<const float*>(p) + i * Floats::size);
   } else {
 #if defined(__AVX512F__) && !defined(TAPEGRAD_EMULATED_BATCH)
-    const __m256i halves = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
-    w[0] = type == TensorType::F16 ? _mm512_cvtph_ps(halves)
-                                   : _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(halves), 16));
+    w[0] = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
 #elif defined(__AVX2__) && !defined(TAPEGRAD_EMULATED_BATCH)
-    for (std::size_t i = 0; i < batches; ++i) {
-      const __m128i halves = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 16 * i));
-      w[i] = type == TensorType::F16 ? _mm256_cvtph_ps(halves)
-                                     : _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(halves), 16));
-    }
+    for (std::size_t i = 0; i < batches; ++i) w[i] = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 16 * i)));
 #else
     alignas(64) float f[group_rows];
-    for (std::size_t l = 0; l < group_rows; ++l) {
-      const std::uint16_t bits = load_u16(p + 2 * l);
-      f[l] = type == TensorType::F16 ? half_to_float(bits) : std::bit_cast<float>(std::uint32_t(bits) << 16);
-    }
+    for (std::size_t l = 0; l < group_rows; ++l) f[l] = half_to_float(load_u16(p + 2 * l));
     for (std::size_t i = 0; i < batches; ++i) w[i] = Floats::load_aligned(f + i * Floats::size);
 #endif
   }
@@ -112,7 +103,6 @@ void float_rows(float* y, std::size_t ldy, const ActivationRows& x, const Packed
 }  // namespace
 
 void set_float_kernels(quant::PackedKernelTable& table) {
-  table.bf16 = float_rows<TensorType::BF16>;
   table.f16 = float_rows<TensorType::F16>;
   table.f32 = float_rows<TensorType::F32>;
 }

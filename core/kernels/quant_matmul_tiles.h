@@ -62,9 +62,11 @@ void run_groups(const Tile& tile, std::size_t M, std::size_t first, std::size_t 
 // How a table forms the integer sums of the block formats.
 enum class IntegerDot { portable, avx2_maddubs, avx_vnni, avx512_vnni };
 
-// The pieces of a table, one file each: the float formats' kernels (quant_matmul_float.cpp) and the
-// activation quantizer (quant_matmul_activations.cpp).
+// The pieces of a table, one file each: the float formats' kernels (quant_matmul_float.cpp), BF16's
+// kernel and pairing of x (quant_matmul_bf16.cpp; with VDPBF16PS when `instruction`, at the AVX-512
+// level only) and the activation quantizer (quant_matmul_activations.cpp).
 void set_float_kernels(quant::PackedKernelTable& table);
+void set_bf16_kernels(quant::PackedKernelTable& table, bool instruction);
 quant::RowQuantizer activation_quantizer();
 
 }  // namespace tapegrad::kernels::TAPEGRAD_SIMD_LEVEL

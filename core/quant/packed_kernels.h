@@ -37,8 +37,13 @@
 // over the half (offset times the half's sum of q), and acc = fma(float(L[b][h]), d_w[b][h] *
 // d_x[b], acc) for h = 0 then 1, d_w[b][h] = d * float(scale_{2b + h}). A half times an integer of
 // at most 8 bits has at most 19 significant bits: exact in float32, so the scales add no rounding.
-// BF16, F16 and F32: the weights converted to float exactly, acc = fma(w[k], x[k], acc) for each
+// F16 and F32: the weights converted to float exactly, acc = fma(w[k], x[k], acc) for each
 // element k in order, one rounding per element (std::fma in the portable loops, as above).
+// BF16: bf16_gemm's contract (Note [bf16 products], core/kernels/matmul_bf16.cpp) with x's values
+// rounded to bf16 as its operands are: per block of 32 k from k = 0 (x and the weights padded with
+// zeros), a chain over the even k and one over the odd k from +0, acc = acc + (E + O), every
+// result and operand below 2^-126 flushed to a zero of its sign; as llama.cpp computes BF16
+// weights, and at the rate of VDPBF16PS where the CPU has it (twice the FMA's on a Zen 4).
 // Then y = acc, or y's old value + acc when accumulating. A row past the matrix's end is zeros in
 // its group and its outputs are never stored.
 // Each level may compute the integer sums with any instructions (VNNI's vpdpbusd, AVX2's
@@ -48,11 +53,14 @@
 
 namespace tapegrad::quant {
 
-/// x's rows for a packed product: the floats (BF16, F16, F32) and, for the block formats, x quantized
-/// (Note [Packed products]) in blocks of 32, a partial last block padded with zeros.
+/// x's rows for a packed product: the floats (F16, F32), for BF16 their bf16 pairs, and for the
+/// block formats x quantized (Note [Packed products]) in blocks of 32, a partial last block padded
+/// with zeros.
 struct ActivationRows {
   const float* x = nullptr;  ///< (rows, cols)
   std::size_t rows = 0, cols = 0;
+  const std::uint32_t* bf16_pairs = nullptr;  ///< (rows, bf16_words): x rounded, paired as BF16 units' words
+  std::size_t bf16_words = 0;                 ///< 16 a block of 32
   std::size_t blocks = 0;                      ///< blocks of 32 per row
   const std::int8_t* q = nullptr;              ///< (rows, blocks * 32)
   const float* d = nullptr;                    ///< (rows, blocks): the block's d
@@ -72,12 +80,18 @@ using PackedKernel = void (*)(float* y, std::size_t ldy, const ActivationRows& x
 using RowQuantizer = void (*)(const float* x, std::size_t cols, std::int8_t* q, float* d, std::int32_t* neg_sums,
                               std::int32_t* neg_half_sums, float* scaled_sums);
 
+/// Rounds one row of x (cols floats) to bf16 operands (Note [Packed products]) paired into
+/// 16 words a block of 32 as a BF16 unit pairs its columns (row_groups.h), zeros past cols.
+using RowPairer = void (*)(const float* x, std::size_t cols, std::uint32_t* words);
+
 /// One SIMD level's packed kernels.
 struct PackedKernelTable {
   PackedKernel q4_0 = nullptr, q4_1 = nullptr, q5_0 = nullptr, q8_0 = nullptr, q4_k = nullptr, q6_k = nullptr;
   PackedKernel bf16 = nullptr, f16 = nullptr, f32 = nullptr;
   RowQuantizer quantize_row = nullptr;
+  RowPairer pair_row = nullptr;
   const char* integer_dot = "";  ///< how the level forms the integer sums ("avx512vnni", ...)
+  const char* bf16_dot = "";     ///< how its BF16 kernel forms the chains ("vdpbf16ps", "fma")
 };
 
 /// Quantizes x's rows into blocks (Note [Packed products]); `storage` keeps the arrays.
@@ -85,8 +99,12 @@ struct QuantizedActivations {
   ActivationRows rows;
   std::unique_ptr<std::byte[]> storage;
   std::size_t capacity = 0;
+  AlignedVector<std::uint32_t> pairs;  ///< the bf16 pairs
 };
 void quantize_activations(const float* x, std::size_t rows, std::size_t cols, QuantizedActivations& out);
+/// Rounds and pairs x's rows for BF16 (into out.pairs and out.rows.bf16_pairs) with `table`'s pair_row.
+void pair_activations(const PackedKernelTable& table, const float* x, std::size_t rows, std::size_t cols,
+                      QuantizedActivations& out);
 
 /// The table packed_matmul runs: the first of the level in use's packed_tables().
 const PackedKernelTable& active_packed_table();

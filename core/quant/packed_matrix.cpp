@@ -110,6 +110,7 @@ const BlockFormat* find_conversion(std::string_view name) {
   return nullptr;
 }
 
+std::size_t PackedMatrix::unit_columns() const { return unit_layout(type).columns; }
 std::size_t PackedMatrix::group_bytes() const { return units() * unit_layout(type).bytes; }
 
 namespace {
@@ -157,15 +158,16 @@ template <class RowBlocks>
 PackedMatrix interleave_rows(TensorType type, std::size_t rows, std::size_t cols, RowBlocks row_blocks) {
   PackedMatrix w{type, rows, cols, {}, nullptr};
   std::shared_ptr<std::byte> storage = packed_storage(w.groups() * w.group_bytes());
-  const std::size_t block_bytes = w.format().block_bytes, unit_bytes = unit_layout(type).bytes;
+  const std::size_t unit_columns = w.unit_columns(), unit_bytes = unit_layout(type).bytes;
+  const std::size_t row_bytes_per_unit = unit_columns / w.format().block_elems * w.format().block_bytes;
   for (std::size_t g = 0; g < w.groups(); ++g) {
     const std::byte* blocks[group_rows];
     for (std::size_t r = 0; r < group_rows; ++r) blocks[r] = 16 * g + r < rows ? row_blocks(16 * g + r) : nullptr;
     std::byte* group = storage.get() + g * w.group_bytes();
     for (std::size_t u = 0; u < w.units(); ++u) {
-      interleave_unit(type, blocks, group + u * unit_bytes);
+      interleave_unit(type, blocks, group + u * unit_bytes, std::min(unit_columns, cols - u * unit_columns));
       for (const std::byte*& block : blocks)
-        if (block) block += block_bytes;
+        if (block) block += row_bytes_per_unit;
     }
   }
   w.bytes = {storage.get(), w.groups() * w.group_bytes()};
@@ -216,13 +218,14 @@ void dequantize_rows(const PackedMatrix& w, std::size_t first, std::size_t count
   if (first + count > w.rows)
     throw std::out_of_range(fmt::format("dequantize_rows: rows {}..{} of a matrix of {}", first, first + count, w.rows));
   const BlockFormat& format = w.format();
-  const std::size_t unit_bytes = unit_layout(w.type).bytes;
-  std::vector<std::byte> block(format.block_bytes);
+  const std::size_t unit_bytes = unit_layout(w.type).bytes, unit_columns = w.unit_columns();
+  std::vector<std::byte> block(unit_columns / format.block_elems * format.block_bytes);
   for (std::size_t r = first; r < first + count; ++r, out += w.cols) {
     const std::byte* group = w.group(r / group_rows);
     for (std::size_t u = 0; u < w.units(); ++u) {
-      deinterleave_unit(w.type, group + u * unit_bytes, r % group_rows, block.data());
-      format.dequantize(block.data(), out + u * format.block_elems, format.block_elems);
+      const std::size_t columns = std::min(unit_columns, w.cols - u * unit_columns);
+      deinterleave_unit(w.type, group + u * unit_bytes, r % group_rows, block.data(), columns);
+      format.dequantize(block.data(), out + u * unit_columns, columns);
     }
   }
 }
@@ -246,7 +249,16 @@ void quantize_activations(const float* x, std::size_t rows, std::size_t cols, Qu
   for (std::size_t m = 0; m < rows; ++m)
     quantize_row(x + m * cols, cols, q + m * blocks * 32, d + m * blocks, neg_sums + m * blocks,
                  neg_half_sums + 2 * m * blocks, scaled_sums + m * blocks);
-  out.rows = {x, rows, cols, blocks, q, d, neg_sums, neg_half_sums, scaled_sums};
+  out.rows = {.x = x, .rows = rows, .cols = cols, .blocks = blocks, .q = q, .d = d, .neg_sums = neg_sums,
+              .neg_half_sums = neg_half_sums, .scaled_sums = scaled_sums};
+}
+
+void pair_activations(const PackedKernelTable& table, const float* x, std::size_t rows, std::size_t cols,
+                      QuantizedActivations& out) {
+  const std::size_t words = (cols + 31) / 32 * 16;
+  if (out.pairs.size() < rows * words) out.pairs.resize(rows * words);
+  for (std::size_t m = 0; m < rows; ++m) table.pair_row(x + m * cols, cols, out.pairs.data() + m * words);
+  out.rows.bf16_pairs = out.pairs.data(), out.rows.bf16_words = words;
 }
 
 std::span<const PackedKernelTable> level_packed_tables() {
@@ -293,7 +305,7 @@ void packed_matmul(float* y, const float* x, std::size_t M, const PackedMatrix& 
 void packed_matmuls(std::span<const PackedProduct> products, const float* x, std::size_t M, bool accumulate) {
   const PackedKernelTable& table = active_packed_table();
   std::size_t total_rows = 0, total_bytes = 0;
-  bool blocks = false;
+  bool blocks = false, bf16 = false;
   for (const PackedProduct& p : products) {
     kernel_for(table, *p.w);
     if (p.w->cols != products[0].w->cols)
@@ -301,6 +313,7 @@ void packed_matmuls(std::span<const PackedProduct> products, const float* x, std
                                               products[0].w->cols, p.w->cols));
     total_rows += p.w->rows, total_bytes += p.w->bytes.size();
     blocks = blocks || p.w->format().block_elems > 1;  // blocks of 32, or K-quants' of 256
+    bf16 = bf16 || p.w->type == TensorType::BF16;
   }
   if (M == 0 || total_rows == 0) return;
   const std::size_t cols = products[0].w->cols;
@@ -311,6 +324,7 @@ void packed_matmuls(std::span<const PackedProduct> products, const float* x, std
     activations.rows = {};
     activations.rows.x = x, activations.rows.rows = M, activations.rows.cols = cols;
   }
+  if (bf16) pair_activations(table, x, M, cols, activations);  // once, as the blocks
   const ActivationRows& rows = activations.rows;
   // Outputs first .. last - 1 of the products' rows laid end to end; each kernel walks its share in
   // panels that stay in L2 while x's rows pass (quant_matmul_tiles.h).

@@ -12,8 +12,8 @@
 
 namespace tapegrad::quant {
 
-/// rows x cols weights in groups of 16 rows, each group cols / block_elems units of the format's
-/// blocks of 16 rows interleaved (core/quant/row_groups.h), the last group padded with zero rows.
+/// rows x cols weights in groups of 16 rows, each group units() units of 16 rows interleaved
+/// (core/quant/row_groups.h), the last group padded with zero rows.
 struct PackedMatrix {
   TensorType type = TensorType::F32;
   std::size_t rows = 0;  ///< outputs
@@ -23,7 +23,8 @@ struct PackedMatrix {
 
   const BlockFormat& format() const { return block_format(type); }
   std::size_t groups() const { return (rows + 15) / 16; }
-  std::size_t units() const { return cols / format().block_elems; }
+  std::size_t unit_columns() const;  ///< a row's weights in a unit (row_groups.h)
+  std::size_t units() const { return (cols + unit_columns() - 1) / unit_columns(); }
   std::size_t group_bytes() const;
   const std::byte* group(std::size_t g) const { return bytes.data() + g * group_bytes(); }
 };

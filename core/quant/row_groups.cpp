@@ -198,9 +198,22 @@ void transfer(TensorType type, std::byte* unit, std::size_t r, Parts& p, bool to
 
 }  // namespace
 
-void interleave_unit(TensorType type, const std::byte* const rows[group_rows], std::byte* unit) {
+// Where column k (0..31) of row r sits in a BF16 unit, in bytes (row_groups.h).
+constexpr std::size_t bf16_offset(std::size_t k, std::size_t r) {
+  const std::size_t word = k / 4 * 2 + k % 2, slot = 1 - k / 2 % 2;
+  return 4 * (16 * word + r) + 2 * slot;
+}
+
+void interleave_unit(TensorType type, const std::byte* const rows[group_rows], std::byte* unit,
+                     std::size_t columns) {
   const BlockFormat& format = block_format(type);
-  if (format.block_elems == 1) {  // BF16, F16, F32: row r's element at r
+  if (type == TensorType::BF16) {
+    std::memset(unit, 0, unit_layout(type).bytes);
+    for (std::size_t r = 0; r < group_rows; ++r)
+      for (std::size_t k = 0; rows[r] && k < columns; ++k) std::memcpy(unit + bf16_offset(k, r), rows[r] + 2 * k, 2);
+    return;
+  }
+  if (format.block_elems == 1) {  // F16, F32: row r's element at r
     for (std::size_t r = 0; r < group_rows; ++r) {
       if (rows[r]) std::memcpy(unit + r * format.block_bytes, rows[r], format.block_bytes);
       else std::memset(unit + r * format.block_bytes, 0, format.block_bytes);
@@ -214,8 +227,12 @@ void interleave_unit(TensorType type, const std::byte* const rows[group_rows], s
   }
 }
 
-void deinterleave_unit(TensorType type, const std::byte* unit, std::size_t r, std::byte* block) {
+void deinterleave_unit(TensorType type, const std::byte* unit, std::size_t r, std::byte* block, std::size_t columns) {
   const BlockFormat& format = block_format(type);
+  if (type == TensorType::BF16) {
+    for (std::size_t k = 0; k < columns; ++k) std::memcpy(block + 2 * k, unit + bf16_offset(k, r), 2);
+    return;
+  }
   if (format.block_elems == 1) {
     std::memcpy(block, unit + r * format.block_bytes, format.block_bytes);
     return;

@@ -26,6 +26,7 @@
 #include "core/random.h"
 #include "core/simd.h"
 #include "core/tape.h"
+#include "support/bf16_contract.h"
 #include "support/helpers.h"
 
 using namespace tapegrad;
@@ -68,36 +69,10 @@ Product random_product(bool transpose_a, bool transpose_b, std::size_t M, std::s
   return p;
 }
 
-// x rounded to float, its exponent unbounded, then flushed to a zero of its sign below 2^-126:
-// the contract's rounding of every step and sum (Note [bf16 products]).
-float rounded_and_flushed(double x) {
-  if (!(std::fabs(x) < 0x1p-100)) return float(x);
-  const float scaled = float(x * 0x1p100);  // exact in double; a normal float
-  return std::fabs(scaled) < 0x1p-26f ? std::copysign(0.0f, scaled) : scaled * 0x1p-100f;
-}
-
-// A bf16 operand as the paths read it: rounded, a subnormal read as a zero of its sign.
-float operand(float x) {
-  const float rounded = round_to_bf16(x);
-  return std::fabs(rounded) < 0x1p-126f ? std::copysign(0.0f, rounded) : rounded;
-}
-
-// The contract for one element: blocks of 32 k from k = 0 (zero-padded), per block a chain over
-// the even k and one over the odd k from +0, S = E + O, c = c + S (a subnormal c read as zero).
-// Exact for finite operands whose products fit a double (the double sum rounds innocuously).
+// The contract for element (i, j) (tests/support/bf16_contract.h).
 float contract_model(const Product& p, std::size_t i, std::size_t j, bool accumulate) {
-  float c = accumulate ? p.C[i * p.N + j] : 0.0f;
-  auto step = [&](float acc, std::size_t k) {
-    if (k >= p.K) return rounded_and_flushed(double(acc) + 0.0);
-    return rounded_and_flushed(double(acc) + double(operand(p.a(i, k))) * double(operand(p.b(k, j))));
-  };
-  for (std::size_t k0 = 0; k0 < p.K; k0 += 32) {
-    float even = 0.0f, odd = 0.0f;
-    for (std::size_t k = k0; k < k0 + 32; k += 2) even = step(even, k), odd = step(odd, k + 1);
-    const float sum = rounded_and_flushed(double(even) + double(odd));
-    c = rounded_and_flushed(double(std::fabs(c) < 0x1p-126f ? std::copysign(0.0f, c) : c) + double(sum));
-  }
-  return c;
+  return test::bf16_contract(p.K, [&](std::size_t k) { return p.a(i, k); }, [&](std::size_t k) { return p.b(k, j); },
+                             accumulate ? p.C[i * p.N + j] : 0.0f);
 }
 
 // Every way to run bf16_gemm at the level in use, named: the kernel and each path.

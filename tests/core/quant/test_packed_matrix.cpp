@@ -19,6 +19,7 @@
 #include "core/quant/packed_kernels.h"
 #include "core/quant/packed_matrix.h"
 #include "core/simd.h"
+#include "support/bf16_contract.h"
 #include "support/helpers.h"
 
 using namespace tapegrad;
@@ -96,12 +97,15 @@ float reference_output(const TestMatrix& t, const quant::ActivationRows& x, std:
   const quant::PackedMatrix& w = t.w;
   const std::byte* row = t.row(n);
   float acc = 0;
+  auto weight = [&](std::size_t k) {
+    float value = 0;
+    quant::block_format(w.type).dequantize(row + w.format().block_bytes * k, &value, 1);
+    return value;
+  };
+  if (w.type == TensorType::BF16)
+    return test::bf16_contract(w.cols, weight, [&](std::size_t k) { return x.x[m * x.cols + k]; }, 0.0f);
   if (is_float(w.type)) {
-    for (std::size_t k = 0; k < w.cols; ++k) {
-      float weight = 0;
-      quant::block_format(w.type).dequantize(row + w.format().block_bytes * k, &weight, 1);
-      acc = std::fma(weight, x.x[m * x.cols + k], acc);
-    }
+    for (std::size_t k = 0; k < w.cols; ++k) acc = std::fma(weight(k), x.x[m * x.cols + k], acc);
     return acc;
   }
   const int offset = w.type == TensorType::Q4_0   ? 8
@@ -195,11 +199,19 @@ TEST_CASE("every packed kernel table of this level gives Note [Packed products]'
       for (std::size_t cols : column_counts(type))
         for (std::size_t M : {1, 2, 3, 5, 7, 17, 23}) {  // 17 and up: a prompt's tiles at AVX-512
           const std::size_t rows = 37;
-          const TestMatrix t = random_matrix(type, rows, cols, 7 + cols);
+          TestMatrix t = random_matrix(type, rows, cols, 7 + cols);
+          std::vector<float> x = test::random_vector(M * cols, 100 + M, 3.0);
+          if (type == TensorType::BF16) {  // the contract's flushes: subnormal weights and x, tiny products
+            auto set_high_byte = [&](std::size_t i, unsigned bits) { t.file[2 * i + 1] = std::byte(bits); };
+            for (std::size_t i = 3; i < t.file.size() / 2; i += 7) t.file[2 * i] = std::byte(0x21), set_high_byte(i, i % 2 ? 0x80 : 0);
+            for (std::size_t i = 5; i < t.file.size() / 2; i += 11) set_high_byte(i, i % 2 ? 0x9E : 0x1E);  // +-2^-67 or so
+            for (std::size_t i = 2; i < x.size(); i += 13) x[i] = i % 3 ? 1e-39f : -0x1p-62f;
+            t.w = quant::interleave_matrix(type, rows, cols, t.file);
+          }
           const quant::PackedMatrix& w = t.w;
-          const std::vector<float> x = test::random_vector(M * cols, 100 + M, 3.0);
           quant::QuantizedActivations qx;
           quant::quantize_activations(x.data(), M, cols, qx);
+          quant::pair_activations(table, x.data(), M, cols, qx);
           const quant::ActivationRows& xr = qx.rows;
           std::vector<float> y(M * rows);
           kernel_of(table, type)(y.data(), rows, xr, w, 0, rows, false);
@@ -207,8 +219,9 @@ TEST_CASE("every packed kernel table of this level gives Note [Packed products]'
             for (std::size_t n = 0; n < rows; ++n) {
               const float expected = reference_output(t, xr, m, n);
               if (std::bit_cast<std::uint32_t>(y[m * rows + n]) != std::bit_cast<std::uint32_t>(expected))
-                FAIL(fmt::format("{} ({}) cols {} M {}: output ({}, {}) is {}, Note [Packed products] gives {}",
-                                 w.format().name, table.integer_dot, cols, M, m, n, y[m * rows + n], expected));
+                FAIL(fmt::format("{} ({}, {}) cols {} M {}: output ({}, {}) is {}, Note [Packed products] gives {}",
+                                 w.format().name, table.integer_dot, table.bf16_dot, cols, M, m, n, y[m * rows + n],
+                                 expected));
             }
           std::vector<float> accumulated(M * rows, 0.5f);
           kernel_of(table, type)(accumulated.data(), rows, xr, w, 0, rows, true);
@@ -230,7 +243,7 @@ TEST_CASE("every packed kernel table of this level gives Note [Packed products]'
 
 TEST_CASE("a packed matrix gives back its file's blocks and their dequantized rows") {
   for (TensorType type : kFormats) {
-    const std::size_t rows = 37, cols = is_k_quant(type) ? 512 : 96;
+    const std::size_t rows = 37, cols = is_k_quant(type) ? 512 : is_float(type) ? 104 : 96;  // BF16: a partial unit
     const TestMatrix t = random_matrix(type, rows, cols, 5);
     const quant::BlockFormat& format = t.w.format();
     std::vector<float> expected(rows * cols), got(rows * cols);
@@ -265,9 +278,11 @@ TEST_CASE("packed_matmul stays within its activation rounding of a double produc
             amax = std::max(amax, std::fabs(double(x[m * cols + k])));
             weight_sum += std::fabs(double(dense[n * cols + k]) * (blocks ? 1.0 : x[m * cols + k]));
           }
-          // x quantized to steps of amax / 127 moves each term by at most half a step; float
-          // sums add a relative 1e-5 or so.
-          bound += blocks ? weight_sum * amax / 127 / 2 * 1.001 + 1e-5 * weight_sum * amax : 1e-5 * weight_sum;
+          // x quantized to steps of amax / 127 moves each term by at most half a step, rounded to
+          // bf16 by 2^-9 of itself; float sums add a relative 1e-5 or so.
+          bound += blocks                          ? weight_sum * amax / 127 / 2 * 1.001 + 1e-5 * weight_sum * amax
+                   : w.type == TensorType::BF16 ? (0x1p-9 + 1e-5) * weight_sum
+                                                : 1e-5 * weight_sum;
         }
         CHECK_MESSAGE(std::fabs(y[m * rows + n] - exact) <= bound + 1e-6,
                       fmt::format("{}: output ({}, {}) is {}, the double product {} (bound {})", w.format().name, m,

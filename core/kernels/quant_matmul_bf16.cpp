@@ -1,0 +1,209 @@
+// This level's packed kernel for BF16 weights (core/quant/packed_kernels.h): bf16_gemm's contract
+// (Note [bf16 products]) on units whose words pair two columns of sixteen outputs as VDPBF16PS
+// reads them (core/quant/row_groups.h), meeting x's rounded pairs broadcast, in tiles of groups by
+// rows of x. Two ways to run the chains, the same bits: VDPBF16PS (AVX-512 level, CPUs with
+// AVX512_BF16), one instruction a word; or a fused multiply-add a column (every level), under
+// MXCSR's flush bits. And the rounding of x's rows into those pairs.
+#include <bit>
+#include <cstring>
+
+#include "core/kernels/matmul_bf16.h"
+#include "core/kernels/quant_matmul_tiles.h"
+
+namespace tapegrad::kernels::TAPEGRAD_SIMD_LEVEL {
+
+namespace {
+
+using quant::ActivationRows;
+using quant::PackedMatrix;
+
+constexpr std::size_t unit_bytes = 1024, unit_words = 16;  // a unit: 16 words of 16 rows
+constexpr std::uint32_t high_half = 0xFFFF0000u;
+
+// The operands of a word: slot 1's (its high half) and slot 0's as floats.
+inline float slot1(std::uint32_t word) { return std::bit_cast<float>(word & high_half); }
+inline float slot0(std::uint32_t word) { return std::bit_cast<float>(word << 16); }
+
+using Floats = Batch<float>;
+constexpr std::size_t batches = group_rows / Floats::size;
+
+// A word of a group's 16 outputs (64 bytes at p) as slot 1's and slot 0's floats.
+inline void widen_word(const std::byte* p, Floats (&hi)[batches], Floats (&lo)[batches]) {
+#if defined(__AVX512F__) && !defined(TAPEGRAD_EMULATED_BATCH)
+  const __m512i words = _mm512_load_si512(p);
+  hi[0] = _mm512_castsi512_ps(_mm512_and_si512(words, _mm512_set1_epi32(int(high_half))));
+  lo[0] = _mm512_castsi512_ps(_mm512_slli_epi32(words, 16));
+#elif defined(__AVX2__) && !defined(TAPEGRAD_EMULATED_BATCH)
+  for (std::size_t i = 0; i < batches; ++i) {
+    const __m256i words = _mm256_load_si256(reinterpret_cast<const __m256i*>(p) + i);
+    hi[i] = _mm256_castsi256_ps(_mm256_and_si256(words, _mm256_set1_epi32(int(high_half))));
+    lo[i] = _mm256_castsi256_ps(_mm256_slli_epi32(words, 16));
+  }
+#elif !defined(TAPEGRAD_EMULATED_BATCH)
+  for (std::size_t i = 0; i < batches; ++i) {
+    const __m128i words = _mm_load_si128(reinterpret_cast<const __m128i*>(p) + i);
+    hi[i] = _mm_castsi128_ps(_mm_and_si128(words, _mm_set1_epi32(int(high_half))));
+    lo[i] = _mm_castsi128_ps(_mm_slli_epi32(words, 16));
+  }
+#else
+  alignas(64) float h[group_rows], l[group_rows];
+  for (std::size_t r = 0; r < group_rows; ++r) h[r] = slot1(load_u32(p + 4 * r)), l[r] = slot0(load_u32(p + 4 * r));
+  for (std::size_t i = 0; i < batches; ++i) hi[i] = Floats::load_aligned(h + i * Floats::size), lo[i] = Floats::load_aligned(l + i * Floats::size);
+#endif
+}
+
+// Outputs of groups g .. g + NG - 1 for x's rows m0 .. m0 + MR - 1 (pairs at xs, ldx words
+// apart), the chains by fused multiply-adds: word 2s + p's slot 1 then slot 0 step chain p (E for
+// p = 0, O for 1). `ahead` as float_tile's (quant_matmul_float.cpp).
+template <int NG, int MR>
+void chain_tile(float* y, std::size_t ldy, const std::uint32_t* xs, std::size_t ldx, const PackedMatrix& w,
+                std::size_t g, std::size_t m0, std::size_t first, std::size_t last, std::size_t ahead,
+                bool accumulate) {
+  const std::byte* groups[NG];
+  for (int j = 0; j < NG; ++j) groups[j] = w.group(g + j);
+  Floats acc[NG][MR][batches];
+  for (int j = 0; j < NG; ++j)
+    for (int i = 0; i < MR; ++i)
+      for (std::size_t b = 0; b < batches; ++b) acc[j][i][b] = Floats(0.0f);
+  for (std::size_t u = 0; u < w.units(); ++u) {
+    Floats chains[2][NG][MR][batches];  // E, O
+    for (auto& chain : chains)
+      for (int j = 0; j < NG; ++j)
+        for (int i = 0; i < MR; ++i)
+          for (std::size_t b = 0; b < batches; ++b) chain[j][i][b] = Floats(0.0f);
+    for (std::size_t word = 0; word < unit_words; ++word) {
+      const std::size_t p = word % 2;
+      Floats hi[NG][batches], lo[NG][batches];
+      for (int j = 0; j < NG; ++j) {
+        const std::byte* at = groups[j] + u * unit_bytes + word * 64;
+        if (ahead) _mm_prefetch(reinterpret_cast<const char*>(at + ahead), _MM_HINT_T1);
+        widen_word(at, hi[j], lo[j]);
+      }
+      for (int i = 0; i < MR; ++i) {
+        const std::uint32_t pair = xs[i * ldx + u * unit_words + word];
+        const Floats x1(slot1(pair)), x0(slot0(pair));
+        for (int j = 0; j < NG; ++j)
+          for (std::size_t b = 0; b < batches; ++b)
+            chains[p][j][i][b] = chain_step(chain_step(chains[p][j][i][b], x1, hi[j][b]), x0, lo[j][b]);
+      }
+    }
+    for (int j = 0; j < NG; ++j)
+      for (int i = 0; i < MR; ++i)
+        for (std::size_t b = 0; b < batches; ++b) acc[j][i][b] = acc[j][i][b] + (chains[0][j][i][b] + chains[1][j][i][b]);
+  }
+  alignas(64) float out[group_rows];
+  for (int j = 0; j < NG; ++j)
+    for (int i = 0; i < MR; ++i) {
+      for (std::size_t b = 0; b < batches; ++b) acc[j][i][b].store_aligned(out + b * Floats::size);
+      store_group(y + (m0 + i) * ldy + (g + j) * group_rows, out, g + j, first, last, accumulate);
+    }
+}
+
+#if defined(__AVX512F__) && !defined(TAPEGRAD_EMULATED_BATCH)
+// chain_tile's outputs by VDPBF16PS: one instruction steps a chain by a word's two products, slot
+// 1's then slot 0's, rounded and flushed as the contract says whatever MXCSR holds.
+template <int NG, int MR>
+[[gnu::target("avx512bf16")]] void instruction_tile(float* y, std::size_t ldy, const std::uint32_t* xs,
+                                                    std::size_t ldx, const PackedMatrix& w, std::size_t g,
+                                                    std::size_t m0, std::size_t first, std::size_t last,
+                                                    std::size_t ahead, bool accumulate) {
+  const std::byte* groups[NG];
+  for (int j = 0; j < NG; ++j) groups[j] = w.group(g + j);
+  __m512 acc[NG][MR];
+  for (int j = 0; j < NG; ++j)
+    for (int i = 0; i < MR; ++i) acc[j][i] = _mm512_setzero_ps();
+  for (std::size_t u = 0; u < w.units(); ++u) {
+    __m512 even[NG][MR], odd[NG][MR];
+    for (int j = 0; j < NG; ++j)
+      for (int i = 0; i < MR; ++i) even[j][i] = odd[j][i] = _mm512_setzero_ps();
+    for (std::size_t word = 0; word < unit_words; word += 2) {
+      __m512i w_even[NG], w_odd[NG];
+      for (int j = 0; j < NG; ++j) {
+        const std::byte* at = groups[j] + u * unit_bytes + word * 64;
+        if (ahead) _mm_prefetch(reinterpret_cast<const char*>(at + ahead), _MM_HINT_T1);
+        w_even[j] = _mm512_load_si512(at), w_odd[j] = _mm512_load_si512(at + 64);
+      }
+      for (int i = 0; i < MR; ++i) {
+        const std::uint32_t* pairs = xs + i * ldx + u * unit_words + word;
+        const __m512bh x_even = (__m512bh)_mm512_set1_epi32(int(pairs[0]));
+        const __m512bh x_odd = (__m512bh)_mm512_set1_epi32(int(pairs[1]));
+        for (int j = 0; j < NG; ++j) {
+          even[j][i] = _mm512_dpbf16_ps(even[j][i], x_even, (__m512bh)w_even[j]);
+          odd[j][i] = _mm512_dpbf16_ps(odd[j][i], x_odd, (__m512bh)w_odd[j]);
+        }
+      }
+    }
+    for (int j = 0; j < NG; ++j)
+      for (int i = 0; i < MR; ++i) acc[j][i] = _mm512_add_ps(acc[j][i], _mm512_add_ps(even[j][i], odd[j][i]));
+  }
+  alignas(64) float out[group_rows];
+  for (int j = 0; j < NG; ++j)
+    for (int i = 0; i < MR; ++i) {
+      _mm512_store_ps(out, acc[j][i]);
+      store_group(y + (m0 + i) * ldy + (g + j) * group_rows, out, g + j, first, last, accumulate);
+    }
+}
+#endif
+
+// The kernel, tiles as wide as the level's registers hold E, O and the sum for (chain_tile at
+// AVX2: two batches a group; at SSE2 four).
+template <bool instruction>
+void bf16_rows(float* y, std::size_t ldy, const ActivationRows& x, const PackedMatrix& w, std::size_t first,
+               std::size_t last, bool accumulate) {
+  FlushSubnormals flush;  // the sums' flushes (and the chains' on the FMA path)
+  auto tile = [&]<int NG, int MR>(std::size_t g, std::size_t m0) {
+    const std::size_t ahead = m0 == 0 && x.rows > 1 && g + 2 * NG <= w.groups() ? NG * w.group_bytes() : 0;
+    const std::uint32_t* xs = x.bf16_pairs + m0 * x.bf16_words;
+#if defined(__AVX512F__) && !defined(TAPEGRAD_EMULATED_BATCH)
+    if constexpr (instruction)
+      return instruction_tile<NG, MR>(y, ldy, xs, x.bf16_words, w, g, m0, first, last, ahead, accumulate);
+#endif
+    chain_tile<NG, MR>(y, ldy, xs, x.bf16_words, w, g, m0, first, last, ahead, accumulate);
+  };
+  if (x.rows == 1) return run_groups<batches == 1 ? 4 : batches == 2 ? 2 : 1, 1>(tile, x.rows, first, last);
+  if constexpr (batches == 1) run_groups<2, 4>(tile, x.rows, first, last);
+  else run_groups<1, batches == 2 ? 2 : 1>(tile, x.rows, first, last);
+}
+
+// A row of x as pairs: each value rounded (bf16_operand), word w of block b holding columns
+// 32 b + 4 (w / 2) + w % 2 (high half) and that + 2 (low half).
+void pair_row(const float* x, std::size_t cols, std::uint32_t* words) {
+  const std::size_t blocks = (cols + 31) / 32;
+#if defined(__AVX512F__) && !defined(TAPEGRAD_EMULATED_BATCH)
+  // columns of slot 1 for the 16 words, and of slot 0 (those + 2), among the block's 32
+  const __m512i high = _mm512_setr_epi32(0, 1, 4, 5, 8, 9, 12, 13, 16, 17, 20, 21, 24, 25, 28, 29);
+  const __m512i low = _mm512_add_epi32(high, _mm512_set1_epi32(2));
+  for (std::size_t b = 0; b < blocks; ++b) {
+    const std::size_t k = 32 * b, count = std::min<std::size_t>(32, cols - k);
+    const __m512i first = operand_lanes(x + k, std::min<std::size_t>(16, count));
+    const __m512i second = count > 16 ? operand_lanes(x + k + 16, count - 16) : _mm512_setzero_si512();
+    const __m512i pairs = _mm512_or_si512(_mm512_slli_epi32(_mm512_permutex2var_epi32(first, high, second), 16),
+                                          _mm512_permutex2var_epi32(first, low, second));
+    _mm512_storeu_si512(words + 16 * b, pairs);
+  }
+#else
+  for (std::size_t b = 0; b < blocks; ++b)
+    for (std::size_t w = 0; w < unit_words; ++w) {
+      const std::size_t k = 32 * b + w / 2 * 4 + w % 2;
+      const std::uint32_t one = k < cols ? bf16_operand(x[k]) : 0, zero = k + 2 < cols ? bf16_operand(x[k + 2]) : 0;
+      words[16 * b + w] = one << 16 | zero;
+    }
+#endif
+}
+
+}  // namespace
+
+void set_bf16_kernels(quant::PackedKernelTable& table, bool instruction) {
+#if defined(__AVX512F__) && !defined(TAPEGRAD_EMULATED_BATCH)
+  if (instruction) {
+    table.bf16 = bf16_rows<true>, table.bf16_dot = "vdpbf16ps";
+  } else
+#endif
+  {
+    (void)instruction;
+    table.bf16 = bf16_rows<false>, table.bf16_dot = "fma";
+  }
+  table.pair_row = pair_row;
+}
+
+}  // namespace tapegrad::kernels::TAPEGRAD_SIMD_LEVEL
