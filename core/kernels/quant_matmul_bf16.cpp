@@ -120,7 +120,9 @@ template <int NG, int MR>
       __m512i w_even[NG], w_odd[NG];
       for (int j = 0; j < NG; ++j) {
         const std::byte* at = groups[j] + u * unit_bytes + word * 64;
-        if (ahead) _mm_prefetch(reinterpret_cast<const char*>(at + ahead), _MM_HINT_T1);
+        if (ahead)
+          for (std::size_t line = 0; line < 128; line += 64)
+            _mm_prefetch(reinterpret_cast<const char*>(at + ahead + line), _MM_HINT_T1);
         w_even[j] = _mm512_load_si512(at), w_odd[j] = _mm512_load_si512(at + 64);
       }
       for (int i = 0; i < MR; ++i) {
@@ -128,8 +130,8 @@ template <int NG, int MR>
         const __m512bh x_even = (__m512bh)_mm512_set1_epi32(int(pairs[0]));
         const __m512bh x_odd = (__m512bh)_mm512_set1_epi32(int(pairs[1]));
         for (int j = 0; j < NG; ++j) {
-          even[j][i] = _mm512_dpbf16_ps(even[j][i], x_even, (__m512bh)w_even[j]);
-          odd[j][i] = _mm512_dpbf16_ps(odd[j][i], x_odd, (__m512bh)w_odd[j]);
+          even[j][i] = _mm512_dpbf16_ps(even[j][i], (__m512bh)w_even[j], x_even);
+          odd[j][i] = _mm512_dpbf16_ps(odd[j][i], (__m512bh)w_odd[j], x_odd);
         }
       }
     }
@@ -145,14 +147,17 @@ template <int NG, int MR>
 }
 #endif
 
-// The kernel, tiles as wide as the level's registers hold E, O and the sum for (chain_tile at
-// AVX2: two batches a group; at SSE2 four).
+// The kernel, in tiles whose E and O fill the level's registers (AVX-512: 3 groups by 4 rows of
+// x, 1.2x the speed of 2 by 4 and of 1 by 8 at 16 rows; chain_tile at AVX2, two batches a group,
+// 1 by 2; at SSE2 1 by 1); one row of x meets several groups.
 template <bool instruction>
 void bf16_rows(float* y, std::size_t ldy, const ActivationRows& x, const PackedMatrix& w, std::size_t first,
                std::size_t last, bool accumulate) {
   FlushSubnormals flush;  // the sums' flushes (and the chains' on the FMA path)
   auto tile = [&]<int NG, int MR>(std::size_t g, std::size_t m0) {
-    const std::size_t ahead = m0 == 0 && x.rows > 1 && g + 2 * NG <= w.groups() ? NG * w.group_bytes() : 0;
+    // every tile of rows asks for the next tile of groups: spread over them, the requests keep
+    // the weights streaming (S = 16 on a Zen 4: 158 -> 193 GFLOP/s against the first tile alone)
+    const std::size_t ahead = x.rows > 1 && g + 2 * NG <= w.groups() ? NG * w.group_bytes() : 0;
     const std::uint32_t* xs = x.bf16_pairs + m0 * x.bf16_words;
 #if defined(__AVX512F__) && !defined(TAPEGRAD_EMULATED_BATCH)
     if constexpr (instruction)
@@ -161,7 +166,7 @@ void bf16_rows(float* y, std::size_t ldy, const ActivationRows& x, const PackedM
     chain_tile<NG, MR>(y, ldy, xs, x.bf16_words, w, g, m0, first, last, ahead, accumulate);
   };
   if (x.rows == 1) return run_groups<batches == 1 ? 4 : batches == 2 ? 2 : 1, 1>(tile, x.rows, first, last);
-  if constexpr (batches == 1) run_groups<2, 4>(tile, x.rows, first, last);
+  if constexpr (batches == 1) run_groups<3, 4>(tile, x.rows, first, last);
   else run_groups<1, batches == 2 ? 2 : 1>(tile, x.rows, first, last);
 }
 
