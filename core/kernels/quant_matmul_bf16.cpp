@@ -65,7 +65,8 @@ void chain_tile(float* y, std::size_t ldy, const std::uint32_t* xs, std::size_t 
   for (int j = 0; j < NG; ++j)
     for (int i = 0; i < MR; ++i)
       for (std::size_t b = 0; b < batches; ++b) acc[j][i][b] = Floats(0.0f);
-  for (std::size_t u = 0; u < w.units(); ++u) {
+  const std::size_t unit_count = w.units();
+  for (std::size_t u = 0; u < unit_count; ++u) {
     Floats chains[2][NG][MR][batches];  // E, O
     for (auto& chain : chains)
       for (int j = 0; j < NG; ++j)
@@ -112,7 +113,8 @@ template <int NG, int MR>
   __m512 acc[NG][MR];
   for (int j = 0; j < NG; ++j)
     for (int i = 0; i < MR; ++i) acc[j][i] = _mm512_setzero_ps();
-  for (std::size_t u = 0; u < w.units(); ++u) {
+  const std::size_t unit_count = w.units();
+  for (std::size_t u = 0; u < unit_count; ++u) {
     __m512 even[NG][MR], odd[NG][MR];
     for (int j = 0; j < NG; ++j)
       for (int i = 0; i < MR; ++i) even[j][i] = odd[j][i] = _mm512_setzero_ps();
