@@ -52,28 +52,26 @@ inline void widen_word(const std::byte* p, Floats (&hi)[batches], Floats (&lo)[b
 #endif
 }
 
-// Outputs of groups g .. g + NG - 1 for x's rows m0 .. m0 + MR - 1 (pairs at xs, ldx words
-// apart), the chains by fused multiply-adds: word 2s + p's slot 1 then slot 0 step chain p (E for
-// p = 0, O for 1). `ahead` as float_tile's (quant_matmul_float.cpp).
+// Outputs of groups g .. g + NG - 1 for x's rows m0 .. m0 + MR - 1 (chain_pairs' operands at xs,
+// ldx words apart), the chains by fused multiply-adds: word 2s + p's slot 1 then slot 0 step
+// chain p (E for p = 0, O for 1; two arrays, not one indexed by p, so that they stay in registers).
+// `ahead` as float_tile's (quant_matmul_float.cpp).
 template <int NG, int MR>
 void chain_tile(float* y, std::size_t ldy, const std::uint32_t* xs, std::size_t ldx, const PackedMatrix& w,
                 std::size_t g, std::size_t m0, std::size_t first, std::size_t last, std::size_t ahead,
                 bool accumulate) {
   const std::byte* groups[NG];
   for (int j = 0; j < NG; ++j) groups[j] = w.group(g + j);
-  Floats acc[NG][MR][batches];
-  for (int j = 0; j < NG; ++j)
-    for (int i = 0; i < MR; ++i)
-      for (std::size_t b = 0; b < batches; ++b) acc[j][i][b] = Floats(0.0f);
+  TileSums<Floats, NG, MR, batches> sums;
+  auto& acc = sums.lanes;
   const std::size_t unit_count = w.units();
   for (std::size_t u = 0; u < unit_count; ++u) {
-    Floats chains[2][NG][MR][batches];  // E, O
-    for (auto& chain : chains)
-      for (int j = 0; j < NG; ++j)
-        for (int i = 0; i < MR; ++i)
-          for (std::size_t b = 0; b < batches; ++b) chain[j][i][b] = Floats(0.0f);
-    for (std::size_t word = 0; word < unit_words; ++word) {
-      const std::size_t p = word % 2;
+    Floats even[NG][MR][batches], odd[NG][MR][batches];
+    for (int j = 0; j < NG; ++j)
+      for (int i = 0; i < MR; ++i)
+        for (std::size_t b = 0; b < batches; ++b) even[j][i][b] = odd[j][i][b] = Floats(0.0f);
+    // one chain's step by word `word` (its slot 1's product, then slot 0's)
+    auto step = [&](Floats (&chain)[NG][MR][batches], std::size_t word) {
       Floats hi[NG][batches], lo[NG][batches];
       for (int j = 0; j < NG; ++j) {
         const std::byte* at = groups[j] + u * unit_bytes + word * 64;
@@ -81,23 +79,19 @@ void chain_tile(float* y, std::size_t ldy, const std::uint32_t* xs, std::size_t 
         widen_word(at, hi[j], lo[j]);
       }
       for (int i = 0; i < MR; ++i) {
-        const std::uint32_t pair = xs[i * ldx + u * unit_words + word];
-        const Floats x1(slot1(pair)), x0(slot0(pair));
+        const std::uint32_t* operands = xs + i * ldx + 2 * (u * unit_words + word);  // chain_pairs' layout
+        const Floats x1(std::bit_cast<float>(operands[0])), x0(std::bit_cast<float>(operands[1]));
         for (int j = 0; j < NG; ++j)
           for (std::size_t b = 0; b < batches; ++b)
-            chains[p][j][i][b] = chain_step(chain_step(chains[p][j][i][b], x1, hi[j][b]), x0, lo[j][b]);
+            chain[j][i][b] = chain_step(chain_step(chain[j][i][b], x1, hi[j][b]), x0, lo[j][b]);
       }
-    }
+    };
+    for (std::size_t word = 0; word < unit_words; word += 2) step(even, word), step(odd, word + 1);
     for (int j = 0; j < NG; ++j)
       for (int i = 0; i < MR; ++i)
-        for (std::size_t b = 0; b < batches; ++b) acc[j][i][b] = acc[j][i][b] + (chains[0][j][i][b] + chains[1][j][i][b]);
+        for (std::size_t b = 0; b < batches; ++b) acc[j][i][b] = acc[j][i][b] + (even[j][i][b] + odd[j][i][b]);
   }
-  alignas(64) float out[group_rows];
-  for (int j = 0; j < NG; ++j)
-    for (int i = 0; i < MR; ++i) {
-      for (std::size_t b = 0; b < batches; ++b) acc[j][i][b].store_aligned(out + b * Floats::size);
-      store_group(y + (m0 + i) * ldy + (g + j) * group_rows, out, g + j, first, last, accumulate);
-    }
+  sums.store(y, ldy, g, m0, first, last, accumulate);
 }
 
 #if defined(__AVX512F__) && !defined(TAPEGRAD_EMULATED_BATCH)
@@ -149,9 +143,10 @@ template <int NG, int MR>
 }
 #endif
 
-// The kernel, in tiles whose E and O fill the level's registers (AVX-512: 3 groups by 4 rows of
-// x, 1.2x the speed of 2 by 4 and of 1 by 8 at 16 rows; chain_tile at AVX2, two batches a group,
-// 1 by 2; at SSE2 1 by 1); one row of x meets several groups.
+// The kernel, in tiles whose E and O fill the level's registers: at AVX-512 3 groups by 4 rows of
+// x (the fastest of 1 x 8, 2 x 4, 2 x 6, 4 x 3 and 3 x 4 for VDPBF16PS at 4 to 64 rows on a Zen 4,
+// and as fast as any for the chains), at AVX2 (two batches a group) 1 by 2, at SSE2 1 by 1; one
+// row of x meets several groups.
 template <bool instruction>
 void bf16_rows(float* y, std::size_t ldy, const ActivationRows& x, const PackedMatrix& w, std::size_t first,
                std::size_t last, bool accumulate) {
@@ -172,30 +167,38 @@ void bf16_rows(float* y, std::size_t ldy, const ActivationRows& x, const PackedM
   else run_groups<1, batches == 2 ? 2 : 1>(tile, x.rows, first, last);
 }
 
-// A row of x as pairs: each value rounded (bf16_operand), word w of block b holding columns
-// 32 b + 4 (w / 2) + w % 2 (high half) and that + 2 (low half).
-void pair_row(const float* x, std::size_t cols, std::uint32_t* words) {
-  const std::size_t blocks = (cols + 31) / 32;
+// The operand columns of a block's words: slot 1's column of word w, 4 (w / 2) + w % 2; slot 0's
+// is that + 2.
+constexpr std::size_t slot1_column(std::size_t w) { return w / 2 * 4 + w % 2; }
+
 #if defined(__AVX512F__) && !defined(TAPEGRAD_EMULATED_BATCH)
-  // columns of slot 1 for the 16 words, and of slot 0 (those + 2), among the block's 32
+// A row of x as VDPBF16PS's pairs: each value rounded (bf16_operand), word w of block b holding
+// slot 1's column of block b in its high half and slot 0's in its low half.
+void instruction_pairs(const float* x, std::size_t cols, std::uint32_t* words) {
+  // slot 1's columns of the 16 words, and slot 0's, among the block's 32
   const __m512i high = _mm512_setr_epi32(0, 1, 4, 5, 8, 9, 12, 13, 16, 17, 20, 21, 24, 25, 28, 29);
   const __m512i low = _mm512_add_epi32(high, _mm512_set1_epi32(2));
-  for (std::size_t b = 0; b < blocks; ++b) {
-    const std::size_t k = 32 * b, count = std::min<std::size_t>(32, cols - k);
+  for (std::size_t k = 0; k < cols; k += 32, words += 16) {
+    const std::size_t count = std::min<std::size_t>(32, cols - k);
     const __m512i first = operand_lanes(x + k, std::min<std::size_t>(16, count));
     const __m512i second = count > 16 ? operand_lanes(x + k + 16, count - 16) : _mm512_setzero_si512();
     const __m512i pairs = _mm512_or_si512(_mm512_slli_epi32(_mm512_permutex2var_epi32(first, high, second), 16),
                                           _mm512_permutex2var_epi32(first, low, second));
-    _mm512_storeu_si512(words + 16 * b, pairs);
+    _mm512_storeu_si512(words, pairs);
   }
-#else
+}
+#endif
+
+// A row of x for the FMA chains: the same operands as floats' bits, word w of block b as two
+// words, slot 1's operand then slot 0's.
+void chain_pairs(const float* x, std::size_t cols, std::uint32_t* words) {
+  const std::size_t blocks = (cols + 31) / 32;
   for (std::size_t b = 0; b < blocks; ++b)
     for (std::size_t w = 0; w < unit_words; ++w) {
-      const std::size_t k = 32 * b + w / 2 * 4 + w % 2;
-      const std::uint32_t one = k < cols ? bf16_operand(x[k]) : 0, zero = k + 2 < cols ? bf16_operand(x[k + 2]) : 0;
-      words[16 * b + w] = one << 16 | zero;
+      const std::size_t k = 32 * b + slot1_column(w);
+      words[32 * b + 2 * w] = k < cols ? std::uint32_t(bf16_operand(x[k])) << 16 : 0;
+      words[32 * b + 2 * w + 1] = k + 2 < cols ? std::uint32_t(bf16_operand(x[k + 2])) << 16 : 0;
     }
-#endif
 }
 
 }  // namespace
@@ -204,13 +207,13 @@ void set_bf16_kernels(quant::PackedKernelTable& table, bool instruction) {
 #if defined(__AVX512F__) && !defined(TAPEGRAD_EMULATED_BATCH)
   if (instruction) {
     table.bf16 = bf16_rows<true>, table.bf16_dot = "vdpbf16ps";
-  } else
-#endif
-  {
-    (void)instruction;
-    table.bf16 = bf16_rows<false>, table.bf16_dot = "fma";
+    table.pair_row = instruction_pairs, table.bf16_block_words = 16;
+    return;
   }
-  table.pair_row = pair_row;
+#endif
+  (void)instruction;
+  table.bf16 = bf16_rows<false>, table.bf16_dot = "fma";
+  table.pair_row = chain_pairs, table.bf16_block_words = 32;
 }
 
 }  // namespace tapegrad::kernels::TAPEGRAD_SIMD_LEVEL

@@ -59,10 +59,8 @@ TAPEGRAD_FLOAT_TARGET void float_tile(float* y, std::size_t ldy, const float* xs
   constexpr std::size_t unit_bytes = quant::unit_layout(type).bytes;
   const std::byte* groups[NG];
   for (int j = 0; j < NG; ++j) groups[j] = w.group(g + j);
-  Floats acc[NG][MR][batches];
-  for (int j = 0; j < NG; ++j)
-    for (int i = 0; i < MR; ++i)
-      for (std::size_t b = 0; b < batches; ++b) acc[j][i][b] = Floats(0.0f);
+  TileSums<Floats, NG, MR, batches> sums;
+  auto& acc = sums.lanes;
   for (std::size_t k = 0; k < w.cols; ++k) {
     Floats weights[NG][batches];
     for (int j = 0; j < NG; ++j) {
@@ -76,12 +74,7 @@ TAPEGRAD_FLOAT_TARGET void float_tile(float* y, std::size_t ldy, const float* xs
         for (std::size_t b = 0; b < batches; ++b) acc[j][i][b] = fma(weights[j][b], xv, acc[j][i][b]);
     }
   }
-  alignas(64) float out[group_rows];
-  for (int j = 0; j < NG; ++j)
-    for (int i = 0; i < MR; ++i) {
-      for (std::size_t b = 0; b < batches; ++b) acc[j][i][b].store_aligned(out + b * Floats::size);
-      store_group(y + (m0 + i) * ldy + (g + j) * group_rows, out, g + j, first, last, accumulate);
-    }
+  sums.store(y, ldy, g, m0, first, last, accumulate);
 }
 
 // Tiles of as many accumulators as the level's registers hold beside a column's weights: one row

@@ -39,6 +39,28 @@ inline void store_group(float* y, const float t[16], std::size_t g, std::size_t 
   for (std::size_t l = lo; l < hi; ++l) y[l] = accumulate ? y[l] + t[l] : t[l];
 }
 
+// The float sums of a tile of NG groups by MR rows of x, a group's 16 lanes in `count` batches of
+// B, from zero; store writes them as store_group does.
+template <class B, int NG, int MR, std::size_t count>
+struct TileSums {
+  B lanes[NG][MR][count];
+  TileSums() {
+    for (auto& group : lanes)
+      for (auto& row : group)
+        for (B& batch : row) batch = B(0.0f);
+  }
+  // Group g + j's outputs for row m0 + i at y + (m0 + i) * ldy + (g + j) * 16.
+  void store(float* y, std::size_t ldy, std::size_t g, std::size_t m0, std::size_t first, std::size_t last,
+             bool accumulate) const {
+    alignas(64) float out[group_rows];
+    for (int j = 0; j < NG; ++j)
+      for (int i = 0; i < MR; ++i) {
+        for (std::size_t b = 0; b < count; ++b) lanes[j][i][b].store_aligned(out + b * B::size);
+        store_group(y + (m0 + i) * ldy + (g + j) * group_rows, out, g + j, first, last, accumulate);
+      }
+  }
+};
+
 // Runs tile.template operator()<NG, MR>(g, m0) over the groups of 16 outputs that meet [first,
 // last), NG at a time (the last few one at a time), and x's rows in tiles of MR (the last few in
 // one tile of fewer): groups g .. g + NG - 1 by rows m0 .. m0 + MR - 1. Each output's operations

@@ -59,8 +59,8 @@ namespace tapegrad::quant {
 struct ActivationRows {
   const float* x = nullptr;  ///< (rows, cols)
   std::size_t rows = 0, cols = 0;
-  const std::uint32_t* bf16_pairs = nullptr;  ///< (rows, bf16_words): x rounded, paired as BF16 units' words
-  std::size_t bf16_words = 0;                 ///< 16 a block of 32
+  const std::uint32_t* bf16_pairs = nullptr;  ///< (rows, bf16_words): x rounded, as the table's pair_row writes it
+  std::size_t bf16_words = 0;                 ///< a row's words: bf16_block_words a block of 32
   std::size_t blocks = 0;                      ///< blocks of 32 per row
   const std::int8_t* q = nullptr;              ///< (rows, blocks * 32)
   const float* d = nullptr;                    ///< (rows, blocks): the block's d
@@ -80,8 +80,10 @@ using PackedKernel = void (*)(float* y, std::size_t ldy, const ActivationRows& x
 using RowQuantizer = void (*)(const float* x, std::size_t cols, std::int8_t* q, float* d, std::int32_t* neg_sums,
                               std::int32_t* neg_half_sums, float* scaled_sums);
 
-/// Rounds one row of x (cols floats) to bf16 operands (Note [Packed products]) paired into
-/// 16 words a block of 32 as a BF16 unit pairs its columns (row_groups.h), zeros past cols.
+/// Rounds one row of x (cols floats) to bf16 operands (Note [Packed products]) in the order a
+/// BF16 unit pairs its columns (row_groups.h), zeros past cols: for VDPBF16PS, 16 words a block of
+/// 32, each two operands as the unit's word; for the FMA chains, 32, each word's two operands'
+/// float bits one after the other (slot 1's first), for broadcasts straight from memory.
 using RowPairer = void (*)(const float* x, std::size_t cols, std::uint32_t* words);
 
 /// One SIMD level's packed kernels.
@@ -90,6 +92,7 @@ struct PackedKernelTable {
   PackedKernel bf16 = nullptr, f16 = nullptr, f32 = nullptr;
   RowQuantizer quantize_row = nullptr;
   RowPairer pair_row = nullptr;
+  std::size_t bf16_block_words = 16;  ///< what pair_row writes a block of 32: 16 or 32
   const char* integer_dot = "";  ///< how the level forms the integer sums ("avx512vnni", ...)
   const char* bf16_dot = "";     ///< how its BF16 kernel forms the chains ("vdpbf16ps", "fma")
 };

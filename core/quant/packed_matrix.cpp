@@ -255,7 +255,7 @@ void quantize_activations(const float* x, std::size_t rows, std::size_t cols, Qu
 
 void pair_activations(const PackedKernelTable& table, const float* x, std::size_t rows, std::size_t cols,
                       QuantizedActivations& out) {
-  const std::size_t words = (cols + 31) / 32 * 16;
+  const std::size_t words = (cols + 31) / 32 * table.bf16_block_words;
   if (out.pairs.size() < rows * words) out.pairs.resize(rows * words);
   for (std::size_t m = 0; m < rows; ++m) table.pair_row(x + m * cols, cols, out.pairs.data() + m * words);
   out.rows.bf16_pairs = out.pairs.data(), out.rows.bf16_words = words;
