@@ -146,7 +146,7 @@ template <int NG, int MR>
 // The kernel, in tiles whose E and O fill the level's registers: at AVX-512 3 groups by 4 rows of
 // x (the fastest of 1 x 8, 2 x 4, 2 x 6, 4 x 3 and 3 x 4 for VDPBF16PS at 4 to 64 rows on a Zen 4,
 // and as fast as any for the chains), at AVX2 (two batches a group) 1 by 2, at SSE2 1 by 1; one
-// row of x meets several groups.
+// row of x one group (10.2 -> 8.2 ms for SmolLM2's 269 MB on a Zen 4 core, against 4 groups).
 template <bool instruction>
 void bf16_rows(float* y, std::size_t ldy, const ActivationRows& x, const PackedMatrix& w, std::size_t first,
                std::size_t last, bool accumulate) {
@@ -162,7 +162,7 @@ void bf16_rows(float* y, std::size_t ldy, const ActivationRows& x, const PackedM
 #endif
     chain_tile<NG, MR>(y, ldy, xs, x.bf16_words, w, g, m0, first, last, ahead, accumulate);
   };
-  if (x.rows == 1) return run_groups<batches == 1 ? 4 : batches == 2 ? 2 : 1, 1>(tile, x.rows, first, last);
+  if (x.rows == 1) return run_groups<1, 1>(tile, x.rows, first, last);  // one run of bytes (quant_matmul_float.cpp)
   if constexpr (batches == 1) run_groups<3, 4>(tile, x.rows, first, last);
   else run_groups<1, batches == 2 ? 2 : 1>(tile, x.rows, first, last);
 }
