@@ -48,7 +48,8 @@ inline void widen_word(const std::byte* p, Floats (&hi)[batches], Floats (&lo)[b
 #else
   alignas(64) float h[group_rows], l[group_rows];
   for (std::size_t r = 0; r < group_rows; ++r) h[r] = slot1(load_u32(p + 4 * r)), l[r] = slot0(load_u32(p + 4 * r));
-  for (std::size_t i = 0; i < batches; ++i) hi[i] = Floats::load_aligned(h + i * Floats::size), lo[i] = Floats::load_aligned(l + i * Floats::size);
+  for (std::size_t i = 0; i < batches; ++i)
+    hi[i] = Floats::load_aligned(h + i * Floats::size), lo[i] = Floats::load_aligned(l + i * Floats::size);
 #endif
 }
 

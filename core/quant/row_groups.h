@@ -47,8 +47,10 @@ constexpr UnitLayout unit_layout(TensorType type) {
     case TensorType::Q4_1: return {.bytes = 320, .columns = 32, .d = 0, .m = 32, .codes = 64, .offset = 0};
     case TensorType::Q5_0: return {.bytes = 352, .columns = 32, .d = 0, .fifth = 32, .codes = 96, .offset = 16};
     case TensorType::Q8_0: return {.bytes = 544, .columns = 32, .d = 0, .codes = 32, .offset = 128};
-    case TensorType::Q4_K: return {.bytes = 2368, .columns = 256, .d = 0, .m = 32, .scales = 64, .codes = 320, .sub_bytes = 256};
-    case TensorType::Q6_K: return {.bytes = 3360, .columns = 256, .d = 0, .scales = 32, .codes = 288, .sub_bytes = 384, .offset = 32};
+    case TensorType::Q4_K:
+      return {.bytes = 2368, .columns = 256, .d = 0, .m = 32, .scales = 64, .codes = 320, .sub_bytes = 256};
+    case TensorType::Q6_K:
+      return {.bytes = 3360, .columns = 256, .d = 0, .scales = 32, .codes = 288, .sub_bytes = 384, .offset = 32};
     case TensorType::F32: return {.bytes = 64};
     case TensorType::F16: return {.bytes = 32};
     case TensorType::BF16: return {.bytes = 1024, .columns = 32};

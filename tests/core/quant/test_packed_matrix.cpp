@@ -202,9 +202,11 @@ TEST_CASE("every packed kernel table of this level gives Note [Packed products]'
           TestMatrix t = random_matrix(type, rows, cols, 7 + cols);
           std::vector<float> x = test::random_vector(M * cols, 100 + M, 3.0);
           if (type == TensorType::BF16) {  // the contract's flushes: subnormal weights and x, tiny products
-            auto set_high_byte = [&](std::size_t i, unsigned bits) { t.file[2 * i + 1] = std::byte(bits); };
-            for (std::size_t i = 3; i < t.file.size() / 2; i += 7) t.file[2 * i] = std::byte(0x21), set_high_byte(i, i % 2 ? 0x80 : 0);
-            for (std::size_t i = 5; i < t.file.size() / 2; i += 11) set_high_byte(i, i % 2 ? 0x9E : 0x1E);  // +-2^-67 or so
+            auto set_bits = [&](std::size_t i, unsigned bits) {
+              t.file[2 * i] = std::byte(bits & 0xFF), t.file[2 * i + 1] = std::byte(bits >> 8);
+            };
+            for (std::size_t i = 3; i < t.file.size() / 2; i += 7) set_bits(i, i % 2 ? 0x8021 : 0x0021);  // subnormal
+            for (std::size_t i = 5; i < t.file.size() / 2; i += 11) set_bits(i, i % 2 ? 0x9E40 : 0x1E40);  // +-1.5 2^-67
             for (std::size_t i = 2; i < x.size(); i += 13) x[i] = i % 3 ? 1e-39f : -0x1p-62f;
             t.w = quant::interleave_matrix(type, rows, cols, t.file);
           }
@@ -280,9 +282,8 @@ TEST_CASE("packed_matmul stays within its activation rounding of a double produc
           }
           // x quantized to steps of amax / 127 moves each term by at most half a step, rounded to
           // bf16 by 2^-9 of itself; float sums add a relative 1e-5 or so.
-          bound += blocks                          ? weight_sum * amax / 127 / 2 * 1.001 + 1e-5 * weight_sum * amax
-                   : w.type == TensorType::BF16 ? (0x1p-9 + 1e-5) * weight_sum
-                                                : 1e-5 * weight_sum;
+          if (blocks) bound += weight_sum * amax / 127 / 2 * 1.001 + 1e-5 * weight_sum * amax;
+          else bound += (w.type == TensorType::BF16 ? 0x1p-9 + 1e-5 : 1e-5) * weight_sum;
         }
         CHECK_MESSAGE(std::fabs(y[m * rows + n] - exact) <= bound + 1e-6,
                       fmt::format("{}: output ({}, {}) is {}, the double product {} (bound {})", w.format().name, m,
