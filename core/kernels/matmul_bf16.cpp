@@ -117,31 +117,53 @@ struct InstructionPath {
   }
   static Element element(std::uint16_t bits) { return bits; }
 
-  // pack_panel's panel, 16 k at a time: rounded 16 lanes at once, each word's two elements
-  // (slot 1 <- k = 4s + p, slot 0 <- 4s + 2 + p of its 16 k) joined in a lane, stored 16 columns
-  // at a time. Along k, the source's rows are 16 columns' k; a 16 x 16 transpose turns them into
-  // one vector per k.
+  // pack_panels' panels, side by side from `panels` (panel q at q * rows * width), when the
+  // source's rows run across them (X(k, j) = X[k * ld + j]): 4 rows at a time, each read along the
+  // whole block (one stream a row, where a panel at a time would take a few words of every row far
+  // apart), rounded 16 lanes at once and joined in words (rows 4s + p in slot 1, 4s + 2 + p in
+  // slot 0 make word 2s + p), a 16-column vector stored into each panel it spans by a mask.
+  static void pack_across(std::uint16_t* panels, std::size_t width, const float* X, std::size_t ld, std::size_t k0,
+                          std::size_t kc, std::size_t j0, std::size_t cols) {
+    const std::size_t rows = round_up_to_block(kc), count = (cols + width - 1) / width;
+    if (rows != kc || cols % width != 0)  // the stores below cover the block's k and columns only
+      std::fill(panels, panels + count * rows * width, std::uint16_t(0));
+    for (std::size_t k = 0; k < kc; k += 4)
+      for (std::size_t j = 0; j < cols; j += 16) {
+        const std::size_t n = std::min<std::size_t>(16, cols - j);
+        __m512i lanes[4];
+        for (std::size_t i = 0; i < 4; ++i)
+          lanes[i] = k + i < kc ? operand_lanes(X + (k0 + k + i) * ld + j0 + j, n) : _mm512_setzero_si512();
+        for (std::size_t p = 0; p < 2; ++p) {
+          const __m512i words = _mm512_or_si512(_mm512_slli_epi32(lanes[p], 16), lanes[2 + p]);
+          const std::size_t word = k / 2 + p;
+          for (std::size_t q = j / width; q * width < j + n; ++q) {  // lane i: panel q's column j + i - q * width
+            const std::size_t first = std::max(q * width, j) - j, end = std::min((q + 1) * width, j + n) - j;
+            const __mmask16 lanes_in_q = __mmask16(((1u << end) - 1) & ~((1u << first) - 1));
+            std::uint16_t* row = panels + q * rows * width + word * width * 2;
+            _mm512_mask_storeu_epi32(row + (std::ptrdiff_t(j) - std::ptrdiff_t(q * width)) * 2, lanes_in_q, words);
+          }
+        }
+      }
+  }
+
+  // pack_panel's panel when the source's rows run along k (X(k, j) = X[j * ld + k]), 16 k at a
+  // time: 16 columns' rows read and rounded 16 lanes at once, a 16 x 16 transpose turning them
+  // into one vector per k, each word's two elements (slot 1 <- k = 4s + p, slot 0 <- 4s + 2 + p of
+  // its 16 k) joined in a lane, stored 16 columns at a time.
   static void pack(std::uint16_t* panel, std::size_t width, const float* X, bool trans, std::size_t ld,
                    std::size_t k0, std::size_t kc, std::size_t j0, std::size_t cols) {
+    if (!trans) return pack_across(panel, width, X, ld, k0, kc, j0, cols);
     const std::size_t rows = round_up_to_block(kc);
     if (rows != kc || cols % 16 != 0)  // the stores below cover whole words of `cols` columns only
       std::fill(panel, panel + rows * width, std::uint16_t(0));
-    for (std::size_t j = 0; j < cols; j += 16) {  // the source's rows read along, when along k
+    for (std::size_t j = 0; j < cols; j += 16) {
       const std::size_t count = std::min<std::size_t>(16, cols - j);
       for (std::size_t kb = 0; kb < kc; kb += 16) {
         const std::size_t depth = std::min<std::size_t>(16, kc - kb);
         __m512i lanes[16];  // lanes[k]: the operands of the 16 columns at k0 + kb + k
-        if (trans) {
-          for (std::size_t c = 0; c < 16; ++c)
-            lanes[c] = c < count ? operand_lanes(X + (j0 + j + c) * ld + k0 + kb, depth) : _mm512_setzero_si512();
-          transpose_16x16(lanes);
-        } else {
-          for (std::size_t k = 0; k < 16; ++k) {
-            // rows far apart, read in runs of 16 columns: each asked for 16 rows ahead
-            if (kb + 16 + k < kc) _mm_prefetch(reinterpret_cast<const char*>(X + (k0 + kb + 16 + k) * ld + j0 + j), _MM_HINT_T0);
-            lanes[k] = k < depth ? operand_lanes(X + (k0 + kb + k) * ld + j0 + j, count) : _mm512_setzero_si512();
-          }
-        }
+        for (std::size_t c = 0; c < 16; ++c)
+          lanes[c] = c < count ? operand_lanes(X + (j0 + j + c) * ld + k0 + kb, depth) : _mm512_setzero_si512();
+        transpose_16x16(lanes);
         const __mmask16 columns = count == 16 ? __mmask16(0xFFFF) : __mmask16((1u << count) - 1);
         for (std::size_t s = 0; s < 4; ++s)
           for (std::size_t p = 0; p < 2; ++p) {
@@ -155,6 +177,8 @@ struct InstructionPath {
   [[gnu::target("avx512bf16"), gnu::noinline]] static void tile(float* c, std::size_t ldc, const std::uint16_t* a,
                                                                  const std::uint16_t* b, std::size_t rows,
                                                                  bool accumulate) {
+    for (std::size_t r = 0; r < MR; ++r)  // C's rows, written after each block (read after the first), are often far from the cache
+      for (std::size_t v = 0; v < vectors; ++v) _mm_prefetch(reinterpret_cast<const char*>(c + r * ldc + v * 16), _MM_HINT_T0);
     for (std::size_t k0 = 0; k0 < rows; k0 += block) {
       __m512 even[MR][vectors], odd[MR][vectors];
       for (std::size_t r = 0; r < MR; ++r)
@@ -251,6 +275,19 @@ static void pack_panel(typename Path::Element* panel, std::size_t width, const f
   }
 }
 
+// pack_panel over the panels of `cols` columns from j0, `width` each, side by side from `panels`
+// (panel q at q * round_up_to_block(kc) * width): in one pass over the source's rows where the
+// path can and they run across the panels.
+template <class Path>
+static void pack_panels(typename Path::Element* panels, std::size_t width, const float* X, bool trans, std::size_t ld,
+                        std::size_t k0, std::size_t kc, std::size_t j0, std::size_t cols) {
+  if constexpr (requires { &Path::pack_across; })
+    if (!trans) return Path::pack_across(panels, width, X, ld, k0, kc, j0, cols);
+  const std::size_t rows = round_up_to_block(kc);
+  for (std::size_t j = 0; j < cols; j += width)
+    pack_panel<Path>(panels + j / width * rows * width, width, X, trans, ld, k0, kc, j0 + j, std::min(width, cols - j));
+}
+
 // C = 0 when not accumulating: what a product over K = 0 gives (no block, nothing read or flushed).
 static void zero_unless_accumulating(std::size_t M, std::size_t N, bool accumulate, float* C, std::size_t ldc) {
   if (!accumulate)
@@ -309,14 +346,10 @@ static void bf16_product(bool transpose_a, bool transpose_b, std::size_t M, std:
     const bool continues = p0 > 0 || accumulate;
     const Element* b_slice = packed.panels ? packed.panels + p0 * packed.all_panels * NR + packed.j0 / NR * rows * NR
                                            : b_pack.data();
-    if (!packed.panels)
-      for (std::size_t jp = 0; jp < panels; ++jp)
-        pack_panel<Path>(b_pack.data() + jp * rows * NR, NR, B, transpose_b, ldb, p0, kc, jp * NR,
-                         std::min(NR, N - jp * NR));
+    if (!packed.panels) pack_panels<Path>(b_pack.data(), NR, B, transpose_b, ldb, p0, kc, 0, N);
     for (std::size_t i0 = 0; i0 < M; i0 += MC) {
       const std::size_t i1 = std::min(M, i0 + MC);
-      for (std::size_t r0 = i0; r0 < i1; r0 += MR)  // op(A)^T(k, r) = op(A)(r, k)
-        pack_panel<Path>(a_pack.data() + (r0 - i0) * rows, MR, A, !transpose_a, lda, p0, kc, r0, std::min(MR, i1 - r0));
+      pack_panels<Path>(a_pack.data(), MR, A, !transpose_a, lda, p0, kc, i0, i1 - i0);  // op(A)^T(k, r) = op(A)(r, k)
       for (std::size_t jp = 0; jp < panels; ++jp) {
         const Element* b_panel = b_slice + jp * rows * NR;
         const std::size_t j0 = jp * NR, cols = std::min(NR, N - j0);
