@@ -178,12 +178,13 @@ TAPEGRAD_KERNEL(void, attention_backward,
 /// position q_offset + i, attends to that sequence's keys and values 0..q_offset+i (kv_len, the
 /// rows held, is at least q_offset + q_len); head h reads KV head h / s.group(). keys are in blocks
 /// of key_block positions, block b (KVH*Dh, key_block) at keys + b * KVH*Dh * key_block; values are
-/// rows (kv_len, KVH*Dh). scratch holds n_heads * (round_up(q_offset + q_len, key_block) + 1)
-/// elements; calls on disjoint head ranges (s.first_head, s.head_count) may share it, each using
-/// its heads' part. A query's result depends only on its row and the cache, never on the other
-/// rows of q, and a head's only on that head.
-/// Throws std::invalid_argument for a batch other than 1, q_offset + q_len past kv_len, KV heads
-/// that do not divide the heads, or a head range past the heads.
+/// in a plane per KV head, KV head g's rows 0..kv_len-1 (of s.kv_capacity, Dh each) at values + g *
+/// s.value_plane(), so that a head's values are one run of bytes. scratch holds n_heads *
+/// (round_up(q_offset + q_len, key_block) + 1) elements; calls on disjoint head ranges
+/// (s.first_head, s.head_count) may share it, each using its heads' part. A query's result depends
+/// only on its row and the cache, never on the other rows of q, and a head's only on that head.
+/// Throws std::invalid_argument for a batch other than 1, q_offset + q_len past kv_len, a
+/// kv_capacity below kv_len, KV heads that do not divide the heads, or a head range past the heads.
 TAPEGRAD_KERNEL(void, cached_attention_forward,
                 (T* out, const T* q, const T* keys, const T* values, const AttentionShape& s, T* scratch),
                 (out, q, keys, values, s, scratch))

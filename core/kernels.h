@@ -56,6 +56,11 @@ struct AttentionShape {
   std::size_t first_head = 0;
   std::size_t head_count = 0;  ///< query heads computed from first_head; 0: through the last
   std::size_t heads_end() const { return head_count == 0 ? n_heads : first_head + head_count; }  ///< past the range
+  /// cached_attention_forward only: the positions each KV head's plane of values holds, at least
+  /// kv_len (a cache's max_len); 0 means kv_len.
+  std::size_t kv_capacity = 0;
+  /// The floats between two KV heads' planes of values: kv_capacity (or kv_len) * head_dim.
+  std::size_t value_plane() const { return (kv_capacity == 0 ? kv_len : kv_capacity) * head_dim; }
 };
 
 /// AdamW's per-step scalars (adamw_update), combined in double by the optimizer and rounded once.

@@ -217,10 +217,10 @@ Rows CachePass::attention(const Rows& q, const Rows& k, const Rows& v, Attention
     throw std::logic_error(fmt::format("CachePass::attention: the model attends {} times per token, but the cache "
                                        "has {} layers",
                                        layer + 1, cache_.layers()));
-  if (heads.n_kv_heads == 0 || width % heads.n_kv_heads != 0)
-    throw std::invalid_argument(fmt::format("CachePass::attention: the cache's rows of {} floats do not hold {} KV "
-                                            "heads",
-                                            width, heads.n_kv_heads));
+  if (heads.n_kv_heads != cache_.kv_heads())
+    throw std::invalid_argument(fmt::format("CachePass::attention: the cache holds {} KV heads a row, the model "
+                                            "attends with {}; use model.make_cache()",
+                                            cache_.kv_heads(), heads.n_kv_heads));
   const std::size_t head_dim = width / heads.n_kv_heads;
   check_cols("attention", q, n_heads * head_dim);
   check_cols("attention", k, width);
@@ -232,8 +232,9 @@ Rows CachePass::attention(const Rows& q, const Rows& k, const Rows& v, Attention
   std::size_t r = 0;
   for (const Run& run : runs_) {
     cache_.write(layer, run.sequence, run.position, run.count, k.row(r), v.row(r));
-    const kernels::AttentionShape shape{1, run.count, run.position + run.count, n_heads, head_dim, run.position,
-                                        heads.n_kv_heads};
+    kernels::AttentionShape shape{1, run.count, run.position + run.count, n_heads, head_dim, run.position,
+                                  heads.n_kv_heads};
+    shape.kv_capacity = cache_.max_len();
     attend(y.row(r), q.row(r), cache_.keys(layer, run.sequence), cache_.values(layer, run.sequence), shape, scratch);
     r += run.count;
   }

@@ -31,6 +31,14 @@ std::size_t kv_cache_width(const Config& c) {
   else return c.d_model;
 }
 
+/// The heads of keys and values in a cache row: the config's kv_heads() where it has one (grouped-
+/// query attention), else n_heads.
+template <class Config>
+std::size_t kv_cache_heads(const Config& c) {
+  if constexpr (requires { c.kv_heads(); }) return c.kv_heads();
+  else return c.n_heads;
+}
+
 /// The base (CRTP) of a decoder-only model: forward, loss and cached decoding, derived from
 /// Model::run.
 template <class Model>
@@ -62,7 +70,7 @@ class DecoderModel {
     if (max_len > c.max_len)
       throw std::invalid_argument(
           fmt::format("make_cache: max_len {} exceeds the model's max_len {}", max_len, c.max_len));
-    KVCache cache(c.n_blocks, max_len == 0 ? c.max_len : max_len, kv_cache_width(c), sequences);
+    KVCache cache(c.n_blocks, max_len == 0 ? c.max_len : max_len, kv_cache_width(c), sequences, kv_cache_heads(c));
     std::vector<Var> handles;
     for (const auto& p : model().params()) handles.push_back(p.var);
     cache.bind(this, std::move(handles));

@@ -30,10 +30,15 @@ std::size_t checked_buffer_floats(std::size_t layers, std::size_t max_len, std::
 
 }  // namespace
 
-KVCache::KVCache(std::size_t layers, std::size_t max_len, std::size_t width, std::size_t sequences)
+KVCache::KVCache(std::size_t layers, std::size_t max_len, std::size_t width, std::size_t sequences,
+                 std::size_t kv_heads)
     : layers_(layers),
       max_len_(max_len),
       width_(width),
+      kv_heads_(kv_heads != 0 && width % kv_heads == 0
+                    ? kv_heads
+                    : throw std::invalid_argument(
+                          fmt::format("KVCache: rows of {} floats do not hold {} KV heads", width, kv_heads))),
       key_positions_((max_len + kernels::key_block - 1) / kernels::key_block * kernels::key_block),
       values_(checked_buffer_floats(layers, max_len, width, sequences)),
       keys_(checked_buffer_floats(layers, key_positions_, width, sequences)),
@@ -66,7 +71,11 @@ void KVCache::write(std::size_t layer, std::size_t sequence, std::size_t positio
     float* column = keys_.data() + first + pos / kernels::key_block * width_ * kernels::key_block + pos % kernels::key_block;
     for (std::size_t c = 0; c < width_; ++c) column[c * kernels::key_block] = k[t * width_ + c];
   }
-  std::copy_n(v, count * width_, values_.data() + (layer * sequences() + sequence) * max_len_ * width_ + position * width_);
+  const std::size_t head_dim = width_ / kv_heads_;
+  float* planes = values_.data() + (layer * sequences() + sequence) * max_len_ * width_;
+  for (std::size_t t = 0; t < count; ++t)
+    for (std::size_t g = 0; g < kv_heads_; ++g)
+      std::copy_n(v + t * width_ + g * head_dim, head_dim, planes + (g * max_len_ + position + t) * head_dim);
 }
 
 void KVCache::bind(const void* model, std::vector<Var> params) {

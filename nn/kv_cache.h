@@ -1,7 +1,7 @@
 // KVCache: the decoding state of S sequences, kept apart from the weights (llama2.c's RunState,
 // with sequence slots as in llama.cpp). Per attention layer and sequence, K and V buffers of
-// max_len positions (the keys in transposed blocks, the layout of kernels::cached_attention_forward,
-// the values in rows); per sequence its next position and whether steps advance it; the weights version
+// max_len positions in the layout of kernels::cached_attention_forward (the keys in transposed
+// blocks, the values in a plane of rows per KV head); per sequence its next position and whether steps advance it; the weights version
 // the rows were computed under; and the buffers of the passes that fill it, which grow on first
 // use and are then reused, so that a step allocates nothing.
 #pragma once
@@ -34,14 +34,17 @@ enum class PrefillLogits { every_token, last_token };
 /// buffers of the passes that fill it.
 class KVCache {
  public:
-  /// `layers` attention layers with K and V rows of `width` floats; `sequences` slots of up to
-  /// max_len tokens each. Models make theirs with make_cache(), which also binds it to them.
-  KVCache(std::size_t layers, std::size_t max_len, std::size_t width, std::size_t sequences = 1);
+  /// `layers` attention layers with K and V rows of `width` floats, `kv_heads` heads of keys and
+  /// values each (it divides width); `sequences` slots of up to max_len tokens each. Models make
+  /// theirs with make_cache(), which also binds it to them.
+  KVCache(std::size_t layers, std::size_t max_len, std::size_t width, std::size_t sequences = 1,
+          std::size_t kv_heads = 1);
 
   std::size_t sequences() const { return positions_.size(); }  ///< The number of sequence slots.
   std::size_t layers() const { return layers_; }                ///< The number of attention layers.
   std::size_t max_len() const { return max_len_; }              ///< The most tokens a sequence holds.
   std::size_t width() const { return width_; }                  ///< Floats per K (or V) row.
+  std::size_t kv_heads() const { return kv_heads_; }            ///< Heads of keys and values in a row.
   /// Tokens held by sequence s, which is also the position its next token takes.
   std::size_t position(std::size_t sequence = 0) const { return positions_.at(sequence); }
   /// Tokens sequence s can still take.
@@ -63,7 +66,8 @@ class KVCache {
   const float* keys(std::size_t layer, std::size_t sequence) const {
     return keys_.data() + (layer * sequences() + sequence) * key_positions_ * width_;
   }
-  /// Rows 0..max_len-1 of sequence s's values in a layer: (max_len, width), row-major.
+  /// Sequence s's values in a layer: per KV head g, its rows 0..max_len-1 (max_len, width /
+  /// kv_heads) at g * max_len * width / kv_heads (kernels::AttentionShape::kv_capacity = max_len).
   const float* values(std::size_t layer, std::size_t sequence) const {
     return values_.data() + (layer * sequences() + sequence) * max_len_ * width_;
   }
@@ -109,9 +113,10 @@ class KVCache {
   /// @}
 
  private:
-  std::size_t layers_, max_len_, width_;
+  std::size_t layers_, max_len_, width_, kv_heads_;
   std::size_t key_positions_;  // max_len rounded up to whole key blocks
-  // values_ (layers, sequences, max_len, width); keys_ (layers, sequences, blocks, width, key_block).
+  // values_ (layers, sequences, kv_heads, max_len, width / kv_heads); keys_ (layers, sequences,
+  // blocks, width, key_block).
   // Declared before the other buffers: their sizes are checked before anything is allocated.
   AlignedVector<float> values_, keys_;  // rows on cache lines: whole-vector loads
   std::vector<std::size_t> positions_;

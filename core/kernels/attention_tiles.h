@@ -121,13 +121,14 @@ void group_weighted_rows(typename B::value_type* c, const typename B::value_type
 }
 
 /// Value rows weighted per head (attention's probabilities times values, every head at once):
-/// c[x] = scale[x / Dh] * sum_{j < n} p[(x / Dh) * ldp + j] * v[j * ldv + x] for x < D, each one FMA
-/// chain over j in order. A row of v is read once for all heads, up to 8 vectors side by side.
-/// Dh must be a multiple of B::size (every vector lies in one head) and D of Dh.
+/// c[x] = scale[h] * sum_{j < n} p[h * ldp + j] * v[h * head_step + j * ldv + x - h * Dh] for x < D,
+/// h = x / Dh, each one FMA chain over j in order: head h's rows at v + h * head_step (head_step
+/// Dh: rows of all heads, ldv >= D; a plane per head: head_step >= n * ldv), up to 8 vectors side
+/// by side. Dh must be a multiple of B::size (every vector lies in one head) and D of Dh.
 template <class B>
 void head_weighted_rows(typename B::value_type* c, const typename B::value_type* p, std::size_t ldp,
                         const typename B::value_type* scale, const typename B::value_type* v, std::size_t ldv,
-                        std::size_t n, std::size_t D, std::size_t Dh) {
+                        std::size_t n, std::size_t D, std::size_t Dh, std::size_t head_step) {
   using T = typename B::value_type;
   constexpr std::size_t W = B::size;
   const std::size_t per_head = Dh / W;
@@ -136,18 +137,18 @@ void head_weighted_rows(typename B::value_type* c, const typename B::value_type*
   auto block = [&](auto vectors, std::size_t x0) {
     constexpr std::size_t V = decltype(vectors)::value;
     const std::size_t h0 = x0 / Dh;
-    const T* ph = p + h0 * ldp;
+    const T *ph = p + h0 * ldp, *vh = v + h0 * head_step + (x0 - h0 * Dh);
     if (x0 == h0 * Dh) {
-      if (per_head >= V) return head_weighted_block<B, V, V>(c + x0, ph, ldp, scale + h0, v + x0, ldv, n);
-      if (per_head == 1) return head_weighted_block<B, V, 1>(c + x0, ph, ldp, scale + h0, v + x0, ldv, n);
+      if (per_head >= V) return head_weighted_block<B, V, V>(c + x0, ph, ldp, scale + h0, vh, ldv, n);
+      if (per_head == 1) return head_weighted_block<B, V, 1>(c + x0, ph, ldp, scale + h0, vh, ldv, n, head_step);
       if constexpr (V % 2 == 0)
-        if (per_head == 2) return head_weighted_block<B, V, 2>(c + x0, ph, ldp, scale + h0, v + x0, ldv, n);
+        if (per_head == 2) return head_weighted_block<B, V, 2>(c + x0, ph, ldp, scale + h0, vh, ldv, n, head_step);
       if constexpr (V % 4 == 0)
-        if (per_head == 4) return head_weighted_block<B, V, 4>(c + x0, ph, ldp, scale + h0, v + x0, ldv, n);
+        if (per_head == 4) return head_weighted_block<B, V, 4>(c + x0, ph, ldp, scale + h0, vh, ldv, n, head_step);
     }
     for (std::size_t u = 0; u < V; ++u) {
       const std::size_t x = x0 + u * W, h = x / Dh;
-      head_weighted_block<B, 1, 1>(c + x, p + h * ldp, ldp, scale + h, v + x, ldv, n);
+      head_weighted_block<B, 1, 1>(c + x, p + h * ldp, ldp, scale + h, v + h * head_step + (x - h * Dh), ldv, n);
     }
   };
   std::size_t x = 0;

@@ -250,27 +250,32 @@ template <class B> void check_helpers(Failures& f, std::string_view name) {
     }
   }
 
-  // head_weighted_rows: c[x] = scale[x / Dh] * sum_j p[(x / Dh) * ldp + j] * v[j * ldv + x], every
-  // head at once. D = H * Dh up to 20W covers the 8-, 4-, 2- and 1-vector blocks with heads of 1, 2
-  // and 4 vectors, and Dh = 3W blocks that start inside a head; c[D] is past the end and must be
-  // untouched.
-  for (std::size_t Dh : {W, 2 * W, 3 * W, 4 * W})
-    for (std::size_t H : {std::size_t(1), std::size_t(3), std::size_t(5)})
-      for (std::size_t n : {std::size_t(0), std::size_t(1), std::size_t(6)}) {
-        const std::size_t D = H * Dh, ldp = n + 2, ldv = D + 3;
-        const std::vector<T> p = small_ints<T>(H * ldp, n + H), v = small_ints<T>(n * ldv + 1, D + n);
-        std::vector<T> scale(H), c = small_ints<T>(D + 1, D), want = c;
-        for (std::size_t h = 0; h < H; ++h) scale[h] = T(1) / T(1 << h);
-        for (std::size_t x = 0; x < D; ++x) {
-          T sum = 0;
-          for (std::size_t j = 0; j < n; ++j) sum += p[(x / Dh) * ldp + j] * v[j * ldv + x];
-          want[x] = scale[x / Dh] * sum;
+  // head_weighted_rows: c[x] = scale[h] * sum_j p[h * ldp + j] * v(h, j, x - h * Dh), h = x / Dh,
+  // every head at once, head h's rows in rows of all heads (v + h * Dh, ldv > D) or in a plane of
+  // its own (v + h * plane, ldv > Dh). D = H * Dh up to 20W covers the 8-, 4-, 2- and 1-vector
+  // blocks with heads of 1, 2 and 4 vectors, and Dh = 3W blocks that start inside a head; c[D] is
+  // past the end and must be untouched.
+  for (bool planes : {false, true})
+    for (std::size_t Dh : {W, 2 * W, 3 * W, 4 * W})
+      for (std::size_t H : {std::size_t(1), std::size_t(3), std::size_t(5)})
+        for (std::size_t n : {std::size_t(0), std::size_t(1), std::size_t(6)}) {
+          const std::size_t D = H * Dh, ldp = n + 2, ldv = (planes ? Dh : D) + 3;
+          const std::size_t head_step = planes ? (n + 1) * ldv : Dh;
+          const std::vector<T> p = small_ints<T>(H * ldp, n + H), v = small_ints<T>(H * head_step + n * ldv + 1, D + n);
+          std::vector<T> scale(H), c = small_ints<T>(D + 1, D), want = c;
+          for (std::size_t h = 0; h < H; ++h) scale[h] = T(1) / T(1 << h);
+          for (std::size_t x = 0; x < D; ++x) {
+            const std::size_t h = x / Dh;
+            T sum = 0;
+            for (std::size_t j = 0; j < n; ++j) sum += p[h * ldp + j] * v[h * head_step + j * ldv + x - h * Dh];
+            want[x] = scale[h] * sum;
+          }
+          detail::head_weighted_rows<B>(c.data(), p.data(), ldp, scale.data(), v.data(), ldv, n, D, Dh, head_step);
+          for (std::size_t x = 0; x <= D; ++x)
+            if (c[x] != want[x])
+              f.add("{}: head_weighted_rows ({}) Dh={} H={} n={}: c[{}] = {}, want {}", name,
+                    planes ? "a plane per head" : "rows of all heads", Dh, H, n, x, c[x], want[x]);
         }
-        detail::head_weighted_rows<B>(c.data(), p.data(), ldp, scale.data(), v.data(), ldv, n, D, Dh);
-        for (std::size_t x = 0; x <= D; ++x)
-          if (c[x] != want[x])
-            f.add("{}: head_weighted_rows Dh={} H={} n={}: c[{}] = {}, want {}", name, Dh, H, n, x, c[x], want[x]);
-      }
 
   // tile_product: C (M, N) (+)= alpha * A B, A row-major (a_row = lda, a_col = 1) or transposed
   // (a_row = 1, a_col = lda); M up to 13 covers two 6-row blocks and every remainder, N up to 9W

@@ -190,6 +190,18 @@ std::vector<float> key_blocks(const std::vector<float>& k, std::size_t T, std::s
       out[t / kernels::key_block * D * kernels::key_block + c * kernels::key_block + t % kernels::key_block] = k[t * D + c];
   return out;
 }
+
+// Values (T, KVH * Dh) in a KV cache's layout: a plane of `capacity` rows of Dh per KV head; the
+// rows past T are NaN, as a cache's unwritten positions may hold anything.
+std::vector<float> value_planes(const std::vector<float>& v, std::size_t T, std::size_t KVH, std::size_t Dh,
+                                std::size_t capacity = 0) {
+  if (capacity == 0) capacity = T;
+  std::vector<float> out(KVH * capacity * Dh, std::numeric_limits<float>::quiet_NaN());
+  for (std::size_t t = 0; t < T; ++t)
+    for (std::size_t g = 0; g < KVH; ++g)
+      std::copy_n(v.begin() + (t * KVH + g) * Dh, Dh, out.begin() + (g * capacity + t) * Dh);
+  return out;
+}
 }  // namespace
 
 TEST_CASE("cached attention over transposed key blocks matches the triple loop, each query row as if alone") {
@@ -206,24 +218,34 @@ TEST_CASE("cached attention over transposed key blocks matches the triple loop, 
     CAPTURE(c.q_len);
     CAPTURE(c.q_offset);
     kernels::AttentionShape shape{1, c.q_len, T, H, Dh, c.q_offset};
+    shape.kv_capacity = T + 3;  // planes of values with room for more positions, as a cache's
     auto q = test::random_vector<float>(c.q_len * D, 1), k = test::random_vector<float>(T * D, 2);
     auto v = test::random_vector<float>(T * D, 3);
-    std::vector<float> blocks = key_blocks(k, T, D), out(c.q_len * D);
+    std::vector<float> blocks = key_blocks(k, T, D), planes = value_planes(v, T, H, Dh, T + 3), out(c.q_len * D);
     std::vector<float> scratch(H * ((T + kernels::key_block - 1) / kernels::key_block * kernels::key_block + 1));
-    kernels::cached_attention_forward(out.data(), q.data(), blocks.data(), v.data(), shape, scratch.data());
+    kernels::cached_attention_forward(out.data(), q.data(), blocks.data(), planes.data(), shape, scratch.data());
     Reference want = naive_attention(q, k, v, shape);
     for (std::size_t i = 0; i < out.size(); ++i) REQUIRE(out[i] == doctest::Approx(want.out[i]).epsilon(1e-5).scale(1));
     for (std::size_t i = 0; i < c.q_len; ++i) {  // row i alone: the same bits
       std::vector<float> alone(D);
-      kernels::cached_attention_forward(alone.data(), q.data() + i * D, blocks.data(), v.data(),
-                                        {1, 1, T, H, Dh, c.q_offset + i}, scratch.data());
+      kernels::AttentionShape row = shape;
+      row.q_len = 1, row.q_offset = c.q_offset + i;
+      kernels::cached_attention_forward(alone.data(), q.data() + i * D, blocks.data(), planes.data(), row,
+                                        scratch.data());
       CHECK(std::equal(alone.begin(), alone.end(), out.begin() + i * D));
     }
   }
   std::vector<float> none(16);
   CHECK(test::error_of([&] {
     kernels::cached_attention_forward(none.data(), none.data(), none.data(), none.data(), {1, 2, 5, 1, 8, 4}, none.data());
-  }) == "cached_attention: one sequence with q_offset + q_len <= kv_len; got batch 1, q_offset 4, q_len 2, kv_len 5");
+  }) == "cached_attention: one sequence with q_offset + q_len <= kv_len <= kv_capacity; got batch 1, q_offset 4, "
+          "q_len 2, kv_len 5, kv_capacity 0");
+  kernels::AttentionShape short_planes{1, 1, 5, 1, 8, 4};
+  short_planes.kv_capacity = 4;
+  CHECK(test::error_of([&] {
+    kernels::cached_attention_forward(none.data(), none.data(), none.data(), none.data(), short_planes, none.data());
+  }) == "cached_attention: one sequence with q_offset + q_len <= kv_len <= kv_capacity; got batch 1, q_offset 4, "
+          "q_len 1, kv_len 5, kv_capacity 4");
 }
 
 TEST_CASE("flash attention gives bit-identical results on 1 and 2 threads, and writing equals adding to zeros") {
@@ -370,14 +392,14 @@ TEST_CASE("cached grouped-query attention matches the triple loop, each query ro
       kernels::AttentionShape shape{1, q_len, T, H, Dh, q_offset, KVH};
       auto q = test::random_vector<float>(q_len * D, 1), k = test::random_vector<float>(T * Dkv, 2);
       auto v = test::random_vector<float>(T * Dkv, 3);
-      std::vector<float> blocks = key_blocks(k, T, Dkv), out(q_len * D);
+      std::vector<float> blocks = key_blocks(k, T, Dkv), planes = value_planes(v, T, KVH, Dh), out(q_len * D);
       std::vector<float> scratch(H * ((T + kernels::key_block - 1) / kernels::key_block * kernels::key_block + 1));
-      kernels::cached_attention_forward(out.data(), q.data(), blocks.data(), v.data(), shape, scratch.data());
+      kernels::cached_attention_forward(out.data(), q.data(), blocks.data(), planes.data(), shape, scratch.data());
       Reference want = naive_attention(q, k, v, shape);
       for (std::size_t i = 0; i < out.size(); ++i) REQUIRE(out[i] == doctest::Approx(want.out[i]).epsilon(1e-5).scale(1));
       for (std::size_t i = 0; i < q_len; ++i) {
         std::vector<float> alone(D);
-        kernels::cached_attention_forward(alone.data(), q.data() + i * D, blocks.data(), v.data(),
+        kernels::cached_attention_forward(alone.data(), q.data() + i * D, blocks.data(), planes.data(),
                                           {1, 1, T, H, Dh, q_offset + i, KVH}, scratch.data());
         CHECK(std::equal(alone.begin(), alone.end(), out.begin() + i * D));
       }
@@ -396,8 +418,8 @@ TEST_CASE("cached grouped-query attention gives every head the bits it gets atte
       auto q = test::random_vector<float>(D, 1), k = test::random_vector<float>(T * Dkv, 2);
       auto v = test::random_vector<float>(T * Dkv, 3);
       std::vector<float> out(D), scratch(H * ((T + kernels::key_block - 1) / kernels::key_block * kernels::key_block + 1));
-      const std::vector<float> blocks = key_blocks(k, T, Dkv);
-      kernels::cached_attention_forward(out.data(), q.data(), blocks.data(), v.data(), {1, 1, T, H, Dh, T - 1, KVH},
+      const std::vector<float> blocks = key_blocks(k, T, Dkv), planes = value_planes(v, T, KVH, Dh);
+      kernels::cached_attention_forward(out.data(), q.data(), blocks.data(), planes.data(), {1, 1, T, H, Dh, T - 1, KVH},
                                         scratch.data());
       for (std::size_t h = 0; h < H; ++h) {
         std::vector<float> head_k(T * Dh), head_v(T * Dh), alone(Dh);
@@ -424,16 +446,16 @@ TEST_CASE("cached attention over a range of heads gives those heads the whole ca
       CAPTURE(Dh);
       auto q = test::random_vector<float>(q_len * D, 1), k = test::random_vector<float>(T * Dkv, 2);
       auto v = test::random_vector<float>(T * Dkv, 3);
-      const std::vector<float> blocks = key_blocks(k, T, Dkv);
+      const std::vector<float> blocks = key_blocks(k, T, Dkv), planes = value_planes(v, T, KVH, Dh);
       std::vector<float> whole(q_len * D), scratch(H * ((T + kernels::key_block - 1) / kernels::key_block * kernels::key_block + 1));
       const kernels::AttentionShape shape{1, q_len, T, H, Dh, T - q_len, KVH};
-      kernels::cached_attention_forward(whole.data(), q.data(), blocks.data(), v.data(), shape, scratch.data());
+      kernels::cached_attention_forward(whole.data(), q.data(), blocks.data(), planes.data(), shape, scratch.data());
       for (std::size_t first = 0; first < H; ++first)
         for (std::size_t count = 1; first + count <= H; ++count) {
           kernels::AttentionShape part = shape;
           part.first_head = first, part.head_count = count;
           std::vector<float> out(q_len * D, -7.0f);
-          kernels::cached_attention_forward(out.data(), q.data(), blocks.data(), v.data(), part, scratch.data());
+          kernels::cached_attention_forward(out.data(), q.data(), blocks.data(), planes.data(), part, scratch.data());
           for (std::size_t i = 0; i < out.size(); ++i) {
             const std::size_t h = i % D / Dh;
             const bool in_range = h >= first && h < first + count;
@@ -442,7 +464,7 @@ TEST_CASE("cached attention over a range of heads gives those heads the whole ca
         }
       kernels::AttentionShape past = shape;
       past.first_head = H - 1, past.head_count = 2;
-      CHECK_THROWS_AS(kernels::cached_attention_forward(whole.data(), q.data(), blocks.data(), v.data(), past,
+      CHECK_THROWS_AS(kernels::cached_attention_forward(whole.data(), q.data(), blocks.data(), planes.data(), past,
                                                         scratch.data()),
                       std::invalid_argument);
     }

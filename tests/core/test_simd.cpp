@@ -244,15 +244,18 @@ TEST_CASE("every kernel gives the same results at every level and at 16 emulated
         out.insert(out.end(), part->begin(), part->end());
       // The cached form over keys in transposed blocks: the same 5 queries and the last one.
       const std::size_t blocks = (T + kernels::key_block - 1) / kernels::key_block;
-      std::vector<float> key_blocks(blocks * D * kernels::key_block, 0.0f), cached(5 * D), cached_last(D);
+      std::vector<float> key_blocks(blocks * D * kernels::key_block, 0.0f), value_planes(T * D), cached(5 * D),
+          cached_last(D);
       std::vector<float> scratch(H * (blocks * kernels::key_block + 1));
       for (std::size_t t = 0; t < T; ++t)
-        for (std::size_t c = 0; c < D; ++c)
+        for (std::size_t c = 0; c < D; ++c) {
           key_blocks[t / kernels::key_block * D * kernels::key_block + c * kernels::key_block + t % kernels::key_block] =
               k[t * D + c];
-      kt.cached_attention_forward(cached.data(), q.data() + (T - 5) * D, key_blocks.data(), v.data(),
+          value_planes[(c / Dh * T + t) * Dh + c % Dh] = v[t * D + c];  // a plane of T rows per head
+        }
+      kt.cached_attention_forward(cached.data(), q.data() + (T - 5) * D, key_blocks.data(), value_planes.data(),
                                   {1, 5, T, H, Dh, T - 5}, scratch.data());
-      kt.cached_attention_forward(cached_last.data(), q.data() + (T - 1) * D, key_blocks.data(), v.data(),
+      kt.cached_attention_forward(cached_last.data(), q.data() + (T - 1) * D, key_blocks.data(), value_planes.data(),
                                   {1, 1, T, H, Dh, T - 1}, scratch.data());
       out.insert(out.end(), cached.begin(), cached.end());
       out.insert(out.end(), cached_last.begin(), cached_last.end());
