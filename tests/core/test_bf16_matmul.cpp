@@ -102,7 +102,9 @@ bool cpu_has_amx_bf16() {
   return false;
 }
 
-const std::size_t sizes[][3] = {{13, 70, 301}, {6, 64, 256}, {1, 1, 1}, {7, 131, 2}, {20, 17, 513}};
+// M = 101 passes one block of 96 rows of op(A) (the next one partial), N = 131 four panels of 32
+// columns and a partial one, K = 301 and 513 slices of 256 and partial ones.
+const std::size_t sizes[][3] = {{13, 70, 301}, {6, 64, 256}, {1, 1, 1}, {7, 131, 2}, {20, 17, 513}, {101, 40, 70}};
 
 }  // namespace
 
