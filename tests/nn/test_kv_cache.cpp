@@ -385,6 +385,17 @@ TEST_CASE_TEMPLATE("a cache filled before the weights changed is refused; a cach
                        "this cache was made by another model"));
 }
 
+TEST_CASE("a cache whose rows hold another count of KV heads is refused, by the cache and by the pass") {
+  CHECK(test::error_of([] { KVCache(1, 8, 10, 1, 3); }) == "KVCache: rows of 10 floats do not hold 3 KV heads");
+  Llama model = grouped_llama(16, 4, 2, 1, 16, 32);  // KV rows of 8 floats: 2 heads of 4
+  KVCache made = model.make_cache(), one_head(made.layers(), made.max_len(), made.width(), 1, 1);
+  CHECK(made.kv_heads() == 2);
+  one_head.bind(made.model(), {});  // bound to the model, as only its KV heads differ
+  CHECK(test::error_of([&] { model.step(1, one_head); }) ==
+        "CachePass::attention: the cache holds 1 KV heads a row, the model attends with 2; use model.make_cache()");
+  CHECK_NOTHROW(model.step(1, made));
+}
+
 TEST_CASE_TEMPLATE("a step allocates nothing after the first, for 1 and 8 sequences on 1 and 2 threads", M,
                    RotaryDecoder, Gpt2) {
   M model = small_model<M>(64);
