@@ -1,9 +1,10 @@
 // KVCache: the decoding state of S sequences, kept apart from the weights (llama2.c's RunState,
 // with sequence slots as in llama.cpp). Per attention layer and sequence, K and V buffers of
 // max_len positions in the layout of kernels::cached_attention_forward (the keys in transposed
-// blocks, the values in a plane of rows per KV head); per sequence its next position and whether steps advance it; the weights version
-// the rows were computed under; and the buffers of the passes that fill it, which grow on first
-// use and are then reused, so that a step allocates nothing.
+// blocks, the values in a plane of rows per KV head); per sequence its next position and whether
+// steps advance it; the weights version the rows were computed under; and the buffers of the
+// passes that fill it, which grow on first use and are then reused, so that a step allocates
+// nothing.
 #pragma once
 
 #include <cstddef>

@@ -3,9 +3,10 @@
 // block are broadcast-FMAs over consecutive keys with no horizontal sums; a softmax per head; then
 // each head's value rows are read once and added into its output, several heads side by side. The
 // values lie in a plane per KV head: as rows of the whole width, a head of SmolLM2 read every third
-// 256 bytes of 768-byte rows, at 8-9 GB/s against 28-31 for a plane (group_weighted_rows over 480
-// sequence-layers of 128-1024 positions, one Zen 4 core). With grouped-query attention (fewer KV heads than heads) the heads of a group go side by
-// side over their KV head's keys and values, which are read once for the group.
+// 256 bytes of 768-byte rows, at 7-9 GB/s against 24-31 for a plane (group_weighted_rows over 480
+// sequence-layers of 128-1024 positions, one Zen 4 core). With grouped-query attention (fewer KV
+// heads than heads) the heads of a group go side by side over their KV head's keys and values,
+// which are read once for the group.
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -22,7 +23,8 @@ template <class T>
 void cached_attention_forward(T* out, const T* q, const T* keys, const T* values, const AttentionShape& s, T* scratch) {
   if (s.batch != 1 || s.q_offset + s.q_len > s.kv_len || (s.kv_capacity != 0 && s.kv_capacity < s.kv_len))
     throw std::invalid_argument(fmt::format("cached_attention: one sequence with q_offset + q_len <= kv_len <= "
-                                            "kv_capacity; got batch {}, q_offset {}, q_len {}, kv_len {}, kv_capacity {}",
+                                            "kv_capacity; got batch {}, q_offset {}, q_len {}, kv_len {}, "
+                                            "kv_capacity {}",
                                             s.batch, s.q_offset, s.q_len, s.kv_len, s.kv_capacity));
   if (s.n_heads == 0 || s.kv_heads() > s.n_heads || s.n_heads % s.kv_heads() != 0)
     throw std::invalid_argument(fmt::format("cached_attention: the KV heads must divide the heads; got n_heads {}, "

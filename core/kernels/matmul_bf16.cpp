@@ -177,8 +177,10 @@ struct InstructionPath {
   [[gnu::target("avx512bf16"), gnu::noinline]] static void tile(float* c, std::size_t ldc, const std::uint16_t* a,
                                                                  const std::uint16_t* b, std::size_t rows,
                                                                  bool accumulate) {
-    for (std::size_t r = 0; r < MR; ++r)  // C's rows, written after each block (read after the first), are often far from the cache
-      for (std::size_t v = 0; v < vectors; ++v) _mm_prefetch(reinterpret_cast<const char*>(c + r * ldc + v * 16), _MM_HINT_T0);
+    // C's rows, written after each block (and read after the first), are often far from the cache.
+    for (std::size_t r = 0; r < MR; ++r)
+      for (std::size_t v = 0; v < vectors; ++v)
+        _mm_prefetch(reinterpret_cast<const char*>(c + r * ldc + v * 16), _MM_HINT_T0);
     for (std::size_t k0 = 0; k0 < rows; k0 += block) {
       __m512 even[MR][vectors], odd[MR][vectors];
       for (std::size_t r = 0; r < MR; ++r)

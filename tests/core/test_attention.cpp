@@ -419,8 +419,8 @@ TEST_CASE("cached grouped-query attention gives every head the bits it gets atte
       auto v = test::random_vector<float>(T * Dkv, 3);
       std::vector<float> out(D), scratch(H * ((T + kernels::key_block - 1) / kernels::key_block * kernels::key_block + 1));
       const std::vector<float> blocks = key_blocks(k, T, Dkv), planes = value_planes(v, T, KVH, Dh);
-      kernels::cached_attention_forward(out.data(), q.data(), blocks.data(), planes.data(), {1, 1, T, H, Dh, T - 1, KVH},
-                                        scratch.data());
+      kernels::cached_attention_forward(out.data(), q.data(), blocks.data(), planes.data(),
+                                        {1, 1, T, H, Dh, T - 1, KVH}, scratch.data());
       for (std::size_t h = 0; h < H; ++h) {
         std::vector<float> head_k(T * Dh), head_v(T * Dh), alone(Dh);
         for (std::size_t t = 0; t < T; ++t)
