@@ -271,7 +271,8 @@ void integer_rows_simd(float* y, std::size_t ldy, const ActivationRows& x, const
   constexpr int MR = V::lanes == 16 ? 8 : 4;
   auto tile = [&]<int NG, int R>(std::size_t g, std::size_t m0) {
     alignas(64) float out[R * 16];
-    const std::size_t ahead = m0 == 0 && g + 1 < w.groups() ? w.group_bytes() : 0;  // the first tile of rows
+    // The first tile of rows asks for the next group.
+    const std::size_t ahead = m0 == 0 && x.rows >= rows_to_prefetch && g + 1 < w.groups() ? w.group_bytes() : 0;
     for (std::size_t half = 0; half < 16 / V::lanes; ++half)
       integer_tile<type, V, R>(w.group(g), w.units(), x, m0, half, half == 0 ? ahead : 0, out);
     for (int i = 0; i < R; ++i)

@@ -155,7 +155,7 @@ void bf16_rows(float* y, std::size_t ldy, const ActivationRows& x, const PackedM
   auto tile = [&]<int NG, int MR>(std::size_t g, std::size_t m0) {
     // every tile of rows asks for the next tile of groups: spread over them, the requests keep
     // the weights streaming (S = 16 on a Zen 4: 158 -> 193 GFLOP/s against the first tile alone)
-    const std::size_t ahead = x.rows > 1 && g + 2 * NG <= w.groups() ? NG * w.group_bytes() : 0;
+    const std::size_t ahead = x.rows >= rows_to_prefetch && g + 2 * NG <= w.groups() ? NG * w.group_bytes() : 0;
     const std::uint32_t* xs = x.bf16_pairs + m0 * x.bf16_words;
 #if defined(__AVX512F__) && !defined(TAPEGRAD_EMULATED_BATCH)
     if constexpr (instruction)
