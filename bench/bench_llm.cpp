@@ -8,8 +8,10 @@
 // tapegrad's load time; the memory's read bandwidth at each thread count (bench/read_limit.h), and
 // each tg128 as a fraction of it: tokens/s * the bytes a token reads / the bandwidth. Token ids
 // are random (as llama.cpp's tools draw them); medians of the repeats after a warm-up (llama-bench:
-// its mean). llama.cpp is llama-bench and llama-batched-bench, built from the source PyPI's
-// llama-cpp-python carries (docs/benchmarks.md says how). Writes bench/results/llm_cpu.json.
+// its mean). tapegrad's KV cache holds floats, or halves with --kv-cache f16 (llama.cpp's tools
+// hold halves: their default). llama.cpp is llama-bench and llama-batched-bench, built from the
+// source PyPI's llama-cpp-python carries (docs/benchmarks.md says how). Writes
+// bench/results/llm_cpu.json.
 #include <fmt/format.h>
 
 #include <nlohmann/json.hpp>
@@ -72,10 +74,10 @@ std::size_t file_bytes_per_token(const io::GgufFile& file) {
 double median_rate(std::vector<double> seconds, double tokens) { return tokens / bench::stats_of(seconds).median; }
 
 // pp, tg and batched decoding of tapegrad at the current thread count.
-nlohmann::json time_tapegrad(const nn::LanguageModel& model, int repeats) {
+nlohmann::json time_tapegrad(const nn::LanguageModel& model, nn::KVCacheType cache_type, int repeats) {
   const std::size_t vocab = model.config().vocab;
   NoGradScope no_grad;
-  nn::KVCache one = model.make_cache(1, prompt_lengths[1]);
+  nn::KVCache one = model.make_cache(1, prompt_lengths[1], cache_type);
   const std::vector<std::int32_t> prompt = random_tokens(prompt_lengths[1], vocab, 1);
   // Warm-up at the longest prompt, as llama-bench warms up each test: the pass's scratch buffers
   // (kept by the cache) reach their size here, not in a timed run.
@@ -103,7 +105,7 @@ nlohmann::json time_tapegrad(const nn::LanguageModel& model, int repeats) {
     std::vector<std::vector<std::int32_t>> prompts;
     for (std::size_t s = 0; s < S; ++s) prompts.push_back(random_tokens(batched_prompt, vocab, 100 + s));
     const std::vector<std::int32_t> steps = random_tokens(S * new_tokens, vocab, 2);
-    nn::KVCache cache = model.make_cache(S, batched_prompt + new_tokens);
+    nn::KVCache cache = model.make_cache(S, batched_prompt + new_tokens, cache_type);
     seconds.clear();
     for (int r = 0; r < repeats; ++r) {
       cache.reset();
@@ -175,11 +177,11 @@ int main(int argc, char** argv) try {
   int repeats = 3;
   std::vector<int> thread_counts = {1, 2};
   std::vector<std::string> formats = {"f32"};
-  std::string model_path, llama_bench, llama_batched,
+  std::string model_path, llama_bench, llama_batched, kv_cache = "f32",
       out_path = std::string(TAPEGRAD_SOURCE_DIR) + "/bench/results/llm_cpu.json";
   const std::string usage =
-      "usage: bench_llm --model FILE.gguf [--weights FORMAT,...] [--threads T,T,...] [--repeats N]\n"
-      "                 [--llama-bench PATH] [--llama-batched-bench PATH] [--out PATH]\n" +
+      "usage: bench_llm --model FILE.gguf [--weights FORMAT,...] [--kv-cache f32|f16] [--threads T,T,...]\n"
+      "                 [--repeats N] [--llama-bench PATH] [--llama-batched-bench PATH] [--out PATH]\n" +
       bench::simd_usage_line();
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
@@ -190,6 +192,7 @@ int main(int argc, char** argv) try {
     if (i + 1 >= argc) throw std::invalid_argument(fmt::format("{} needs a value\n{}", arg, usage));
     if (arg == "--model") model_path = argv[++i];
     else if (arg == "--weights") formats = bench::split_list(argv[++i]);
+    else if (arg == "--kv-cache") kv_cache = argv[++i];
     else if (arg == "--llama-bench") llama_bench = argv[++i];
     else if (arg == "--llama-batched-bench") llama_batched = argv[++i];
     else if (arg == "--threads") thread_counts = bench::positive_list(arg, argv[++i]);
@@ -198,6 +201,9 @@ int main(int argc, char** argv) try {
     else throw std::invalid_argument(fmt::format("unknown argument '{}'\n{}", arg, usage));
   }
   if (model_path.empty()) throw std::invalid_argument("--model is required\n" + usage);
+  if (kv_cache != "f32" && kv_cache != "f16")
+    throw std::invalid_argument(fmt::format("--kv-cache {}: f32 or f16\n{}", kv_cache, usage));
+  const nn::KVCacheType cache_type = kv_cache == "f32" ? nn::KVCacheType::f32 : nn::KVCacheType::f16;
   std::setvbuf(stdout, nullptr, _IOLBF, 0);  // each figure as it comes: a run takes many minutes
   fmt::print("bench_llm: {} on {}\n", model_path, bench::machine());
   bench::print_blas_warning();
@@ -208,6 +214,7 @@ int main(int argc, char** argv) try {
                          {"batched_prompt", batched_prompt},
                          {"batch_sizes", batch_sizes},
                          {"repeats", repeats},
+                         {"tapegrad_kv_cache", kv_cache},
                          {"note", "pp: the last prompt token's logits only, in both programs"}};
 
   const std::size_t buffer = bench::memory_read_buffer_bytes();
@@ -251,7 +258,7 @@ int main(int argc, char** argv) try {
     fmt::print("  {} thread(s):\n", threads);
     set_num_threads(threads);
     for (std::size_t f = 0; f < models.size(); ++f) {
-      nlohmann::json run = time_tapegrad(models[f].model, repeats);
+      nlohmann::json run = time_tapegrad(models[f].model, cache_type, repeats);
       add_fraction(run, results["tapegrad"][f]["bytes_per_token"].get<std::size_t>(), gbps[threads]);
       run["threads"] = threads;
       print_run("tapegrad " + formats[f], run);

@@ -188,6 +188,16 @@ TAPEGRAD_KERNEL(void, attention_backward,
 TAPEGRAD_KERNEL(void, cached_attention_forward,
                 (T* out, const T* q, const T* keys, const T* values, const AttentionShape& s, T* scratch),
                 (out, q, keys, values, s, scratch))
+/// cached_attention_forward over a 16-bit cache: keys and values held as IEEE half bits (rounded by
+/// round_to_halves), in the same layout. The bits of cached_attention_forward over a cache holding
+/// the halves' values as T.
+TAPEGRAD_KERNEL(void, cached_attention_forward_f16,
+                (T* out, const T* q, const std::uint16_t* keys, const std::uint16_t* values, const AttentionShape& s,
+                 T* scratch),
+                (out, q, keys, values, s, scratch))
+/// out[i] = x[i] rounded to IEEE half bits, to nearest even as F16C's vcvtps2ph: from 65520 on an
+/// infinity, a NaN quiet with its sign and top payload bits (a double rounded to float first).
+TAPEGRAD_KERNEL(void, round_to_halves, (std::uint16_t* out, const T* x, std::size_t n), (out, x, n))
 
 // ---- optimizers -----------------------------------------------------------------------------
 

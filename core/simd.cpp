@@ -1,6 +1,7 @@
 // Run-time choice of the SIMD level: CPU detection and the TAPEGRAD_SIMD override.
 #include "core/simd.h"
 
+#include <cpuid.h>
 #include <fmt/format.h>
 
 #include <atomic>
@@ -19,16 +20,24 @@ constexpr SimdLevel all_levels[] = {SimdLevel::sse2, SimdLevel::avx2, SimdLevel:
 #error "CMakeLists.txt says whether this build has the emulated16 test level"
 #endif
 
+// F16C is CPUID leaf 1, ECX bit 29, asked of CPUID itself: clang 14's __builtin_cpu_supports
+// does not know the name "f16c".
+bool cpu_has_f16c() {
+  unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+  return __get_cpuid(1, &eax, &ebx, &ecx, &edx) && (ecx & (1u << 29)) != 0;
+}
+
 // GCC's and clang's CPU checks also ask the OS (XGETBV) whether it saves the wider registers.
 bool cpu_supports(SimdLevel level) {
   __builtin_cpu_init();
   switch (level) {
     case SimdLevel::sse2: return true;  // part of x86-64
-    case SimdLevel::avx2: return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+    case SimdLevel::avx2: return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && cpu_has_f16c();
     case SimdLevel::avx512:
       return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512cd") &&
              __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512bw") &&
-             __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+             __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+             cpu_has_f16c();
     case SimdLevel::emulated16: return TAPEGRAD_HAVE_EMULATED16 && cpu_supports(SimdLevel::avx2);
   }
   return false;

@@ -76,6 +76,7 @@ int main(int argc, char** argv) {
   source.add_options(app);
   source.add_lora_option(app);
   source.add_weights_option(app);
+  source.add_cache_option(app);
   app.add_option("--prompt", prompt,
                  "Text to continue (default for checkpoints: a newline if the vocabulary has one, else its first "
                  "character); with --chat, the user's message");
@@ -115,6 +116,8 @@ int main(int argc, char** argv) {
     if (!chat && (app.count("--system") || app.count("--chat-template")))
       throw UsageError("--system and --chat-template go with --chat");
     options.use_cache = !no_cache;
+    options.cache_type = source.cache_type();
+    if (no_cache && options.cache_type != nn::KVCacheType::f32) throw UsageError("--kv-cache goes without --no-cache");
     LoadedModel loaded = source.load();
     const tokenizers::Tokenizer& tokenizer = *loaded.tokenizer;
     if (!ignore_eos) options.stop_ids = tokenizer.end_ids();

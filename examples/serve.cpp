@@ -35,6 +35,7 @@ int main(int argc, char** argv) {
       ->excludes(checkpoint);
   ModelSource weights_option;  // --weights, as generate and evaluate have it
   weights_option.add_weights_option(app);
+  weights_option.add_cache_option(app);
   app.add_option("--lora", options.lora,
                  "A PEFT LoRA adapter folder (adapter_config.json, adapter_model.safetensors) applied on top of the "
                  "model");
@@ -76,6 +77,7 @@ int main(int argc, char** argv) {
     if (options.checkpoint.empty() && options.model.empty())
       throw UsageError("give a checkpoint (--checkpoint FILE) or a published model (--model PATH)");
     options.weights = weights_option.weights;
+    options.scheduler.cache_type = weights_option.cache_type();
     options.drain_timeout = std::chrono::milliseconds(std::int64_t(drain_seconds * 1000));
     options.pin_cpus = !share_cores;
     set_num_threads(threads);

@@ -235,7 +235,12 @@ Rows CachePass::attention(const Rows& q, const Rows& k, const Rows& v, Attention
     kernels::AttentionShape shape{1, run.count, run.position + run.count, n_heads, head_dim, run.position,
                                   heads.n_kv_heads};
     shape.kv_capacity = cache_.max_len();
-    attend(y.row(r), q.row(r), cache_.keys(layer, run.sequence), cache_.values(layer, run.sequence), shape, scratch);
+    if (cache_.type() == KVCacheType::f32)
+      attend(y.row(r), q.row(r), cache_.keys<float>(layer, run.sequence), cache_.values<float>(layer, run.sequence),
+             shape, scratch);
+    else
+      attend(y.row(r), q.row(r), cache_.keys<std::uint16_t>(layer, run.sequence),
+             cache_.values<std::uint16_t>(layer, run.sequence), shape, scratch);
     r += run.count;
   }
   return y;
@@ -244,12 +249,17 @@ Rows CachePass::attention(const Rows& q, const Rows& k, const Rows& v, Attention
 // One sequence's heads split over the kernel threads when the pass runs alone (several sequences
 // are split by sequence in run_cache_passes): each head computed whole by one thread, whose bits
 // do not depend on the split (kernels::cached_attention_forward).
-void CachePass::attend(float* y, const float* q, const float* keys, const float* values,
+template <class Element>
+void CachePass::attend(float* y, const float* q, const Element* keys, const Element* values,
                        const kernels::AttentionShape& shape, float* scratch) {
+  auto attend_heads = [&](const kernels::AttentionShape& heads) {
+    if constexpr (std::is_same_v<Element, float>) kernels::cached_attention_forward<float>(y, q, keys, values, heads, scratch);
+    else kernels::cached_attention_forward_f16<float>(y, q, keys, values, heads, scratch);
+  };
   const std::size_t work = shape.q_len * shape.kv_len * shape.model_dim();
   const std::size_t threads = std::min<std::size_t>(std::max(1, num_threads()), shape.n_heads);
   if (threads <= 1 || omp_in_parallel() || work < min_split_attention) {
-    kernels::cached_attention_forward<float>(y, q, keys, values, shape, scratch);
+    attend_heads(shape);
     return;
   }
   std::exception_ptr failure;
@@ -260,7 +270,7 @@ void CachePass::attend(float* y, const float* q, const float* keys, const float*
     part.first_head = shape.n_heads * t / n;
     part.head_count = shape.n_heads * (t + 1) / n - part.first_head;
     try {
-      if (part.head_count > 0) kernels::cached_attention_forward<float>(y, q, keys, values, part, scratch);
+      if (part.head_count > 0) attend_heads(part);
     } catch (...) {
 #pragma omp critical(tapegrad_cache_pass_failure)
       if (!failure) failure = std::current_exception();

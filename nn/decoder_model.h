@@ -64,13 +64,14 @@ class DecoderModel {
   /// A cache for `sequences` sequences of up to max_len tokens (0: the model's max_len; at most
   /// that), bound to this model: its steps read the weights as they are at each call and refuse
   /// rows computed under older weights. A shorter max_len saves memory: a real model's context
-  /// of 8192 tokens is hundreds of MB of cache.
-  KVCache make_cache(std::size_t sequences = 1, std::size_t max_len = 0) const {
+  /// of 8192 tokens is hundreds of MB of cache, half as much of 16-bit values (`type`).
+  KVCache make_cache(std::size_t sequences = 1, std::size_t max_len = 0, KVCacheType type = KVCacheType::f32) const {
     const auto& c = model().config();
     if (max_len > c.max_len)
       throw std::invalid_argument(
           fmt::format("make_cache: max_len {} exceeds the model's max_len {}", max_len, c.max_len));
-    KVCache cache(c.n_blocks, max_len == 0 ? c.max_len : max_len, kv_cache_width(c), sequences, kv_cache_heads(c));
+    KVCache cache(c.n_blocks, max_len == 0 ? c.max_len : max_len, kv_cache_width(c), sequences, kv_cache_heads(c),
+                  type);
     std::vector<Var> handles;
     for (const auto& p : model().params()) handles.push_back(p.var);
     cache.bind(this, std::move(handles));

@@ -27,6 +27,7 @@ struct GenerateOptions {
   SamplingOptions sampling;   ///< how each token is drawn from the logits
   std::uint64_t seed = 0;     ///< the Sampler's seed (sample i: seed + i)
   bool use_cache = true;      ///< decode through the KV cache when the model has one
+  KVCacheType cache_type = KVCacheType::f32;  ///< what the cache holds each key and value as
   /// Tokens that end a sample (a model's end-of-text ids): drawn, it ends there, not kept.
   std::vector<std::int32_t> stop_ids;
 };
@@ -51,7 +52,7 @@ template <class M>
 concept CachedModel = ForwardModel<M> && requires(const M& m, typename M::Cache& cache,
                                                   std::span<const std::vector<std::int32_t>> prompts,
                                                   std::span<const std::int32_t> tokens) {
-  { m.make_cache(std::size_t{1}, std::size_t{1}) } -> std::same_as<typename M::Cache>;
+  { m.make_cache(std::size_t{1}, std::size_t{1}, KVCacheType::f32) } -> std::same_as<typename M::Cache>;
   { m.prefill(prompts, cache) } -> std::convertible_to<Tensor>;
   { m.step(tokens, cache) } -> std::convertible_to<std::span<const float>>;
 };
@@ -78,7 +79,8 @@ std::vector<Generation> generate_samples(const M& model, std::span<const std::in
   // The cache first: it refuses more sequences than it can hold before anything per sample exists.
   auto cache = [&] {
     if constexpr (CachedModel<M>)
-      return options.use_cache ? std::optional(model.make_cache(samples, prompt.size() + budget)) : std::nullopt;
+      return options.use_cache ? std::optional(model.make_cache(samples, prompt.size() + budget, options.cache_type))
+                               : std::nullopt;
     else
       return std::optional<int>();
   }();

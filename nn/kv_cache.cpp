@@ -10,11 +10,12 @@ namespace tapegrad::nn {
 
 namespace {
 
-// Floats per K (and per V) buffer: layers x sequences x max_len x width (max_len in whole key
-// blocks for the keys), refused past 2^30 floats (4 GiB each) before anything is allocated, so that
-// a request for too many sequences is one clear error rather than an allocation failure or the
-// out-of-memory killer.
-std::size_t checked_buffer_floats(std::size_t layers, std::size_t max_len, std::size_t width, std::size_t sequences) {
+// Bytes per K (and per V) buffer: layers x sequences x max_len x width values (max_len in whole
+// key blocks for the keys), refused past 2^30 values (4 GiB each of floats) before anything is
+// allocated, so that a request for too many sequences is one clear error rather than an allocation
+// failure or the out-of-memory killer.
+std::size_t checked_buffer_bytes(std::size_t layers, std::size_t max_len, std::size_t width, std::size_t sequences,
+                                 KVCacheType type) {
   constexpr std::size_t limit = std::size_t(1) << 30;
   if (sequences == 0) throw std::invalid_argument("KVCache: a cache holds at least one sequence");
   std::size_t floats = 1;
@@ -25,23 +26,24 @@ std::size_t checked_buffer_floats(std::size_t layers, std::size_t max_len, std::
                                               "sequences at once",
                                               sequences, layers, max_len, width, limit));
     else floats *= factor;
-  return floats;
+  return floats * (type == KVCacheType::f32 ? sizeof(float) : sizeof(std::uint16_t));
 }
 
 }  // namespace
 
 KVCache::KVCache(std::size_t layers, std::size_t max_len, std::size_t width, std::size_t sequences,
-                 std::size_t kv_heads)
+                 std::size_t kv_heads, KVCacheType type)
     : layers_(layers),
       max_len_(max_len),
       width_(width),
       kv_heads_(kv_heads != 0 && width % kv_heads == 0
                     ? kv_heads
                     : throw std::invalid_argument(
-                          fmt::format("KVCache: rows of {} floats do not hold {} KV heads", width, kv_heads))),
+                          fmt::format("KVCache: rows of {} values do not hold {} KV heads", width, kv_heads))),
+      type_(type),
       key_positions_((max_len + kernels::key_block - 1) / kernels::key_block * kernels::key_block),
-      values_(checked_buffer_floats(layers, max_len, width, sequences)),
-      keys_(checked_buffer_floats(layers, key_positions_, width, sequences)),
+      values_(checked_buffer_bytes(layers, max_len, width, sequences, type)),
+      keys_(checked_buffer_bytes(layers, key_positions_, width, sequences, type)),
       positions_(sequences, 0),
       active_(sequences, 1) {}
 
@@ -62,20 +64,34 @@ void KVCache::drop(std::size_t sequence) {
   active_[sequence] = 0;
 }
 
+// Position pos of a sequence-layer's keys is column pos % key_block of block pos / key_block, one
+// value a row of it; its values are row pos of each KV head's plane. A 16-bit cache rounds the rows
+// on their way in, a stretch of a row at a time (threads write different sequences at once).
 void KVCache::write(std::size_t layer, std::size_t sequence, std::size_t position, std::size_t count, const float* k,
                     const float* v) {
-  const std::size_t first = (layer * sequences() + sequence) * key_positions_ * width_;
-  for (std::size_t t = 0; t < count; ++t) {
-    const std::size_t pos = position + t;
-    // Position pos is column pos % key_block of block pos / key_block: one float per row of it.
-    float* column = keys_.data() + first + pos / kernels::key_block * width_ * kernels::key_block + pos % kernels::key_block;
-    for (std::size_t c = 0; c < width_; ++c) column[c * kernels::key_block] = k[t * width_ + c];
-  }
-  const std::size_t head_dim = width_ / kv_heads_;
-  float* planes = values_.data() + (layer * sequences() + sequence) * max_len_ * width_;
-  for (std::size_t t = 0; t < count; ++t)
-    for (std::size_t g = 0; g < kv_heads_; ++g)
-      std::copy_n(v + t * width_ + g * head_dim, head_dim, planes + (g * max_len_ + position + t) * head_dim);
+  const std::size_t slot = layer * sequences() + sequence, head_dim = width_ / kv_heads_;
+  auto lay_out = [&]<class Element>(Element* keys, Element* planes, auto&& store) {
+    keys += slot * key_positions_ * width_;
+    planes += slot * max_len_ * width_;
+    for (std::size_t t = 0; t < count; ++t) {
+      const std::size_t pos = position + t;
+      Element* column = keys + pos / kernels::key_block * width_ * kernels::key_block + pos % kernels::key_block;
+      for (std::size_t c = 0; c < width_; c += stretch) {
+        Element row[stretch];
+        const std::size_t n = std::min(stretch, width_ - c);
+        store(row, k + t * width_ + c, n);
+        for (std::size_t i = 0; i < n; ++i) column[(c + i) * kernels::key_block] = row[i];
+      }
+      for (std::size_t g = 0; g < kv_heads_; ++g)
+        store(planes + (g * max_len_ + pos) * head_dim, v + t * width_ + g * head_dim, head_dim);
+    }
+  };
+  if (type_ == KVCacheType::f32)
+    lay_out(reinterpret_cast<float*>(keys_.data()), reinterpret_cast<float*>(values_.data()),
+            [](float* out, const float* x, std::size_t n) { std::copy_n(x, n, out); });
+  else
+    lay_out(reinterpret_cast<std::uint16_t*>(keys_.data()), reinterpret_cast<std::uint16_t*>(values_.data()),
+            [](std::uint16_t* out, const float* x, std::size_t n) { kernels::round_to_halves(out, x, n); });
 }
 
 void KVCache::bind(const void* model, std::vector<Var> params) {

@@ -9,6 +9,8 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <stdexcept>
+#include <type_traits>
 #include <vector>
 
 #include "core/aligned.h"
@@ -31,20 +33,28 @@ struct TokenRun {
 /// same bits either way.
 enum class PrefillLogits { every_token, last_token };
 
+/// What a KVCache holds each key and value as: a float (the default: a pass gets the bits of the
+/// full forward), or an IEEE half rounded to nearest even (kernels::round_to_halves), half the
+/// memory and half the bytes attention reads a token, as llama.cpp's default cache. A 16-bit
+/// cache changes the results a little (docs/quantization.md), and still the same for one sequence
+/// or many.
+enum class KVCacheType { f32, f16 };
+
 /// The K and V rows of S sequences for decoding, with each sequence's position and the scratch
 /// buffers of the passes that fill it.
 class KVCache {
  public:
-  /// `layers` attention layers with K and V rows of `width` floats, `kv_heads` heads of keys and
-  /// values each (it divides width); `sequences` slots of up to max_len tokens each. Models make
-  /// theirs with make_cache(), which also binds it to them.
+  /// `layers` attention layers with K and V rows of `width` values, `kv_heads` heads of keys and
+  /// values each (it divides width); `sequences` slots of up to max_len tokens each; the values
+  /// held as `type` says. Models make theirs with make_cache(), which also binds it to them.
   KVCache(std::size_t layers, std::size_t max_len, std::size_t width, std::size_t sequences = 1,
-          std::size_t kv_heads = 1);
+          std::size_t kv_heads = 1, KVCacheType type = KVCacheType::f32);
 
   std::size_t sequences() const { return positions_.size(); }  ///< The number of sequence slots.
   std::size_t layers() const { return layers_; }                ///< The number of attention layers.
   std::size_t max_len() const { return max_len_; }              ///< The most tokens a sequence holds.
-  std::size_t width() const { return width_; }                  ///< Floats per K (or V) row.
+  std::size_t width() const { return width_; }                  ///< Values per K (or V) row.
+  KVCacheType type() const { return type_; }                    ///< What each value is held as.
   std::size_t kv_heads() const { return kv_heads_; }            ///< Heads of keys and values in a row.
   /// Tokens held by sequence s, which is also the position its next token takes.
   std::size_t position(std::size_t sequence = 0) const { return positions_.at(sequence); }
@@ -63,14 +73,15 @@ class KVCache {
   // ---- for the decoding pass (nn/cache_pass.h) ----
 
   /// Sequence s's keys in a layer: blocks of kernels::key_block positions, each (width,
-  /// key_block), up to max_len positions (kernels::cached_attention_forward reads them).
-  const float* keys(std::size_t layer, std::size_t sequence) const {
-    return keys_.data() + (layer * sequences() + sequence) * key_positions_ * width_;
+  /// key_block), up to max_len positions (kernels::cached_attention_forward reads them). Element
+  /// is float for a cache of type f32, std::uint16_t (half bits) for f16.
+  template <class Element> const Element* keys(std::size_t layer, std::size_t sequence) const {
+    return held<Element>(keys_) + (layer * sequences() + sequence) * key_positions_ * width_;
   }
   /// Sequence s's values in a layer: per KV head g, its rows 0..max_len-1 (max_len, width /
   /// kv_heads) at g * max_len * width / kv_heads (kernels::AttentionShape::kv_capacity = max_len).
-  const float* values(std::size_t layer, std::size_t sequence) const {
-    return values_.data() + (layer * sequences() + sequence) * max_len_ * width_;
+  template <class Element> const Element* values(std::size_t layer, std::size_t sequence) const {
+    return held<Element>(values_) + (layer * sequences() + sequence) * max_len_ * width_;
   }
   /// Writes the keys and values k and v (count, width) of sequence s's positions
   /// position..position+count-1 in a layer.
@@ -114,12 +125,22 @@ class KVCache {
   /// @}
 
  private:
+  // The buffer's values as Element, which must be what the cache holds.
+  template <class Element> const Element* held(const AlignedVector<std::byte>& buffer) const {
+    static_assert(std::is_same_v<Element, float> || std::is_same_v<Element, std::uint16_t>);
+    if ((type_ == KVCacheType::f32) != std::is_same_v<Element, float>)
+      throw std::logic_error("KVCache: the cache's values read as another type than they are held");
+    return reinterpret_cast<const Element*>(buffer.data());
+  }
+
   std::size_t layers_, max_len_, width_, kv_heads_;
+  KVCacheType type_;
   std::size_t key_positions_;  // max_len rounded up to whole key blocks
   // values_ (layers, sequences, kv_heads, max_len, width / kv_heads); keys_ (layers, sequences,
-  // blocks, width, key_block).
+  // blocks, width, key_block); of floats or of halves.
   // Declared before the other buffers: their sizes are checked before anything is allocated.
-  AlignedVector<float> values_, keys_;  // rows on cache lines: whole-vector loads
+  AlignedVector<std::byte> values_, keys_;  // rows on cache lines: whole-vector loads
+  static constexpr std::size_t stretch = 64;  // write()'s values of a key row rounded at a time
   std::vector<std::size_t> positions_;
   std::vector<char> active_;
   const void* model_ = nullptr;

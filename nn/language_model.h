@@ -61,9 +61,10 @@ class LanguageModel {
 
   /// Decoding through a KV cache, as each architecture's DecoderModel offers it.
   using Cache = KVCache;
-  /// A cache for `sequences` sequences of up to max_len tokens (0: the model's), bound to this model.
-  KVCache make_cache(std::size_t sequences = 1, std::size_t max_len = 0) const {
-    return held_->make_cache(sequences, max_len);
+  /// A cache for `sequences` sequences of up to max_len tokens (0: the model's), bound to this
+  /// model, its values held as `type` says.
+  KVCache make_cache(std::size_t sequences = 1, std::size_t max_len = 0, KVCacheType type = KVCacheType::f32) const {
+    return held_->make_cache(sequences, max_len, type);
   }
   /// Appends tokens to one sequence of the cache; returns their logits (T, vocab), or the last
   /// token's (1, vocab).
@@ -110,7 +111,7 @@ class LanguageModel {
     virtual void set_training(bool on) = 0;
     virtual void set_dropout_step(std::uint64_t step) = 0;
     virtual std::string describe(const LanguageModel& self) const = 0;
-    virtual KVCache make_cache(std::size_t sequences, std::size_t max_len) const = 0;
+    virtual KVCache make_cache(std::size_t sequences, std::size_t max_len, KVCacheType type) const = 0;
     virtual Tensor prefill(std::span<const std::int32_t> tokens, KVCache& cache, std::size_t sequence,
                            PrefillLogits which) const = 0;
     virtual Tensor prefill(std::span<const std::vector<std::int32_t>> prompts, KVCache& cache,
@@ -138,8 +139,8 @@ class LanguageModel {
       if constexpr (fmt::is_formattable<Model>::value) return fmt::format("{}", model);
       else return fmt::format("{}({} parameters)", self.arch(), model.num_params());
     }
-    KVCache make_cache(std::size_t sequences, std::size_t max_len) const override {
-      return model.make_cache(sequences, max_len);
+    KVCache make_cache(std::size_t sequences, std::size_t max_len, KVCacheType type) const override {
+      return model.make_cache(sequences, max_len, type);
     }
     Tensor prefill(std::span<const std::int32_t> tokens, KVCache& cache, std::size_t sequence,
                    PrefillLogits which) const override {

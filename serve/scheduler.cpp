@@ -54,8 +54,8 @@ struct Scheduler::Generation {
   std::vector<std::optional<Slot>> slots;  // per sequence of the cache
   std::size_t used = 0;
 
-  Generation(std::shared_ptr<const Weights> w, std::size_t sequences, std::size_t context)
-      : weights(std::move(w)), cache(weights->model.make_cache(sequences, context)), slots(sequences) {
+  Generation(std::shared_ptr<const Weights> w, std::size_t sequences, std::size_t context, nn::KVCacheType type)
+      : weights(std::move(w)), cache(weights->model.make_cache(sequences, context, type)), slots(sequences) {
     for (std::size_t s = 0; s < sequences; ++s) cache.drop(s);  // free until a request takes it
   }
 };
@@ -238,7 +238,7 @@ void Scheduler::loop() {
   // answers 503 "loading" rather than refusing connections (as llama.cpp's server does).
   try {
     std::shared_ptr<const Weights> weights = load();
-    generations_.emplace_back(weights, options_.parallel, context(*weights));
+    generations_.emplace_back(weights, options_.parallel, context(*weights), options_.cache_type);
     metrics_.weights(weights->fingerprint);
     std::lock_guard lock(mutex_);
     current_ = std::move(weights);
@@ -308,7 +308,7 @@ void Scheduler::reload_if_changed() {
   std::shared_ptr<const Weights> weights;
   try {
     weights = load();
-    generations_.emplace_back(weights, options_.parallel, context(*weights));
+    generations_.emplace_back(weights, options_.parallel, context(*weights), options_.cache_type);
   } catch (const std::exception& e) {
     fmt::print(stderr, "serve: the changed checkpoint could not be loaded, still serving {}: {}\n",
                generations_.back().weights->fingerprint, e.what());

@@ -68,6 +68,7 @@ struct SchedulerOptions {
   /// kDefaultContext); more than the model's max_len fails the load.
   std::size_t ctx = 0;
   std::size_t prefill_chunk = 64;  ///< prompt tokens a sequence prefills per step
+  nn::KVCacheType cache_type = nn::KVCacheType::f32;  ///< what the cache holds each key and value as
   /// Whether the file is watched and reloaded when it changes (a checkpoint that training
   /// rewrites); a published model is loaded once.
   bool watch = true;

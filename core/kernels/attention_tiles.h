@@ -47,11 +47,12 @@ std::size_t dots_with_rows(typename B::value_type* c, const typename B::value_ty
 /// no horizontal sums; G heads and NB blocks side by side keep G * NB * P / W chains in flight.
 /// P must be a multiple of B::size.
 /// With shared_keys, the G heads share one KV head's keys (grouped-query attention): every head
-/// reads rows d of the block (not g * Dh + d), so a block's loads feed G heads.
-template <class B, std::size_t G, std::size_t P, std::size_t NB = 1>
+/// reads rows d of the block (not g * Dh + d), so a block's loads feed G heads. The keys are
+/// B's values or halves (S = std::uint16_t: a 16-bit cache), widened exactly (load_stored).
+template <class B, std::size_t G, std::size_t P, std::size_t NB = 1, class S>
 inline void head_block_scores(typename B::value_type* s, std::size_t lds, const typename B::value_type* q,
-                              const typename B::value_type* block, std::size_t block_stride, std::size_t Dh,
-                              typename B::value_type alpha, bool shared_keys = false) {
+                              const S* block, std::size_t block_stride, std::size_t Dh, typename B::value_type alpha,
+                              bool shared_keys = false) {
   using T = typename B::value_type;
   constexpr std::size_t W = B::size, V = P / W;
   static_assert(P % W == 0, "a key block holds whole vectors");
@@ -62,8 +63,8 @@ inline void head_block_scores(typename B::value_type* s, std::size_t lds, const 
     for (std::size_t g = 0; g < G; ++g) {
       B x(q[g * Dh + d]);
       for (std::size_t b = 0; b < NB; ++b) {
-        const T* row = block + b * block_stride + ((shared_keys ? 0 : g * Dh) + d) * P;
-        for (std::size_t v = 0; v < V; ++v) acc[g][b * V + v] = fma(x, B::load_unaligned(row + v * W), acc[g][b * V + v]);
+        const S* row = block + b * block_stride + ((shared_keys ? 0 : g * Dh) + d) * P;
+        for (std::size_t v = 0; v < V; ++v) acc[g][b * V + v] = fma(x, load_stored<B>(row + v * W), acc[g][b * V + v]);
       }
     }
   for (std::size_t g = 0; g < G; ++g)
@@ -73,22 +74,22 @@ inline void head_block_scores(typename B::value_type* s, std::size_t lds, const 
 // c[0:V*W] for V vectors that start on a head boundary, VH vectors per head (V / VH heads, weights
 // p + h * ldp and scale[h] for the h-th of them): each head's weight is broadcast once per row j.
 // Head h reads v + h * v_step and writes c + h * c_step (both VH * W: consecutive heads; v_step 0:
-// heads sharing one KV head's values).
-template <class B, std::size_t V, std::size_t VH>
+// heads sharing one KV head's values). The values are B's or halves (load_stored).
+template <class B, std::size_t V, std::size_t VH, class S>
 inline void head_weighted_block(typename B::value_type* c, const typename B::value_type* p, std::size_t ldp,
-                                const typename B::value_type* scale, const typename B::value_type* v, std::size_t ldv,
-                                std::size_t n, std::size_t v_step = VH * B::size, std::size_t c_step = VH * B::size) {
+                                const typename B::value_type* scale, const S* v, std::size_t ldv, std::size_t n,
+                                std::size_t v_step = VH * B::size, std::size_t c_step = VH * B::size) {
   using T = typename B::value_type;
   constexpr std::size_t W = B::size, heads = V / VH;
   static_assert(V % VH == 0, "whole heads in a block");
   B acc[V];
   for (auto& a : acc) a = B(T(0));
   for (std::size_t j = 0; j < n; ++j) {
-    const T* row = v + j * ldv;
+    const S* row = v + j * ldv;
     for (std::size_t h = 0; h < heads; ++h) {
       B x(p[h * ldp + j]);
       for (std::size_t u = 0; u < VH; ++u)
-        acc[h * VH + u] = fma(x, B::load_unaligned(row + h * v_step + u * W), acc[h * VH + u]);
+        acc[h * VH + u] = fma(x, load_stored<B>(row + h * v_step + u * W), acc[h * VH + u]);
     }
   }
   for (std::size_t h = 0; h < heads; ++h)
@@ -98,11 +99,11 @@ inline void head_weighted_block(typename B::value_type* c, const typename B::val
 /// head_weighted_rows for G heads that share one KV head's values (grouped-query attention):
 /// c[g * Dh + x] = scale[g] * sum_{j < n} p[g * ldp + j] * v[j * ldv + x] for g < G, x < Dh, each
 /// one FMA chain over j in order (head_weighted_rows' arithmetic); a row of v is read once for the
-/// G heads. Dh must be a multiple of B::size.
-template <class B, std::size_t G>
+/// G heads. Dh must be a multiple of B::size. The values are B's or halves (load_stored).
+template <class B, std::size_t G, class S>
 void group_weighted_rows(typename B::value_type* c, const typename B::value_type* p, std::size_t ldp,
-                         const typename B::value_type* scale, const typename B::value_type* v, std::size_t ldv,
-                         std::size_t n, std::size_t Dh) {
+                         const typename B::value_type* scale, const S* v, std::size_t ldv, std::size_t n,
+                         std::size_t Dh) {
   // As many accumulators as the registers hold beside the loads and broadcasts: 16 of 32 (8 of
   // 16), VH a power of two. Each row j costs one FMA latency per block, so fewer, wider blocks
   // keep more FMAs in flight (AVX-512, 3 heads of 64: 12 chains in one block, not 6 in two).
@@ -124,11 +125,12 @@ void group_weighted_rows(typename B::value_type* c, const typename B::value_type
 /// c[x] = scale[h] * sum_{j < n} p[h * ldp + j] * v[h * head_step + j * ldv + x - h * Dh] for x < D,
 /// h = x / Dh, each one FMA chain over j in order: head h's rows at v + h * head_step (head_step
 /// Dh: rows of all heads, ldv >= D; a plane per head: head_step >= n * ldv), up to 8 vectors side
-/// by side. Dh must be a multiple of B::size (every vector lies in one head) and D of Dh.
-template <class B>
+/// by side. Dh must be a multiple of B::size (every vector lies in one head) and D of Dh. The values
+/// are B's or halves (load_stored).
+template <class B, class S>
 void head_weighted_rows(typename B::value_type* c, const typename B::value_type* p, std::size_t ldp,
-                        const typename B::value_type* scale, const typename B::value_type* v, std::size_t ldv,
-                        std::size_t n, std::size_t D, std::size_t Dh, std::size_t head_step) {
+                        const typename B::value_type* scale, const S* v, std::size_t ldv, std::size_t n,
+                        std::size_t D, std::size_t Dh, std::size_t head_step) {
   using T = typename B::value_type;
   constexpr std::size_t W = B::size;
   const std::size_t per_head = Dh / W;
@@ -137,7 +139,8 @@ void head_weighted_rows(typename B::value_type* c, const typename B::value_type*
   auto block = [&](auto vectors, std::size_t x0) {
     constexpr std::size_t V = decltype(vectors)::value;
     const std::size_t h0 = x0 / Dh;
-    const T *ph = p + h0 * ldp, *vh = v + h0 * head_step + (x0 - h0 * Dh);
+    const T* ph = p + h0 * ldp;
+    const S* vh = v + h0 * head_step + (x0 - h0 * Dh);
     if (x0 == h0 * Dh) {
       if (per_head >= V) return head_weighted_block<B, V, V>(c + x0, ph, ldp, scale + h0, vh, ldv, n);
       if (per_head == 1) return head_weighted_block<B, V, 1>(c + x0, ph, ldp, scale + h0, vh, ldv, n, head_step);

@@ -6,7 +6,8 @@
 // 256 bytes of 768-byte rows, at 7-9 GB/s against 24-31 for a plane (group_weighted_rows over 480
 // sequence-layers of 128-1024 positions, one Zen 4 core). With grouped-query attention (fewer KV
 // heads than heads) the heads of a group go side by side over their KV head's keys and values,
-// which are read once for the group.
+// which are read once for the group. A 16-bit cache holds the keys and values as IEEE halves,
+// widened exactly as they are read: the bits of a float cache holding the same values.
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -19,8 +20,11 @@
 
 namespace tapegrad::kernels::TAPEGRAD_SIMD_LEVEL {
 
-template <class T>
-void cached_attention_forward(T* out, const T* q, const T* keys, const T* values, const AttentionShape& s, T* scratch) {
+namespace {
+
+// S: what the cache holds, T or std::uint16_t (halves).
+template <class T, class S>
+void attend_over_cache(T* out, const T* q, const S* keys, const S* values, const AttentionShape& s, T* scratch) {
   if (s.batch != 1 || s.q_offset + s.q_len > s.kv_len || (s.kv_capacity != 0 && s.kv_capacity < s.kv_len))
     throw std::invalid_argument(fmt::format("cached_attention: one sequence with q_offset + q_len <= kv_len <= "
                                             "kv_capacity; got batch {}, q_offset {}, q_len {}, kv_len {}, "
@@ -57,7 +61,7 @@ void cached_attention_forward(T* out, const T* q, const T* keys, const T* values
     auto scores = [&](auto side_by_side, std::size_t h) {
       constexpr std::size_t g = decltype(side_by_side)::value;
       constexpr std::size_t nb = std::max<std::size_t>(1, chains * W / (g * key_block));
-      const T* head_keys = keys + h / group * Dh * key_block;
+      const S* head_keys = keys + h / group * Dh * key_block;
       std::size_t b = 0;
       for (; b + nb <= blocks; b += nb)
         detail::head_block_scores<B, g, key_block, nb>(p + h * ld + b * key_block, ld, qi + h * Dh,
@@ -107,12 +111,46 @@ void cached_attention_forward(T* out, const T* q, const T* keys, const T* values
         detail::group_weighted_rows<B, decltype(side_by_side)::value>(oi + h * Dh, p + h * ld, ld, inv + h,
                                                                        values + h / group * plane, Dh, n, Dh);
       });
-    } else {  // a vector would span heads: one head at a time
+    } else if constexpr (std::is_same_v<S, T>) {  // a vector would span heads: one head at a time
       for (std::size_t h = h0; h < h1; ++h)
         detail::row_times_matrix<B>(oi + h * Dh, p + h * ld, 1, values + h / group * plane, Dh, n, Dh, inv[h], false);
+    } else {  // row_times_matrix's chains (the level's fma, in every lane alike), one element at a time
+      for (std::size_t h = h0; h < h1; ++h)
+        for (std::size_t x = 0; x < Dh; ++x) {
+          const S* column = values + h / group * plane + x;
+          B acc(T(0));
+          for (std::size_t j = 0; j < n; ++j) acc = fma(B(p[h * ld + j]), B(T(detail::half_to_float(column[j * Dh]))), acc);
+          alignas(64) T lanes[W];
+          (acc * B(inv[h])).store_aligned(lanes);
+          oi[h * Dh + x] = lanes[0];
+        }
     }
   }
 }
+
+}  // namespace
+
+template <class T>
+void cached_attention_forward(T* out, const T* q, const T* keys, const T* values, const AttentionShape& s, T* scratch) {
+  attend_over_cache(out, q, keys, values, s, scratch);
+}
 TAPEGRAD_INSTANTIATE_KERNEL(cached_attention_forward)
+
+template <class T>
+void cached_attention_forward_f16(T* out, const T* q, const std::uint16_t* keys, const std::uint16_t* values,
+                                  const AttentionShape& s, T* scratch) {
+  attend_over_cache(out, q, keys, values, s, scratch);
+}
+TAPEGRAD_INSTANTIATE_KERNEL(cached_attention_forward_f16)
+
+template <class T>
+void round_to_halves(std::uint16_t* out, const T* x, std::size_t n) {
+  using B = Batch<T>;
+  constexpr std::size_t W = B::size;
+  std::size_t i = 0;
+  for (; i + W <= n; i += W) detail::store_halves(B::load_unaligned(x + i), out + i);
+  for (; i < n; ++i) out[i] = detail::float_to_half(float(x[i]));  // F16C's rounding: the same bits
+}
+TAPEGRAD_INSTANTIATE_KERNEL(round_to_halves)
 
 }  // namespace tapegrad::kernels::TAPEGRAD_SIMD_LEVEL

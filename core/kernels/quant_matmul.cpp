@@ -134,7 +134,7 @@ template <bool vnni> struct Lanes256 {
                                                    _mm256_set1_epi16(1)));
   }
   static I flip(I u) { return _mm256_xor_si256(u, _mm256_set1_epi8(char(0x80))); }
-  [[gnu::target("f16c")]] static F halves(const std::byte* p, std::size_t half) {
+  static F halves(const std::byte* p, std::size_t half) {
     return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 16 * half)));
   }
   static F unsigned_bytes(const std::byte* p, std::size_t half) {
@@ -188,9 +188,9 @@ struct Lanes512 {
 // The tiles are compiled for every integer dot the level's tables may use (each table's kernels
 // call only their own instructions).
 #if defined(__AVX512F__)
-#define TAPEGRAD_INTEGER_TARGETS "avxvnni,f16c,avx512vnni"
+#define TAPEGRAD_INTEGER_TARGETS "avxvnni,avx512vnni"
 #else
-#define TAPEGRAD_INTEGER_TARGETS "avxvnni,f16c"
+#define TAPEGRAD_INTEGER_TARGETS "avxvnni"
 #endif
 
 // Chunk j of block s's codes (codes 4j .. 4j + 3 of each lane), unsigned.

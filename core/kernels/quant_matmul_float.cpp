@@ -24,15 +24,8 @@ using Floats = EmulatedBatch<float, 16>;  // SSE2 has no fused multiply-add: std
 #endif
 constexpr std::size_t batches = group_rows / Floats::size;  // a group's 16 lanes
 
-// AVX2's halves widen with F16C, which every AVX2 CPU has but the level's flags do not name.
-#if defined(__AVX2__) && !defined(__AVX512F__) && !defined(TAPEGRAD_EMULATED_BATCH)
-#define TAPEGRAD_FLOAT_TARGET [[gnu::target("f16c")]]
-#else
-#define TAPEGRAD_FLOAT_TARGET
-#endif
-
 // Column k's weights of a group (the unit at p), as floats, exactly (F16's halves widened).
-template <TensorType type> TAPEGRAD_FLOAT_TARGET inline void widen(const std::byte* p, Floats (&w)[batches]) {
+template <TensorType type> inline void widen(const std::byte* p, Floats (&w)[batches]) {
   if constexpr (type == TensorType::F32) {
     for (std::size_t i = 0; i < batches; ++i) w[i] = Floats::load_unaligned(reinterpret_cast<const float*>(p) + i * Floats::size);
   } else {
@@ -53,7 +46,7 @@ template <TensorType type> TAPEGRAD_FLOAT_TARGET inline void widen(const std::by
 // asks for the weights `ahead` bytes on into L2 as it goes: the next tile of groups streams from
 // memory while this one's tiles of rows compute.
 template <TensorType type, int NG, int MR>
-TAPEGRAD_FLOAT_TARGET void float_tile(float* y, std::size_t ldy, const float* xs, std::size_t ldx, const PackedMatrix& w,
+void float_tile(float* y, std::size_t ldy, const float* xs, std::size_t ldx, const PackedMatrix& w,
                                       std::size_t g, std::size_t m0, std::size_t first, std::size_t last,
                                       std::size_t ahead, bool accumulate) {
   constexpr std::size_t unit_bytes = quant::unit_layout(type).bytes;

@@ -1,5 +1,5 @@
 // Private to the packed kernels (core/kernels/quant_matmul*.cpp, compiled per level): what their
-// files share: halves to floats, the walk over groups of 16 outputs in tiles of x's rows,
+// files share: the walk over groups of 16 outputs in tiles of x's rows,
 // storing a group's outputs, and the pieces each file contributes to the level's tables.
 #pragma once
 
@@ -21,14 +21,7 @@ using quant::group_rows;
 using quant::load_u16;
 using quant::load_u32;
 
-// IEEE half to float, exactly (block_format.h's f16_to_f32, without its loop): the half's
-// exponent and mantissa moved into a float's and scaled by 2^112; a subnormal half becomes a
-// subnormal float first, whose scaling is exact too.
-inline float half_to_float(std::uint16_t h) {
-  const std::uint32_t sign = std::uint32_t(h & 0x8000) << 16, bits = std::uint32_t(h & 0x7FFF) << 13;
-  if ((h & 0x7C00) == 0x7C00) return std::bit_cast<float>(sign | 0x7F800000u | bits);  // inf, NaN
-  return std::bit_cast<float>(sign | std::bit_cast<std::uint32_t>(std::bit_cast<float>(bits) * 0x1p112f));
-}
+using detail::half_to_float;
 
 // Stores group g's outputs that lie in [first, last) (t, one float a lane) at y + its first
 // output, adding y's old values when accumulating.

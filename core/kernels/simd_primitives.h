@@ -13,6 +13,7 @@
 #include <xsimd/xsimd.hpp>
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
@@ -145,6 +146,72 @@ template <class B>
 void store_lanes(const B& b, typename B::value_type* x, std::size_t count) {
   if (count == B::size) b.store_unaligned(x);
   else store_partial(b, x, count);
+}
+
+// ---- IEEE half (binary16) values, as a 16-bit KV cache holds them ---------------------------------
+
+/// Half bits to float, exactly: the half's exponent and mantissa moved into a float's and scaled by
+/// 2^112; a subnormal half becomes a subnormal float first, whose scaling is exact too.
+inline float half_to_float(std::uint16_t h) {
+  const std::uint32_t sign = std::uint32_t(h & 0x8000) << 16, bits = std::uint32_t(h & 0x7FFF) << 13;
+  if ((h & 0x7C00) == 0x7C00) return std::bit_cast<float>(sign | 0x7F800000u | bits);  // inf, NaN
+  return std::bit_cast<float>(sign | std::bit_cast<std::uint32_t>(std::bit_cast<float>(bits) * 0x1p112f));
+}
+
+/// Float to half bits as F16C's vcvtps2ph rounds to nearest even: from 65520 on an infinity, below
+/// 2^-14 a subnormal or zero, a NaN made quiet with its sign and top 9 payload bits.
+inline std::uint16_t float_to_half(float f) {
+  const std::uint32_t x = std::bit_cast<std::uint32_t>(f), a = x & 0x7FFFFFFF;
+  const auto sign = std::uint16_t((x >> 16) & 0x8000);
+  if (a > 0x7F800000) return std::uint16_t(sign | 0x7E00 | ((a >> 13) & 0x3FF));
+  if (a >= 0x477FF000) return std::uint16_t(sign | 0x7C00);
+  if (a >= 0x38800000) {  // a normal half: the exponent rebiased (127 -> 15), 13 bits rounded off
+    const std::uint32_t v = a - (112u << 23);
+    return std::uint16_t(sign | ((v + 0xFFF + ((v >> 13) & 1)) >> 13));
+  }
+  // A subnormal half counts units of 2^-24: adding 0.5 (whose ulp is 2^-24) rounds to them.
+  return std::uint16_t(sign | (std::bit_cast<std::uint32_t>(std::bit_cast<float>(a) + 0.5f) - 0x3F000000u));
+}
+
+/// B::size halves at h widened to B's values, exactly: F16C's instruction on the level's own float
+/// batch, the lanes one at a time otherwise (SSE2, the emulated batch, double).
+template <class B>
+B load_halves(const std::uint16_t* h) {
+  using T = typename B::value_type;
+#if defined(__AVX512F__) && defined(__F16C__)
+  if constexpr (avx512_batch<B> && sizeof(T) == 4) return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(h)));
+#endif
+#if defined(__AVX2__) && defined(__F16C__)
+  if constexpr (avx2_batch<B> && sizeof(T) == 4) return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(h)));
+#endif
+  alignas(64) T lanes[B::size];
+  for (std::size_t i = 0; i < B::size; ++i) lanes[i] = T(half_to_float(h[i]));
+  return B::load_aligned(lanes);
+}
+
+/// h[0:B::size] = b's lanes rounded to halves as float_to_half does (a double lane rounded to float first).
+template <class B>
+void store_halves(const B& b, std::uint16_t* h) {
+  using T = typename B::value_type;
+#if defined(__AVX512F__) && defined(__F16C__)
+  if constexpr (avx512_batch<B> && sizeof(T) == 4)
+    return _mm256_storeu_si256(reinterpret_cast<__m256i*>(h),
+                               _mm512_cvtps_ph(b, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+#endif
+#if defined(__AVX2__) && defined(__F16C__)
+  if constexpr (avx2_batch<B> && sizeof(T) == 4)
+    return _mm_storeu_si128(reinterpret_cast<__m128i*>(h), _mm256_cvtps_ph(b, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+#endif
+  alignas(64) T lanes[B::size];
+  b.store_aligned(lanes);
+  for (std::size_t i = 0; i < B::size; ++i) h[i] = float_to_half(float(lanes[i]));
+}
+
+/// B::size values of a KV cache's row at p: floats as they are, halves widened (load_halves).
+template <class B, class S>
+B load_stored(const S* p) {
+  if constexpr (std::is_same_v<S, std::uint16_t>) return load_halves<B>(p);
+  else return B::load_unaligned(p);
 }
 
 }  // namespace tapegrad::detail

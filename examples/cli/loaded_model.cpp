@@ -24,6 +24,14 @@ void ModelSource::add_weights_option(CLI::App& app) {
       ->check(CLI::IsMember({"f32", "file", "bf16", "f16", "q8_0", "q4_0", "q4_1"}));
 }
 
+void ModelSource::add_cache_option(CLI::App& app) {
+  app.add_option("--kv-cache", kv_cache,
+                 "What the KV cache holds each key and value as: f32, or f16 (half the cache's memory and of the "
+                 "bytes attention reads, as llama.cpp's default; the results move a little: docs/quantization.md)")
+      ->check(CLI::IsMember({"f32", "f16"}))
+      ->capture_default_str();
+}
+
 void ModelSource::add_lora_option(CLI::App& app) {
   app.add_option("--lora", lora,
                  "A PEFT LoRA adapter folder (adapter_config.json, adapter_model.safetensors) applied on top of the "

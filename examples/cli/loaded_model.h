@@ -27,8 +27,12 @@ struct LoadedModel {
 struct ModelSource {
   std::string checkpoint, model, lora;
   std::string weights = "f32";  ///< --weights: nn::LoadOptions::weights, for --model
+  std::string kv_cache = "f32";  ///< --kv-cache: what the KV cache holds each key and value as
   /// Adds --weights f32|file|bf16|f16|q8_0|q4_0|q4_1 (inference only past f32: programs that decode).
   void add_weights_option(CLI::App& app);
+  /// Adds --kv-cache f32|f16 (programs that decode through the cache).
+  void add_cache_option(CLI::App& app);
+  nn::KVCacheType cache_type() const { return kv_cache == "f16" ? nn::KVCacheType::f16 : nn::KVCacheType::f32; }
   /// Adds --checkpoint and --model to app.
   void add_options(CLI::App& app);
   /// Adds --lora DIR: a PEFT adapter folder (nn/lora.h) applied on top of the model.

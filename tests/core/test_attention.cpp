@@ -1,14 +1,19 @@
-// Flash attention against a plain triple loop: values, the KV-cache form with a query offset, and
-// gradients by central differences.
+// Flash attention against a plain triple loop: values, the KV-cache form with a query offset (over
+// floats and over halves), and gradients by central differences.
 #include <doctest/doctest.h>
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
+#include <cstdint>
 #include <limits>
 #include <utility>
 #include <vector>
 
+#include "core/kernels.h"
 #include "core/ops.h"
+#include "core/quant/block_format.h"
+#include "core/random.h"
 #include "support/checks.h"
 
 using namespace tapegrad;
@@ -481,4 +486,76 @@ TEST_CASE("the grouped-query attention op's gradients match central differences 
         "attention: n_kv_heads 3 must divide n_heads 4");
   CHECK(test::error_of([] { attention(Var(Tensor({1, 2, 8})), Var(Tensor({1, 2, 8})), Var(Tensor({1, 2, 8})), {4, 2}); }) ==
         "attention: expected k to be [1, 2, 4], got [1, 2, 8]");
+}
+
+TEST_CASE("round_to_halves rounds to nearest even as the gguf package's f16 and F16C do, whatever a value's place") {
+  std::vector<float> x = {0.0f, -0.0f, 1.0f, -2.5f, 65504.0f, 65519.99f, 65520.0f, -65520.0f, 70000.0f,
+                          std::numeric_limits<float>::infinity(), -std::numeric_limits<float>::infinity(),
+                          0x1p-14f, 0x1p-24f, 0x1p-25f, 0x1.8p-24f, 0x1.8p-25f, 0x3p-26f, 0x1p-130f, -0x1.fffffep-15f,
+                          1.0f + 0x1p-11f, 1.0f + 0x3p-11f, 1.0f + 0x1p-11f + 0x1p-20f, 2047.5f, 4097.0f};
+  Rng rng(11);
+  while (x.size() < 20000) {  // every exponent, NaN bit patterns left to the next check
+    const float f = std::bit_cast<float>(std::uint32_t(rng.next_u64()));
+    if (!std::isnan(f)) x.push_back(f);
+  }
+  for (std::size_t offset : {std::size_t(0), std::size_t(5)}) {  // whole vectors and the scalar tail
+    std::vector<std::uint16_t> h(x.size() - offset);
+    kernels::round_to_halves(h.data(), x.data() + offset, h.size());
+    for (std::size_t i = 0; i < h.size(); ++i)
+      REQUIRE_MESSAGE(h[i] == quant::f32_to_f16(x[offset + i]), "x ", x[offset + i], " offset ", offset);
+  }
+  // A NaN stays one, of its sign, made quiet, its top 9 payload bits kept (F16C's rule; the gguf
+  // package's differs).
+  const std::vector<std::uint32_t> nans = {0x7FC00000, 0xFFC00000, 0x7F800001, 0x7FA00000, 0xFFBFFFFF, 0x7FFFE000};
+  std::vector<float> nan_values;
+  for (std::uint32_t bits : nans) nan_values.push_back(std::bit_cast<float>(bits));
+  nan_values.resize(32, std::bit_cast<float>(0x7F800001u));  // some in a whole vector
+  std::vector<std::uint16_t> h(nan_values.size());
+  kernels::round_to_halves(h.data(), nan_values.data(), h.size());
+  for (std::size_t i = 0; i < h.size(); ++i) {
+    const std::uint32_t bits = std::bit_cast<std::uint32_t>(nan_values[i]);
+    CHECK(h[i] == std::uint16_t(((bits >> 16) & 0x8000) | 0x7E00 | ((bits >> 13) & 0x3FF)));
+  }
+}
+
+TEST_CASE("cached attention over a 16-bit cache gives the bits of a float cache holding the halves' values") {
+  // Head sizes of whole vectors (64, 16) and not (8 and 6: one element at a time at some levels),
+  // grouped and not, every range of heads, several queries.
+  for (auto [H, KVH] : {std::pair<std::size_t, std::size_t>{4, 4}, {9, 3}, {8, 2}, {9, 1}})
+    for (std::size_t Dh : {std::size_t(64), std::size_t(16), std::size_t(8), std::size_t(6)}) {
+      const std::size_t q_len = 3, T = 40, capacity = 43, D = H * Dh, Dkv = KVH * Dh;
+      CAPTURE(H);
+      CAPTURE(KVH);
+      CAPTURE(Dh);
+      auto q = test::random_vector<float>(q_len * D, 1), k = test::random_vector<float>(T * Dkv, 2);
+      auto v = test::random_vector<float>(T * Dkv, 3);
+      for (auto& x : k) x *= 40.0f;  // past f16's precision and into its large values
+      std::vector<std::uint16_t> k_half(k.size()), v_half(v.size());
+      kernels::round_to_halves(k_half.data(), k.data(), k.size());
+      kernels::round_to_halves(v_half.data(), v.data(), v.size());
+      std::vector<float> k_rounded(k.size()), v_rounded(v.size());
+      for (std::size_t i = 0; i < k.size(); ++i) k_rounded[i] = quant::f16_to_f32(k_half[i]);
+      for (std::size_t i = 0; i < v.size(); ++i) v_rounded[i] = quant::f16_to_f32(v_half[i]);
+      CHECK(k_rounded != k);
+      const std::vector<float> blocks = key_blocks(k_rounded, T, Dkv), planes = value_planes(v_rounded, T, KVH, Dh, capacity);
+      // The same layouts of halves, NaN past the written positions.
+      auto halves_of = [](const std::vector<float>& floats) {
+        std::vector<std::uint16_t> out(floats.size());
+        for (std::size_t i = 0; i < floats.size(); ++i) out[i] = quant::f32_to_f16(floats[i]);
+        return out;
+      };
+      const std::vector<std::uint16_t> half_blocks = halves_of(blocks), half_planes = halves_of(planes);
+      std::vector<float> scratch(H * ((T + kernels::key_block - 1) / kernels::key_block * kernels::key_block + 1));
+      kernels::AttentionShape shape{1, q_len, T, H, Dh, T - q_len, KVH};
+      shape.kv_capacity = capacity;
+      for (std::size_t first = 0; first < H; first += 2) {
+        kernels::AttentionShape part = shape;
+        part.first_head = first, part.head_count = std::min<std::size_t>(3, H - first);
+        std::vector<float> want(q_len * D, -7.0f), got(q_len * D, -7.0f);
+        kernels::cached_attention_forward(want.data(), q.data(), blocks.data(), planes.data(), part, scratch.data());
+        kernels::cached_attention_forward_f16(got.data(), q.data(), half_blocks.data(), half_planes.data(), part,
+                                              scratch.data());
+        REQUIRE_MESSAGE(got == want, "heads from ", first);  // bit for bit
+      }
+    }
 }

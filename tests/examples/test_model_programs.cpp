@@ -92,6 +92,21 @@ TEST_CASE("generate --model streams what the library generates, stops at end ids
   REQUIRE_MESSAGE(all.status == 0, all.err);
   CHECK(json::parse(all.out)["ids"].size() == 24);
 
+  // --kv-cache f16: the library's text over a 16-bit cache; not with --no-cache, nor another type.
+  nn::GenerateOptions half_options = options;
+  half_options.cache_type = nn::KVCacheType::f16;
+  const nn::Generation half_expected = nn::generate(model.model, ids, half_options);
+  Result half = run("generate", args + std::vector<std::string>{"--kv-cache", "f16", "--jsonl"});
+  REQUIRE_MESSAGE(half.status == 0, half.err);
+  CHECK(json::parse(half.out)["ids"].get<std::vector<std::int32_t>>() == half_expected.tokens);
+  for (const std::vector<std::string>& bad : {std::vector<std::string>{"--kv-cache", "f16", "--no-cache"},
+                                              std::vector<std::string>{"--kv-cache", "q8_0"}}) {
+    Result refused = run("generate", args + bad);
+    CHECK(refused.status == 2);
+    CHECK(one_error_line(refused, "generate"));
+    CHECK(contains(refused.err, "--kv-cache"));
+  }
+
   // --chat: the reply alone, to the model's own template (ChatML) with a system message.
   const std::vector<tokenizers::ChatMessage> messages = {{"system", "Be brief."}, {"user", "Hi there"}};
   const auto format = tokenizers::ChatTemplate::recognise(*model.chat_template, "tiny_llama");

@@ -180,12 +180,12 @@ M shaped_model(const ModelSize& shape, std::size_t max_len) {
 // one thread) and all together on 1 and 2 threads, and checks each sequence's logits bit for bit.
 template <class M>
 void check_batched_equals_alone(const M& model, const std::vector<std::vector<std::int32_t>>& prompts,
-                                const std::vector<std::int32_t>& next) {
+                                const std::vector<std::int32_t>& next, KVCacheType type = KVCacheType::f32) {
   const std::size_t S = prompts.size();
   set_num_threads(1);
   std::vector<std::vector<float>> alone(S);
   for (std::size_t s = 0; s < S; ++s) {
-    KVCache cache = model.make_cache();
+    KVCache cache = model.make_cache(1, 0, type);
     Tensor p = model.prefill(prompts[s], cache);
     alone[s].assign(all(p).begin() + (prompts[s].size() - 1) * 13, all(p).end());
     for (std::size_t t = 0; t < 6; ++t) {
@@ -196,7 +196,7 @@ void check_batched_equals_alone(const M& model, const std::vector<std::vector<st
   for (int threads : {1, 2}) {
     CAPTURE(threads);
     set_num_threads(threads);
-    KVCache cache = model.make_cache(S);
+    KVCache cache = model.make_cache(S, 0, type);
     Tensor p = model.prefill(prompts, cache);
     std::vector<std::vector<float>> batched(S);
     std::size_t end = 0;
@@ -226,6 +226,26 @@ TEST_CASE_TEMPLATE("batched decoding gives every sequence the bits it gets alone
   std::vector<std::vector<std::int32_t>> prompts;
   for (std::size_t i = 0; i < lengths.size(); ++i) prompts.push_back(random_ids(lengths[i], 13, 40 + i));
   check_batched_equals_alone(model, prompts, random_ids(lengths.size() * 6, 13, 50));
+}
+
+TEST_CASE_TEMPLATE("a 16-bit cache gives every sequence the bits it gets alone, and logits near a float cache's", M,
+                   RotaryDecoder, Gpt2, Llama) {
+  M model = small_model<M>(90);
+  sharpen(model, 2);
+  const std::vector<std::size_t> lengths = {1, 3, 8, 64, 65, 7, 2};
+  std::vector<std::vector<std::int32_t>> prompts;
+  for (std::size_t i = 0; i < lengths.size(); ++i) prompts.push_back(random_ids(lengths[i], 13, 40 + i));
+  check_batched_equals_alone(model, prompts, random_ids(lengths.size() * 6, 13, 50), KVCacheType::f16);
+
+  KVCache floats = model.make_cache(1, 0, KVCacheType::f32), halves = model.make_cache(1, 0, KVCacheType::f16);
+  CHECK(halves.type() == KVCacheType::f16);
+  const Tensor want = model.prefill(prompts[4], floats), got = model.prefill(prompts[4], halves);
+  float largest = 0;
+  for (std::size_t i = 0; i < want.size(); ++i) largest = std::max(largest, std::fabs(got.data()[i] - want.data()[i]));
+  CHECK(largest > 0);  // the cache's values are rounded: the keys and values of 65 positions
+  CHECK(largest < 2e-2f);
+  CHECK_THROWS_WITH_AS(halves.keys<float>(0, 0), "KVCache: the cache's values read as another type than they are held",
+                       std::logic_error);
 }
 
 TEST_CASE_TEMPLATE("a prefill of the last tokens' logits gives each prompt's last row bit for bit, then the same steps", M,
@@ -386,7 +406,7 @@ TEST_CASE_TEMPLATE("a cache filled before the weights changed is refused; a cach
 }
 
 TEST_CASE("a cache whose rows hold another count of KV heads is refused, by the cache and by the pass") {
-  CHECK(test::error_of([] { KVCache(1, 8, 10, 1, 3); }) == "KVCache: rows of 10 floats do not hold 3 KV heads");
+  CHECK(test::error_of([] { KVCache(1, 8, 10, 1, 3); }) == "KVCache: rows of 10 values do not hold 3 KV heads");
   Llama model = grouped_llama(16, 4, 2, 1, 16, 32);  // KV rows of 8 floats: 2 heads of 4
   KVCache made = model.make_cache(), one_head(made.layers(), made.max_len(), made.width(), 1, 1);
   CHECK(made.kv_heads() == 2);
@@ -396,30 +416,31 @@ TEST_CASE("a cache whose rows hold another count of KV heads is refused, by the 
   CHECK_NOTHROW(model.step(1, made));
 }
 
-TEST_CASE_TEMPLATE("a step allocates nothing after the first, for 1 and 8 sequences on 1 and 2 threads", M,
+TEST_CASE_TEMPLATE("a step allocates nothing after the first, for 1 and 8 sequences on 1 and 2 threads, either cache type", M,
                    RotaryDecoder, Gpt2) {
   M model = small_model<M>(64);
-  for (int threads : {1, 2}) {
-    set_num_threads(threads);
-    for (std::size_t sequences : {1, 8}) {
-      CAPTURE(threads);
-      CAPTURE(sequences);
-      KVCache cache = model.make_cache(sequences);
-      std::vector<std::int32_t> tokens(sequences, 1);
-      const float* first = model.step(tokens, cache).data();
-      model.step(tokens, cache);  // threads of a parallel region may make their scratch on their first pass
-      allocations = 0;
-      counting = true;
-      bool same = true;
-      for (std::int32_t t = 0; t < 40; ++t) {
-        std::fill(tokens.begin(), tokens.end(), t % 13);
-        same = same && model.step(tokens, cache).data() == first;
+  for (int threads : {1, 2})
+    for (KVCacheType type : {KVCacheType::f32, KVCacheType::f16})
+      for (std::size_t sequences : {1, 8}) {
+        set_num_threads(threads);
+        CAPTURE(threads);
+        CAPTURE(sequences);
+        CAPTURE(int(type));
+        KVCache cache = model.make_cache(sequences, 0, type);
+        std::vector<std::int32_t> tokens(sequences, 1);
+        const float* first = model.step(tokens, cache).data();
+        model.step(tokens, cache);  // threads of a parallel region may make their scratch on their first pass
+        allocations = 0;
+        counting = true;
+        bool same = true;
+        for (std::int32_t t = 0; t < 40; ++t) {
+          std::fill(tokens.begin(), tokens.end(), t % 13);
+          same = same && model.step(tokens, cache).data() == first;
+        }
+        counting = false;
+        CHECK(same);
+        CHECK(allocations == 0);
       }
-      counting = false;
-      CHECK(same);
-      CHECK(allocations == 0);
-    }
-  }
   set_num_threads(0);
 }
 
@@ -431,8 +452,8 @@ TEST_CASE_TEMPLATE("the cache's rows and a pass's scratch start on cache lines (
   auto on_line = [](const void* p) { return reinterpret_cast<std::uintptr_t>(p) % 64 == 0; };
   for (std::size_t layer = 0; layer < cache.layers(); ++layer)
     for (std::size_t s = 0; s < cache.sequences(); ++s) {
-      CHECK(on_line(cache.keys(layer, s)));
-      CHECK(on_line(cache.values(layer, s)));
+      CHECK(on_line(cache.keys<float>(layer, s)));
+      CHECK(on_line(cache.values<float>(layer, s)));
     }
   cache.scratch.at(0).rewind();
   for (std::size_t floats : {1, 17, 64, 1000}) CHECK(on_line(cache.scratch[0].take(floats)));

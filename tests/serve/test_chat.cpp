@@ -45,8 +45,10 @@ struct Reply {
 
 Reply reference_reply(const serve::Weights& weights, const std::vector<std::int32_t>& prompt,
                       const nn::SamplingOptions& sampling, std::size_t max_tokens, std::uint64_t seed,
-                      const std::vector<std::string>& stop = {}) {
-  const nn::GenerateOptions options{.max_new = max_tokens, .sampling = sampling, .seed = seed};
+                      const std::vector<std::string>& stop = {},
+                      nn::KVCacheType cache_type = nn::KVCacheType::f32) {
+  const nn::GenerateOptions options{.max_new = max_tokens, .sampling = sampling, .seed = seed,
+                                    .cache_type = cache_type};
   const std::vector<std::int32_t> tokens = nn::generate(weights.model, prompt, options).tokens;
   Reply reply{.finish_reason = "length"};
   std::string bytes;
@@ -437,7 +439,7 @@ TEST_CASE("serve --model with SmolLM2: \"What is the capital of France?\" greedy
   CHECK(answer["model"] == "SmolLM2-135M-Instruct.Q4_1");
 }
 
-TEST_CASE("the serve program: --model with --ctx and --chat-template chats; --model excludes --checkpoint") {
+TEST_CASE("the serve program: --model with --ctx, --chat-template and --kv-cache chats; --model excludes --checkpoint") {
   const fs::path dir = work_dir("serve_chat_program");
   Result both = run("serve", {"--checkpoint", "x.safetensors", "--model", kTinyLlama});
   CHECK(both.status == 2);
@@ -457,11 +459,14 @@ TEST_CASE("the serve program: --model with --ctx and --chat-template chats; --mo
   Result unknown_weights = run("serve", {"--model", kTinyLlama, "--port", "0", "--weights", "q5_0"});
   CHECK(unknown_weights.status == 2);
   CHECK(contains(unknown_weights.err, "--weights"));
+  Result unknown_cache = run("serve", {"--model", kTinyLlama, "--port", "0", "--kv-cache", "q8_0"});
+  CHECK(unknown_cache.status == 2);
+  CHECK(contains(unknown_cache.err, "--kv-cache"));
 
   const fs::path out = dir / "serve.out", err = dir / "serve.err";
   const pid_t pid = start("serve",
                           {"--model", kTinyLlama + "/tiny_llama.q8_0.gguf", "--weights", "file", "--port", "0", "--ctx",
-                           "100", "--chat-template", "chatml", "--threads", "1"},
+                           "100", "--chat-template", "chatml", "--threads", "1", "--kv-cache", "f16"},
                           out, err);
   httplib::Client client("127.0.0.1", port_of(err));
   client.set_read_timeout(20);
@@ -482,7 +487,7 @@ TEST_CASE("the serve program: --model with --ctx and --chat-template chats; --mo
   const std::vector<std::int32_t> prompt = chat_prompt(*weights, {{"user", "Hi"}});
   CHECK(answer["usage"]["prompt_tokens"] == prompt.size());
   // Without max_tokens the reply may fill the context.
-  const Reply expected = reference_reply(*weights, prompt, {}, 100 - prompt.size(), 2);
+  const Reply expected = reference_reply(*weights, prompt, {}, 100 - prompt.size(), 2, {}, nn::KVCacheType::f16);
   CHECK(answer["choices"][0]["message"]["content"] == expected.text);
   CHECK(answer["choices"][0]["finish_reason"] == expected.finish_reason);
   REQUIRE(::kill(pid, SIGTERM) == 0);
