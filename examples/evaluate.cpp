@@ -26,6 +26,7 @@ int main(int argc, char** argv) {
   source.add_options(app);
   source.add_lora_option(app);
   source.add_weights_option(app);
+  source.add_cache_option(app);
   app.add_option("--data", data, "Text to evaluate on, UTF-8 (required)");
   app.add_option("--limit", limit, "Use only the first N tokens of the text (0: all)")
       ->check(non_negative())
@@ -47,8 +48,9 @@ int main(int argc, char** argv) {
     if (ids.size() < 2)
       throw std::runtime_error(fmt::format("{}: {} token; at least 2 are needed to predict one", data, ids.size()));
     loaded.model.set_training(false);
-    WindowedLoss result = source.weights == "f32" ? windowed_loss(loaded.model, ids, window)
-                                                  : decoded_windowed_loss(loaded.model, ids, window);
+    WindowedLoss result = source.weights == "f32" && source.kv_cache == "f32"
+                              ? windowed_loss(loaded.model, ids, window)
+                              : decoded_windowed_loss(loaded.model, ids, window, source.cache_type());
     nlohmann::ordered_json line = {{"loss", result.loss}, {"perplexity", std::exp(result.loss)}, {"tokens", result.tokens}};
     if (loaded.tokenizer->kind() == "char") line["bits_per_char"] = result.loss / std::log(2.0);
     fmt::print("{}\n", line.dump());

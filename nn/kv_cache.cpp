@@ -18,15 +18,15 @@ std::size_t checked_buffer_bytes(std::size_t layers, std::size_t max_len, std::s
                                  KVCacheType type) {
   constexpr std::size_t limit = std::size_t(1) << 30;
   if (sequences == 0) throw std::invalid_argument("KVCache: a cache holds at least one sequence");
-  std::size_t floats = 1;
+  std::size_t values = 1;
   for (std::size_t factor : {layers, max_len, width, sequences})
-    if (factor != 0 && floats > limit / factor)
+    if (factor != 0 && values > limit / factor)
       throw std::invalid_argument(fmt::format("KVCache: {} sequences x {} layers x {} positions x {} floats is more "
                                               "than the supported {} floats (4 GiB) for the keys; decode fewer "
                                               "sequences at once",
                                               sequences, layers, max_len, width, limit));
-    else floats *= factor;
-  return floats * (type == KVCacheType::f32 ? sizeof(float) : sizeof(std::uint16_t));
+    else values *= factor;
+  return values * (type == KVCacheType::f32 ? sizeof(float) : sizeof(std::uint16_t));
 }
 
 }  // namespace

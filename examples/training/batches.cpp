@@ -68,14 +68,14 @@ WindowedLoss windowed_loss(const nn::LanguageModel& model, std::span<const std::
 }
 
 WindowedLoss decoded_windowed_loss(const nn::LanguageModel& model, std::span<const std::int32_t> ids,
-                                   std::size_t window) {
+                                   std::size_t window, nn::KVCacheType cache_type) {
   const std::size_t n = ids.size(), vocab = model.config().vocab;
   if (n < 2) throw std::invalid_argument(fmt::format("windowed_loss: the text has {} tokens; at least 2 are needed", n));
   WindowedLoss out;
   double sum = 0;
   for (std::size_t s = 0; s + 1 < n; s += window) {
     const std::size_t length = std::min(window, n - 1 - s);
-    nn::KVCache cache = model.make_cache(1, length);
+    nn::KVCache cache = model.make_cache(1, length, cache_type);
     const Tensor logits = model.prefill(ids.subspan(s, length), cache);  // (length, vocab)
     for (std::size_t t = 0; t < length; ++t) {
       const float* row = logits.data() + t * vocab;

@@ -40,9 +40,10 @@ struct WindowedLoss {
 WindowedLoss windowed_loss(const nn::LanguageModel& model, std::span<const std::int32_t> ids, std::size_t window = 0,
                            std::size_t group = 16);
 
-/// windowed_loss's windows, each prefilled through a fresh KV cache: the loss of a model whose
-/// matrices are packed (nn/packed_weights.h), which only decoding runs.
+/// windowed_loss's windows, each prefilled through a fresh KV cache of `cache_type`: the loss of a
+/// model whose matrices are packed (nn/packed_weights.h), which only decoding runs, or of a 16-bit
+/// cache.
 WindowedLoss decoded_windowed_loss(const nn::LanguageModel& model, std::span<const std::int32_t> ids,
-                                   std::size_t window);
+                                   std::size_t window, nn::KVCacheType cache_type = nn::KVCacheType::f32);
 
 }  // namespace tapegrad::examples
