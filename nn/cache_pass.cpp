@@ -253,8 +253,10 @@ template <class Element>
 void CachePass::attend(float* y, const float* q, const Element* keys, const Element* values,
                        const kernels::AttentionShape& shape, float* scratch) {
   auto attend_heads = [&](const kernels::AttentionShape& heads) {
-    if constexpr (std::is_same_v<Element, float>) kernels::cached_attention_forward<float>(y, q, keys, values, heads, scratch);
-    else kernels::cached_attention_forward_f16<float>(y, q, keys, values, heads, scratch);
+    if constexpr (std::is_same_v<Element, float>)
+      kernels::cached_attention_forward<float>(y, q, keys, values, heads, scratch);
+    else
+      kernels::cached_attention_forward_f16<float>(y, q, keys, values, heads, scratch);
   };
   const std::size_t work = shape.q_len * shape.kv_len * shape.model_dim();
   const std::size_t threads = std::min<std::size_t>(std::max(1, num_threads()), shape.n_heads);

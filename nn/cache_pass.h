@@ -101,8 +101,8 @@ class CachePass {
   void packed_product(float* y, const float* x, std::size_t rows, const quant::PackedMatrix& w, bool accumulate);
   void check_cols(const char* op, const Rows& x, std::size_t cols) const;
   template <class Element>
-  void attend(float* y, const float* q, const Element* keys, const Element* values, const kernels::AttentionShape& shape,
-              float* scratch);
+  void attend(float* y, const float* q, const Element* keys, const Element* values,
+              const kernels::AttentionShape& shape, float* scratch);
   // y += scale (x A) B: a layer's LoRA adapter (nn/linear.h).
   void add_adapter(Rows& y, const Rows& x, const LoraAdapter& adapter);
 

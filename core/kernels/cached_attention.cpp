@@ -119,7 +119,8 @@ void attend_over_cache(T* out, const T* q, const S* keys, const S* values, const
         for (std::size_t x = 0; x < Dh; ++x) {
           const S* column = values + h / group * plane + x;
           B acc(T(0));
-          for (std::size_t j = 0; j < n; ++j) acc = fma(B(p[h * ld + j]), B(T(detail::half_to_float(column[j * Dh]))), acc);
+          for (std::size_t j = 0; j < n; ++j)
+            acc = fma(B(p[h * ld + j]), B(T(detail::half_to_float(column[j * Dh]))), acc);
           alignas(64) T lanes[W];
           (acc * B(inv[h])).store_aligned(lanes);
           oi[h * Dh + x] = lanes[0];

@@ -79,7 +79,8 @@ template <TensorType type>
 void float_rows(float* y, std::size_t ldy, const ActivationRows& x, const PackedMatrix& w, std::size_t first,
                 std::size_t last, bool accumulate) {
   auto tile = [&]<int NG, int MR>(std::size_t g, std::size_t m0) {
-    const std::size_t ahead = m0 == 0 && x.rows >= rows_to_prefetch && g + 2 * NG <= w.groups() ? NG * w.group_bytes() : 0;
+    const bool asks = m0 == 0 && x.rows >= rows_to_prefetch && g + 2 * NG <= w.groups();
+    const std::size_t ahead = asks ? NG * w.group_bytes() : 0;
     float_tile<type, NG, MR>(y, ldy, x.x + m0 * x.cols, x.cols, w, g, m0, first, last, ahead, accumulate);
   };
   if (x.rows == 1) return run_groups<1, 1>(tile, x.rows, first, last);

@@ -179,10 +179,12 @@ template <class B>
 B load_halves(const std::uint16_t* h) {
   using T = typename B::value_type;
 #if defined(__AVX512F__) && defined(__F16C__)
-  if constexpr (avx512_batch<B> && sizeof(T) == 4) return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(h)));
+  if constexpr (avx512_batch<B> && sizeof(T) == 4)
+    return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(h)));
 #endif
 #if defined(__AVX2__) && defined(__F16C__)
-  if constexpr (avx2_batch<B> && sizeof(T) == 4) return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(h)));
+  if constexpr (avx2_batch<B> && sizeof(T) == 4)
+    return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(h)));
 #endif
   alignas(64) T lanes[B::size];
   for (std::size_t i = 0; i < B::size; ++i) lanes[i] = T(half_to_float(h[i]));
@@ -200,7 +202,8 @@ void store_halves(const B& b, std::uint16_t* h) {
 #endif
 #if defined(__AVX2__) && defined(__F16C__)
   if constexpr (avx2_batch<B> && sizeof(T) == 4)
-    return _mm_storeu_si128(reinterpret_cast<__m128i*>(h), _mm256_cvtps_ph(b, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+    return _mm_storeu_si128(reinterpret_cast<__m128i*>(h),
+                            _mm256_cvtps_ph(b, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
 #endif
   alignas(64) T lanes[B::size];
   b.store_aligned(lanes);

@@ -537,7 +537,8 @@ TEST_CASE("cached attention over a 16-bit cache gives the bits of a float cache 
       for (std::size_t i = 0; i < k.size(); ++i) k_rounded[i] = quant::f16_to_f32(k_half[i]);
       for (std::size_t i = 0; i < v.size(); ++i) v_rounded[i] = quant::f16_to_f32(v_half[i]);
       CHECK(k_rounded != k);
-      const std::vector<float> blocks = key_blocks(k_rounded, T, Dkv), planes = value_planes(v_rounded, T, KVH, Dh, capacity);
+      const std::vector<float> blocks = key_blocks(k_rounded, T, Dkv);
+      const std::vector<float> planes = value_planes(v_rounded, T, KVH, Dh, capacity);
       // The same layouts of halves, NaN past the written positions.
       auto halves_of = [](const std::vector<float>& floats) {
         std::vector<std::uint16_t> out(floats.size());

@@ -416,8 +416,9 @@ TEST_CASE("a cache whose rows hold another count of KV heads is refused, by the 
   CHECK_NOTHROW(model.step(1, made));
 }
 
-TEST_CASE_TEMPLATE("a step allocates nothing after the first, for 1 and 8 sequences on 1 and 2 threads, either cache type", M,
-                   RotaryDecoder, Gpt2) {
+TEST_CASE_TEMPLATE("a step allocates nothing after the first, for 1 and 8 sequences on 1 and 2 threads, of either "
+                   "cache type",
+                   M, RotaryDecoder, Gpt2) {
   M model = small_model<M>(64);
   for (int threads : {1, 2})
     for (KVCacheType type : {KVCacheType::f32, KVCacheType::f16})

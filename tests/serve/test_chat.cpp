@@ -439,7 +439,8 @@ TEST_CASE("serve --model with SmolLM2: \"What is the capital of France?\" greedy
   CHECK(answer["model"] == "SmolLM2-135M-Instruct.Q4_1");
 }
 
-TEST_CASE("the serve program: --model with --ctx, --chat-template and --kv-cache chats; --model excludes --checkpoint") {
+TEST_CASE("the serve program: --model with --ctx, --chat-template and --kv-cache chats; --model excludes "
+          "--checkpoint") {
   const fs::path dir = work_dir("serve_chat_program");
   Result both = run("serve", {"--checkpoint", "x.safetensors", "--model", kTinyLlama});
   CHECK(both.status == 2);
