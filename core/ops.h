@@ -72,7 +72,7 @@ Var cross_entropy(const Var& logits, std::span<const std::int32_t> targets, std:
 /// cross_entropy(x op(w) (+ bias), targets) without holding the logits: a language model's head
 /// and loss. x (.., D); weight (D, V), or (V, D) with transpose_weight (a tied embedding); bias (V)
 /// or undefined; one target per row, each < V. The logits are made a chunk of rows at a time (at
-/// most 32 MiB of them); when recording, the gradients of the inputs that need one are made then
+/// most 48 MiB of them); when recording, the gradients of the inputs that need one are made then
 /// too and saved (their sizes), and backward scales them by the result's gradient.
 Var linear_cross_entropy(const Var& x, const Var& weight, std::span<const std::int32_t> targets,
                          bool transpose_weight = false, const Var& bias = Var());
