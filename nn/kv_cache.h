@@ -139,7 +139,7 @@ class KVCache {
   // values_ (layers, sequences, kv_heads, max_len, width / kv_heads); keys_ (layers, sequences,
   // blocks, width, key_block); of floats or of halves.
   // Declared before the other buffers: their sizes are checked before anything is allocated.
-  AlignedVector<std::byte> values_, keys_;  // rows on cache lines: whole-vector loads
+  AlignedVector<std::byte> values_, keys_;  // float rows on cache lines (half rows: on 32 bytes or less)
   static constexpr std::size_t stretch = 64;  // write()'s values of a key row rounded at a time
   std::vector<std::size_t> positions_;
   std::vector<char> active_;
