@@ -29,6 +29,10 @@ inline void store_group(float* y, const float t[16], std::size_t g, std::size_t 
                         bool accumulate) {
   const std::size_t lo = std::max(first, g * group_rows) - g * group_rows;
   const std::size_t hi = std::min(last, (g + 1) * group_rows) - g * group_rows;
+  if (lo == 0 && hi == group_rows) {  // a whole group: a loop of known length, not a call to memmove
+    for (std::size_t l = 0; l < group_rows; ++l) y[l] = accumulate ? y[l] + t[l] : t[l];
+    return;
+  }
   for (std::size_t l = lo; l < hi; ++l) y[l] = accumulate ? y[l] + t[l] : t[l];
 }
 

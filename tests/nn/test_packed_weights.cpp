@@ -118,25 +118,29 @@ TEST_CASE("a sequence decoded on packed weights gets the same bits alone and bes
 }
 
 TEST_CASE("sequences decoded on two threads get the same bits in a pass each and in one pass that splits products") {
-  // A model whose packed weights stream from memory runs in one pass (run_cache_passes); the tiny
-  // Llama's are small, so the cache is told its last pass read more than that.
+  // A model whose packed weights stream from memory runs in one pass (run_cache_passes), its
+  // attention splitting the sequences over the threads; the tiny Llama's are small, so the cache is
+  // told its last pass read more than that.
   nn::PretrainedModel packed = nn::load_pretrained(tiny_llama("q8_0"), {.weights = "file"});
   const nn::LanguageModel& model = packed.model;
   const std::vector<std::vector<std::int32_t>> prompts = {prompt, {9, 8, 7}, {5, 4, 3, 2, 1}, {100, 200}};
   const int threads_before = num_threads();
   set_num_threads(2);
-  std::vector<std::vector<float>> logits;
-  for (bool streaming : {false, true}) {
-    nn::KVCache cache = model.make_cache(prompts.size(), 32);
-    model.prefill(prompts, cache);
-    if (streaming) cache.packed_bytes_per_pass = std::size_t(1) << 40;
-    CHECK((cache.packed_bytes_per_pass > 0));  // the prefill counted the packed weights
-    const std::vector<std::int32_t> next = {31, 200, 7, 1};
-    const std::span<const float> stepped = model.step(next, cache);
-    logits.emplace_back(stepped.begin(), stepped.end());
+  for (nn::KVCacheType type : {nn::KVCacheType::f32, nn::KVCacheType::f16}) {
+    CAPTURE(int(type));
+    std::vector<std::vector<float>> logits;
+    for (bool streaming : {false, true}) {
+      nn::KVCache cache = model.make_cache(prompts.size(), 32, type);
+      model.prefill(prompts, cache);
+      if (streaming) cache.packed_bytes_per_pass = std::size_t(1) << 40;
+      CHECK((cache.packed_bytes_per_pass > 0));  // the prefill counted the packed weights
+      const std::vector<std::int32_t> next = {31, 200, 7, 1};
+      const std::span<const float> stepped = model.step(next, cache);
+      logits.emplace_back(stepped.begin(), stepped.end());
+    }
+    CHECK(std::memcmp(logits[0].data(), logits[1].data(), logits[0].size() * sizeof(float)) == 0);
   }
   set_num_threads(threads_before);
-  CHECK(std::memcmp(logits[0].data(), logits[1].data(), logits[0].size() * sizeof(float)) == 0);
 }
 
 TEST_CASE("the full forward refuses packed weights, naming what to do instead") {
