@@ -265,9 +265,16 @@ Rows CachePass::attention(const Rows& q, const Rows& k, const Rows& v, Attention
   // Several sequences in a pass that runs alone (run_cache_passes' one pass of a model whose
   // weights stream from memory, its products splitting their outputs): the sequences go round the
   // kernel threads in one parallel region, rather than a region a sequence splitting its heads
-  // (SmolLM2's BF16 file, 16 sequences at 2 threads: 650-770 -> 840-900 tokens/s on a Zen 4).
+  // (SmolLM2's BF16 file, 16 sequences at 2 threads: 650-770 -> 840-900 tokens/s on a Zen 4),
+  // unless one sequence holds more than 1.5 threads' even share of the work (a long prompt
+  // beside steps), which its heads then split.
   const std::size_t threads = std::min<std::size_t>(std::max(1, num_threads()), runs_.size());
-  if (threads > 1 && !omp_in_parallel()) {
+  std::size_t total_work = 0, most_work = 0;
+  for (const Run& run : runs_) {
+    const std::size_t work = run.count * (run.position + run.count);  // (query, key) pairs
+    total_work += work, most_work = std::max(most_work, work);
+  }
+  if (threads > 1 && !omp_in_parallel() && 2 * most_work * threads <= 3 * total_work) {
     float* scratch = scratch_.take(threads * scratch_floats);
     on_threads(threads, [&](std::size_t t, std::size_t n) {
       std::size_t r = 0;
