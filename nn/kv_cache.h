@@ -126,7 +126,7 @@ class KVCache {
 
  private:
   // The buffer's values as Element, which must be what the cache holds.
-  template <class Element> const Element* held(const AlignedVector<std::byte>& buffer) const {
+  template <class Element> const Element* held(const HugePageVector<std::byte>& buffer) const {
     static_assert(std::is_same_v<Element, float> || std::is_same_v<Element, std::uint16_t>);
     if ((type_ == KVCacheType::f32) != std::is_same_v<Element, float>)
       throw std::logic_error("KVCache: the cache's values read as another type than they are held");
@@ -139,7 +139,7 @@ class KVCache {
   // values_ (layers, sequences, kv_heads, max_len, width / kv_heads); keys_ (layers, sequences,
   // blocks, width, key_block); of floats or of halves.
   // Declared before the other buffers: their sizes are checked before anything is allocated.
-  AlignedVector<std::byte> values_, keys_;  // float rows on cache lines (half rows: on 32 bytes or less)
+  HugePageVector<std::byte> values_, keys_;  // float rows on cache lines (half rows: on 32 bytes or less)
   static constexpr std::size_t stretch = 64;  // write()'s values of a key row rounded at a time
   std::vector<std::size_t> positions_;
   std::vector<char> active_;

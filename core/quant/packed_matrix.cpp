@@ -6,8 +6,6 @@
 #include <fmt/format.h>
 #include <omp.h>
 
-#include <sys/mman.h>
-
 #include <algorithm>
 #include <cstdlib>
 #include <mutex>
@@ -133,13 +131,8 @@ void check_shape(TensorType type, std::size_t rows, std::size_t cols, bool conve
 // share a chunk, so that a model of many small matrices holds about the pages its bytes need; a
 // chunk is freed with the last matrix in it.
 std::shared_ptr<std::byte> packed_storage(std::size_t bytes) {
-  constexpr std::size_t page = std::size_t(2) << 20, chunk_bytes = std::size_t(32) << 20;
-  auto allocate = [](std::size_t size) {
-    auto* data = static_cast<std::byte*>(std::aligned_alloc(page, size));
-    if (!data) throw std::bad_alloc();
-    madvise(data, size, MADV_HUGEPAGE);  // a hint: without it (or THP) the pages are 4 KB
-    return std::shared_ptr<std::byte>(data, std::free);
-  };
+  constexpr std::size_t page = huge_page_bytes, chunk_bytes = std::size_t(32) << 20;
+  auto allocate = [](std::size_t size) { return std::shared_ptr<std::byte>(allocate_huge_pages(size), std::free); };
   const std::size_t lines = (bytes + 63) / 64 * 64;
   if (lines > chunk_bytes / 4) return allocate((lines + page - 1) / page * page);
   static std::mutex mutex;

@@ -1,8 +1,10 @@
-// Tensor: shape checks, the xtensor interop, the random streams and the storage cache.
+// Tensor: shape checks, the xtensor interop, the random streams, the storage cache and the
+// aligned allocators.
 #include <doctest/doctest.h>
 
 #include <cstdint>
 
+#include "core/aligned.h"
 #include "core/random.h"
 #include "core/tensor.h"
 #include "core/xtensor_interop.h"
@@ -82,6 +84,17 @@ TEST_CASE("the rng state round-trips through text and rejects malformed states")
   CHECK(a.next_u64() == b.next_u64());
   CHECK(contains(error_of([&] { b.set_state("1 2 x"); }), "malformed state"));
   CHECK(contains(error_of([&] { b.set_state("0 0 0 0"); }), "all-zero"));
+}
+
+TEST_CASE("a large HugePageVector starts on a 2 MB boundary and a small one on a cache line") {
+  HugePageVector<std::uint16_t> large(huge_page_bytes / 2 + 1, 7), small(100, 7);
+  CHECK(reinterpret_cast<std::uintptr_t>(large.data()) % huge_page_bytes == 0);
+  CHECK(reinterpret_cast<std::uintptr_t>(small.data()) % 64 == 0);
+  CHECK(large.back() == 7);
+  large.resize(10);
+  large.shrink_to_fit();  // freed by the size it was allocated with, and allocated small
+  CHECK(reinterpret_cast<std::uintptr_t>(large.data()) % 64 == 0);
+  CHECK(large[9] == 7);
 }
 
 TEST_CASE("freed large storage is cached by size and handed out again") {
