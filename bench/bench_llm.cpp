@@ -7,9 +7,11 @@
 //    token for every sequence: S * 128 / the steps' time (llama-batched-bench's S_TG);
 // tapegrad's load time; the memory's read bandwidth at each thread count (bench/read_limit.h), and
 // each tg128 as a fraction of it: tokens/s * the bytes a token reads / the bandwidth. Token ids
-// are random (as llama.cpp's tools draw them); medians of the repeats after a warm-up (llama-bench:
-// its mean). tapegrad's KV cache holds floats, or halves with --kv-cache f16 (llama.cpp's tools
-// hold halves: their default). llama.cpp is llama-bench and llama-batched-bench, built from the
+// are random (as llama.cpp's tools draw them). The programs take turns, a round of every test each
+// (after a warm-up: llama-bench's own), --repeats rounds: a VM whose speed drifts over minutes then
+// moves both sides of a round alike. Each figure is the median of its rounds, and each ratio
+// tapegrad / llama.cpp the median of the rounds' ratios. tapegrad's KV cache holds floats, or
+// halves with --kv-cache f16 (llama.cpp's tools hold halves: their default). llama.cpp is llama-bench and llama-batched-bench, built from the
 // source PyPI's llama-cpp-python carries (docs/benchmarks.md says how). Writes
 // bench/results/llm_cpu.json.
 #include <fmt/format.h>
@@ -71,10 +73,11 @@ std::size_t file_bytes_per_token(const io::GgufFile& file) {
   return bytes;
 }
 
-double median_rate(std::vector<double> seconds, double tokens) { return tokens / bench::stats_of(seconds).median; }
+// The rates one round of a program measures, by name: pp128, pp512, tg128, S4, S16 (tokens/s).
+using Rates = std::map<std::string, double>;
 
-// pp, tg and batched decoding of tapegrad at the current thread count.
-nlohmann::json time_tapegrad(const nn::LanguageModel& model, nn::KVCacheType cache_type, int repeats) {
+// One round of pp, tg and batched decoding of tapegrad at the current thread count.
+Rates time_tapegrad(const nn::LanguageModel& model, nn::KVCacheType cache_type) {
   const std::size_t vocab = model.config().vocab;
   NoGradScope no_grad;
   nn::KVCache one = model.make_cache(1, prompt_lengths[1], cache_type);
@@ -82,41 +85,29 @@ nlohmann::json time_tapegrad(const nn::LanguageModel& model, nn::KVCacheType cac
   // Warm-up at the longest prompt, as llama-bench warms up each test: the pass's scratch buffers
   // (kept by the cache) reach their size here, not in a timed run.
   model.prefill(prompt, one);
-  nlohmann::json result;
+  Rates rates;
   for (std::size_t length : prompt_lengths) {
-    std::vector<double> seconds;
-    for (int r = 0; r < repeats; ++r) {
-      one.reset();
-      // llama-bench's pp also computes the last token's logits alone.
-      seconds.push_back(bench::seconds(
-          [&] { model.prefill(std::span(prompt).first(length), one, 0, nn::PrefillLogits::last_token); }));
-    }
-    result[fmt::format("pp{}_tokens_per_s", length)] = median_rate(seconds, double(length));
-  }
-  std::vector<double> seconds;
-  for (int r = 0; r < repeats; ++r) {
     one.reset();
-    seconds.push_back(bench::seconds([&] {
-      for (std::size_t i = 0; i < new_tokens; ++i) model.step(prompt[i], one);
-    }));
+    // llama-bench's pp also computes the last token's logits alone.
+    rates[fmt::format("pp{}", length)] =
+        double(length) /
+        bench::seconds([&] { model.prefill(std::span(prompt).first(length), one, 0, nn::PrefillLogits::last_token); });
   }
-  result[fmt::format("tg{}_tokens_per_s", new_tokens)] = median_rate(seconds, double(new_tokens));
+  one.reset();
+  rates[fmt::format("tg{}", new_tokens)] = double(new_tokens) / bench::seconds([&] {
+    for (std::size_t i = 0; i < new_tokens; ++i) model.step(prompt[i], one);
+  });
   for (std::size_t S : batch_sizes) {
     std::vector<std::vector<std::int32_t>> prompts;
     for (std::size_t s = 0; s < S; ++s) prompts.push_back(random_tokens(batched_prompt, vocab, 100 + s));
     const std::vector<std::int32_t> steps = random_tokens(S * new_tokens, vocab, 2);
     nn::KVCache cache = model.make_cache(S, batched_prompt + new_tokens, cache_type);
-    seconds.clear();
-    for (int r = 0; r < repeats; ++r) {
-      cache.reset();
-      model.prefill(prompts, cache, nn::PrefillLogits::last_token);
-      seconds.push_back(bench::seconds([&] {
-        for (std::size_t i = 0; i < new_tokens; ++i) model.step(std::span(steps).subspan(i * S, S), cache);
-      }));
-    }
-    result["batched_tokens_per_s"][std::to_string(S)] = median_rate(seconds, double(S * new_tokens));
+    model.prefill(prompts, cache, nn::PrefillLogits::last_token);
+    rates[fmt::format("S{}", S)] = double(S * new_tokens) / bench::seconds([&] {
+      for (std::size_t i = 0; i < new_tokens; ++i) model.step(std::span(steps).subspan(i * S, S), cache);
+    });
   }
-  return result;
+  return rates;
 }
 
 nlohmann::json parse_json(const std::string& text, const std::string& command) {
@@ -125,44 +116,73 @@ nlohmann::json parse_json(const std::string& text, const std::string& command) {
   return parsed;
 }
 
-// llama-bench's pp and tg at `threads` (its mean of `repeats`, and its standard deviation).
-nlohmann::json time_llama_bench(const std::string& tool, const std::string& model, int threads, int repeats) {
-  const std::string command = fmt::format("'{}' -m '{}' -t {} -p {},{} -n {} -r {} -o json", tool, model, threads,
-                                          prompt_lengths[0], prompt_lengths[1], new_tokens, repeats);
-  const nlohmann::json runs = parse_json(bench::command_output(command), command);
-  if (!runs.is_array() || runs.size() != 3) throw std::runtime_error(fmt::format("{}: expected 3 tests", command));
-  nlohmann::json result = {{"build_commit", runs[0].value("build_commit", "")}, {"llama_bench", command}};
-  for (const auto& run : runs) {
-    const int prompt = run.at("n_prompt").get<int>();
-    const std::string test = prompt > 0 ? fmt::format("pp{}", prompt) : fmt::format("tg{}", run.at("n_gen").get<int>());
-    result[test + "_tokens_per_s"] = run.at("avg_ts");
-    result[test + "_tokens_per_s_stddev"] = run.at("stddev_ts");
-  }
-  return result;
+std::string llama_bench_command(const std::string& tool, const std::string& model, int threads) {
+  return fmt::format("'{}' -m '{}' -t {} -p {},{} -n {} -r 1 -o json", tool, model, threads, prompt_lengths[0],
+                     prompt_lengths[1], new_tokens);
 }
 
-// llama-batched-bench's S_TG (tokens/s of the decoding steps) for each batch size: the median of
-// `repeats` runs (it runs each size once).
-nlohmann::json time_llama_batched(const std::string& tool, const std::string& model, int threads, int repeats) {
+std::string llama_batched_command(const std::string& tool, const std::string& model, int threads) {
   const std::size_t context = batch_sizes[1] * (batched_prompt + new_tokens);
-  const std::string command =
-      fmt::format("'{}' -m '{}' -t {} -tb {} -c {} -npp {} -ntg {} -npl {},{} --output-format jsonl 2>/dev/null", tool,
-                  model, threads, threads, context, batched_prompt, new_tokens, batch_sizes[0], batch_sizes[1]);
-  std::map<int, std::vector<double>> rates;
-  for (int r = 0; r < repeats; ++r) {
-    std::istringstream lines(bench::command_output(command));
-    for (std::string line; std::getline(lines, line);) {
-      if (line.empty() || line[0] != '{') continue;
-      const nlohmann::json run = parse_json(line, command);
-      rates[run.at("pl").get<int>()].push_back(1.0 / run.at("speed_tg").get<double>());
-    }
+  return fmt::format("'{}' -m '{}' -t {} -tb {} -c {} -npp {} -ntg {} -npl {},{} --output-format jsonl 2>/dev/null",
+                     tool, model, threads, threads, context, batched_prompt, new_tokens, batch_sizes[0],
+                     batch_sizes[1]);
+}
+
+// One round of llama-bench's pp and tg at `threads` (one run of each test after its warm-up).
+Rates time_llama_bench(const std::string& tool, const std::string& model, int threads, std::string& build_commit) {
+  const std::string command = llama_bench_command(tool, model, threads);
+  const nlohmann::json runs = parse_json(bench::command_output(command), command);
+  if (!runs.is_array() || runs.size() != 3) throw std::runtime_error(fmt::format("{}: expected 3 tests", command));
+  build_commit = runs[0].value("build_commit", "");
+  Rates rates;
+  for (const auto& run : runs) {
+    const int prompt = run.at("n_prompt").get<int>();
+    rates[prompt > 0 ? fmt::format("pp{}", prompt) : fmt::format("tg{}", run.at("n_gen").get<int>())] =
+        run.at("avg_ts").get<double>();
   }
-  nlohmann::json result = {{"llama_batched_bench", command}};
-  for (std::size_t S : batch_sizes) {
-    if (rates[int(S)].empty()) throw std::runtime_error(fmt::format("{}: no result for {} sequences", command, S));
-    result["batched_tokens_per_s"][std::to_string(S)] = median_rate(rates[int(S)], 1.0);
+  return rates;
+}
+
+// One round of llama-batched-bench's S_TG (tokens/s of the decoding steps) for each batch size.
+Rates time_llama_batched(const std::string& tool, const std::string& model, int threads) {
+  const std::string command = llama_batched_command(tool, model, threads);
+  Rates rates;
+  std::istringstream lines(bench::command_output(command));
+  for (std::string line; std::getline(lines, line);) {
+    if (line.empty() || line[0] != '{') continue;
+    const nlohmann::json run = parse_json(line, command);
+    rates[fmt::format("S{}", run.at("pl").get<int>())] = run.at("speed_tg").get<double>();
   }
-  return result;
+  for (std::size_t S : batch_sizes)
+    if (!rates.contains(fmt::format("S{}", S)))
+      throw std::runtime_error(fmt::format("{}: no result for {} sequences", command, S));
+  return rates;
+}
+
+// A program's rounds as a run's figures: each rate's median (pp128_tokens_per_s, ...,
+// batched_tokens_per_s {"4", "16"}) and every round's rates.
+nlohmann::json medians_of(const std::vector<Rates>& rounds) {
+  nlohmann::json run = {{"rounds", rounds}};
+  std::map<std::string, std::vector<double>> samples;
+  for (const Rates& round : rounds)
+    for (const auto& [name, rate] : round) samples[name].push_back(rate);
+  for (const auto& [name, rates] : samples) {
+    const double median = bench::stats_of(rates).median;
+    if (name[0] == 'S') run["batched_tokens_per_s"][name.substr(1)] = median;
+    else run[name + "_tokens_per_s"] = median;
+  }
+  return run;
+}
+
+// The median over the rounds of tapegrad's rate / llama.cpp's, for each rate both measured.
+nlohmann::json ratios_of(const std::vector<Rates>& ours, const std::vector<Rates>& theirs) {
+  std::map<std::string, std::vector<double>> samples;
+  for (std::size_t r = 0; r < ours.size() && r < theirs.size(); ++r)
+    for (const auto& [name, rate] : ours[r])
+      if (const auto other = theirs[r].find(name); other != theirs[r].end()) samples[name].push_back(rate / other->second);
+  nlohmann::json ratios = nlohmann::json::object();
+  for (const auto& [name, values] : samples) ratios[name] = bench::stats_of(values).median;
+  return ratios;
 }
 
 // tg128 as a fraction of the memory's read bandwidth: tokens/s * bytes per token / bytes/s.
@@ -174,14 +194,14 @@ void add_fraction(nlohmann::json& result, std::size_t bytes_per_token, double gb
 }  // namespace
 
 int main(int argc, char** argv) try {
-  int repeats = 3;
+  int rounds = 3;
   std::vector<int> thread_counts = {1, 2};
   std::vector<std::string> formats = {"f32"};
   std::string model_path, llama_bench, llama_batched, kv_cache = "f32",
       out_path = std::string(TAPEGRAD_SOURCE_DIR) + "/bench/results/llm_cpu.json";
   const std::string usage =
       "usage: bench_llm --model FILE.gguf [--weights FORMAT,...] [--kv-cache f32|f16] [--threads T,T,...]\n"
-      "                 [--repeats N] [--llama-bench PATH] [--llama-batched-bench PATH] [--out PATH]\n" +
+      "                 [--repeats ROUNDS] [--llama-bench PATH] [--llama-batched-bench PATH] [--out PATH]\n" +
       bench::simd_usage_line();
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
@@ -196,7 +216,7 @@ int main(int argc, char** argv) try {
     else if (arg == "--llama-bench") llama_bench = argv[++i];
     else if (arg == "--llama-batched-bench") llama_batched = argv[++i];
     else if (arg == "--threads") thread_counts = bench::positive_list(arg, argv[++i]);
-    else if (arg == "--repeats") repeats = bench::positive_int(arg, argv[++i]);
+    else if (arg == "--repeats") rounds = bench::positive_int(arg, argv[++i]);
     else if (arg == "--out") out_path = argv[++i];
     else throw std::invalid_argument(fmt::format("unknown argument '{}'\n{}", arg, usage));
   }
@@ -213,7 +233,7 @@ int main(int argc, char** argv) try {
                          {"new_tokens", new_tokens},
                          {"batched_prompt", batched_prompt},
                          {"batch_sizes", batch_sizes},
-                         {"repeats", repeats},
+                         {"rounds", rounds},
                          {"tapegrad_kv_cache", kv_cache},
                          {"note", "pp: the last prompt token's logits only, in both programs"}};
 
@@ -257,27 +277,47 @@ int main(int argc, char** argv) try {
   for (int threads : thread_counts) {
     fmt::print("  {} thread(s):\n", threads);
     set_num_threads(threads);
+    std::vector<std::vector<Rates>> ours(models.size());
+    std::vector<Rates> theirs;
+    std::string build_commit, batched_error;
+    for (int round = 0; round < rounds; ++round) {
+      for (std::size_t f = 0; f < models.size(); ++f) ours[f].push_back(time_tapegrad(models[f].model, cache_type));
+      if (llama_bench.empty()) continue;
+      Rates rates = time_llama_bench(llama_bench, model_path, threads, build_commit);
+      if (!llama_batched.empty() && batched_error.empty()) {
+        try {  // tapegrad's figures are kept when llama-batched-bench fails
+          rates.merge(time_llama_batched(llama_batched, model_path, threads));
+        } catch (const std::exception& e) {
+          fmt::print(stderr, "bench_llm: {}\n", e.what());
+          batched_error = e.what();
+        }
+      }
+      theirs.push_back(rates);
+    }
     for (std::size_t f = 0; f < models.size(); ++f) {
-      nlohmann::json run = time_tapegrad(models[f].model, cache_type, repeats);
+      nlohmann::json run = medians_of(ours[f]);
       add_fraction(run, results["tapegrad"][f]["bytes_per_token"].get<std::size_t>(), gbps[threads]);
       run["threads"] = threads;
+      if (!theirs.empty()) run["ratios_to_llama_cpp"] = ratios_of(ours[f], theirs);
       print_run("tapegrad " + formats[f], run);
       results["tapegrad"][f]["runs"].push_back(run);
     }
-    if (llama_bench.empty()) continue;
-    nlohmann::json run = time_llama_bench(llama_bench, model_path, threads, repeats);
-    if (!llama_batched.empty()) {
-      try {  // tapegrad's figures are kept when llama-batched-bench fails
-        run.update(time_llama_batched(llama_batched, model_path, threads, repeats));
-      } catch (const std::exception& e) {
-        fmt::print(stderr, "bench_llm: {}\n", e.what());
-        run["llama_batched_bench_error"] = e.what();
-      }
-    }
+    if (theirs.empty()) continue;
+    nlohmann::json run = medians_of(theirs);
+    run["build_commit"] = build_commit;
+    run["llama_bench"] = llama_bench_command(llama_bench, model_path, threads);
+    if (!llama_batched.empty()) run["llama_batched_bench"] = llama_batched_command(llama_batched, model_path, threads);
+    if (!batched_error.empty()) run["llama_batched_bench_error"] = batched_error;
     add_fraction(run, file_bytes, gbps[threads]);
     run["threads"] = threads;
     print_run("llama.cpp (file)", run);
     results["llama_cpp"]["runs"].push_back(run);
+    for (std::size_t f = 0; f < models.size(); ++f) {
+      fmt::print("    ratio {:<10}", formats[f]);
+      for (const auto& ratio : results["tapegrad"][f]["runs"].back()["ratios_to_llama_cpp"].items())
+        fmt::print("  {} {:.2f}x", ratio.key(), ratio.value().get<double>());
+      fmt::print("\n");
+    }
   }
   bench::write_results(out_path, results);
   return 0;
