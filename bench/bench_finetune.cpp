@@ -4,6 +4,8 @@
 // (tapegrad float32, float32 with remat, bf16 mixed precision; each PyTorch mode) at each thread count
 // is a fresh process: tokens/s, model FLOP/s as a fraction of the measured FMA peak of the level in
 // use (bench/fma_peak.h), its own peak resident memory; then the targets of issue 41, met or not.
+// With --rounds N the runs at a thread count repeat N times in turn, and each target is the median
+// of its rounds' (a VM whose speed drifts over minutes then moves both programs alike).
 // Writes bench/results/finetune_cpu.json.
 #include <fmt/format.h>
 
@@ -12,6 +14,7 @@
 #include <sys/resource.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <filesystem>
 #include <fstream>
@@ -61,6 +64,7 @@ struct Options {
   std::size_t batch = 4, seq_len = 256;
   std::vector<int> threads = {1, 2};
   int steps = 3;
+  int rounds = 1;  // runs of every mode at a thread count, in turn
 };
 
 /// Batches of `batch` windows of seq_len + 1 tokens from the start of the text, one after another.
@@ -235,7 +239,7 @@ nlohmann::json run_reference(const Options& o, const std::string& batches_file, 
 /// A run's row of the table: tokens/s, ms per step, % of the FMA peak, peak memory.
 void print_row(const std::string& label, int threads, const nlohmann::json& r, double flops, double fma_peak) {
   const double seconds = r["ms_per_step_median"].get<double>() * 1e-3;
-  fmt::print("  {:>7}  {:<24} {:>8.1f} {:>9.0f} {:>9.0f}% {:>9.0f}\n", threads, label, r["tokens_per_s"].get<double>(),
+  fmt::print("  {:>7}  {:<32} {:>8.1f} {:>9.0f} {:>9.0f}% {:>9.0f}\n", threads, label, r["tokens_per_s"].get<double>(),
              1e3 * seconds, 100 * flops / seconds * 1e-9 / fma_peak, r["peak_memory_mib"].get<double>());
 }
 
@@ -268,7 +272,7 @@ nlohmann::json targets_of(const nlohmann::json& run) {
 
 std::string usage() {
   return "usage: bench_finetune --model FILE.gguf [--data TEXT] [--batch B] [--seq T] [--threads 1,2] [--steps N]\n"
-         "                      [--modes f32,f32_remat,bf16] [--python PATH (bench/.venv/bin/python)]\n"
+         "                      [--modes f32,f32_remat,bf16] [--python PATH (bench/.venv/bin/python)] [--rounds N]\n"
          "                      [--reference-modes eager,compile,bf16|none] [--out PATH]\n"
          "       bench_finetune --run MODE --batches FILE --model FILE.gguf --threads T [--batch B --seq T --steps N]\n"
          "                      (one run in this process, one JSON line; run by bench_finetune itself)\n" +
@@ -295,6 +299,7 @@ int main(int argc, char** argv) try {
     else if (arg == "--seq") o.seq_len = std::size_t(bench::positive_int(arg, value));
     else if (arg == "--threads") o.threads = bench::positive_list(arg, value);
     else if (arg == "--steps") o.steps = bench::positive_int(arg, value);
+    else if (arg == "--rounds") o.rounds = bench::positive_int(arg, value);
     else if (arg == "--modes") o.modes = value;
     else if (arg == "--python") o.python = value;
     else if (arg == "--reference-modes") o.reference_modes = value;
@@ -354,8 +359,9 @@ int main(int argc, char** argv) try {
   results["steps"] = o.steps;
   results["runs"] = nlohmann::json::array();
   std::optional<double> first_loss;  // float32's, which every float32 run must match
-  for (int threads : o.threads) {
-    nlohmann::json run = {{"threads", threads}};
+  // One round at `threads`: every tapegrad mode, then the reference's modes, each a fresh process.
+  auto run_round = [&](int threads, int round) {
+    nlohmann::json run = {{"threads", threads}, {"round", round}};
     for (const Mode* mode : modes) {
       nlohmann::json r = run_tapegrad(o, *mode, threads, batches_file);
       const double loss = r["losses"][0].get<double>();
@@ -391,33 +397,52 @@ int main(int argc, char** argv) try {
       }
       std::fflush(stdout);
     }
-    results["runs"].push_back(run);
-  }
+    return run;
+  };
+  for (int threads : o.threads)
+    for (int round = 1; round <= o.rounds; ++round) results["runs"].push_back(run_round(threads, round));
   std::filesystem::remove(batches_file);
   measure_fma();
 
-  fmt::print("\n  {:>7}  {:<24} {:>8} {:>9} {:>10} {:>9}\n", "threads", "run", "tokens/s", "ms/step", "FMA peak",
+  fmt::print("\n  {:>7}  {:<32} {:>8} {:>9} {:>10} {:>9}\n", "threads", "run", "tokens/s", "ms/step", "FMA peak",
              "peak MiB");
+  // Each round's rows and targets; then per thread count each target's median over the rounds.
+  std::map<int, std::map<std::string, std::vector<double>>> round_values;
+  std::map<std::string, double> goals;
   for (auto& run : results["runs"]) {
     const int t = run["threads"].get<int>();
+    const std::string round = o.rounds > 1 ? fmt::format(", round {}", run["round"].get<int>()) : "";
     run["fma_peak_gflops"] = fma_peak[t];
     for (const Mode* mode : modes) {
       nlohmann::json& r = run["tapegrad"][mode->name];
       r["fraction_of_fma_peak"] = r["model_gflops"].get<double>() / fma_peak[t];
-      print_row(mode->label, t, r, flops, fma_peak[t]);
+      print_row(mode->label + round, t, r, flops, fma_peak[t]);
     }
     if (run.contains("pytorch"))
       for (auto& r : run["pytorch"]["runs"]) {
         if (r.contains("error")) continue;
         r["ms_per_step_median"] = 1e3 * r["seconds_per_step_median"].get<double>();
-        print_row("PyTorch " + r["mode"].get<std::string>(), t, r, flops, fma_peak[t]);
+        print_row("PyTorch " + r["mode"].get<std::string>() + round, t, r, flops, fma_peak[t]);
       }
     run["targets"] = targets_of(run);
-    for (const auto& [name, target] : run["targets"].items())
-      fmt::print("  {:>7}  target {}: {:.2f} ({} {}): {}\n", t, name, target["value"].get<double>(),
-                 name.find("memory") != std::string::npos ? "at most" : "at least", target["goal"].get<double>(),
-                 target["met"].get<bool>() ? "met" : "NOT met");
+    for (const auto& target : run["targets"].items()) {
+      round_values[t][target.key()].push_back(target.value()["value"].get<double>());
+      goals[target.key()] = target.value()["goal"].get<double>();
+    }
   }
+  for (const auto& [t, targets] : round_values)
+    for (const auto& [name, values] : targets) {
+      const bool at_most = name.find("memory") != std::string::npos;
+      const double goal = goals[name], median = bench::stats_of(values).median;
+      const bool met = at_most ? median <= goal : median >= goal;
+      results["targets"][std::to_string(t)][name] = {{"median", median}, {"rounds", values}, {"goal", goal}, {"met", met}};
+      fmt::print("  {:>7}  target {}: {:.2f}{} ({} {}): {}\n", t, name, median,
+                 values.size() > 1 ? fmt::format(" (median of {} rounds, {:.2f}-{:.2f})", values.size(),
+                                                 *std::min_element(values.begin(), values.end()),
+                                                 *std::max_element(values.begin(), values.end()))
+                                   : "",
+                 at_most ? "at most" : "at least", goal, met ? "met" : "NOT met");
+    }
   results["fma"] = {{"level", simd_level_name(fma_level)},
                     {"peak_is", "best sample before and after the runs (bench/fma_peak.h), flops of every thread; "
                                 "bf16 runs are measured against the float32 FMA peak too"}};

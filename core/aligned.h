@@ -41,7 +41,7 @@ using AlignedVector = std::vector<T, CacheLineAllocator<T>>;
 /// The size of a huge page (x86-64's 2 MB).
 inline constexpr std::size_t huge_page_bytes = std::size_t(2) << 20;
 
-/// Storage for `bytes` bytes (a multiple of huge_page_bytes), starting on a 2 MB boundary and asked
+/// Storage for `bytes` bytes (rounded up to whole huge pages), starting on a 2 MB boundary and asked
 /// to be on 2 MB pages (transparent huge pages on request, where the kernel gives them): a buffer
 /// read from memory on 4 KB pages takes a TLB miss every 4 KB. Freed with std::free. Throws
 /// std::bad_alloc.
@@ -64,7 +64,7 @@ struct HugePageAllocator {
   T* allocate(std::size_t n) {
     const std::size_t bytes = n * sizeof(T);
     if (bytes < huge_page_bytes) return CacheLineAllocator<T>().allocate(n);
-    return reinterpret_cast<T*>(allocate_huge_pages((bytes + huge_page_bytes - 1) / huge_page_bytes * huge_page_bytes));
+    return reinterpret_cast<T*>(allocate_huge_pages(bytes));
   }
   /// Frees storage from allocate(n).
   void deallocate(T* p, std::size_t n) noexcept {

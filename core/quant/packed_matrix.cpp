@@ -131,10 +131,10 @@ void check_shape(TensorType type, std::size_t rows, std::size_t cols, bool conve
 // share a chunk, so that a model of many small matrices holds about the pages its bytes need; a
 // chunk is freed with the last matrix in it.
 std::shared_ptr<std::byte> packed_storage(std::size_t bytes) {
-  constexpr std::size_t page = huge_page_bytes, chunk_bytes = std::size_t(32) << 20;
+  constexpr std::size_t chunk_bytes = std::size_t(32) << 20;
   auto allocate = [](std::size_t size) { return std::shared_ptr<std::byte>(allocate_huge_pages(size), std::free); };
   const std::size_t lines = (bytes + 63) / 64 * 64;
-  if (lines > chunk_bytes / 4) return allocate((lines + page - 1) / page * page);
+  if (lines > chunk_bytes / 4) return allocate(lines);
   static std::mutex mutex;
   static std::weak_ptr<std::byte> carving;
   static std::size_t used = 0;

@@ -95,6 +95,7 @@ TEST_CASE("a large HugePageVector starts on a 2 MB boundary and a small one on a
   large.shrink_to_fit();  // freed by the size it was allocated with, and allocated small
   CHECK(reinterpret_cast<std::uintptr_t>(large.data()) % 64 == 0);
   CHECK(large[9] == 7);
+  CHECK_THROWS_AS(HugePageAllocator<std::byte>().allocate(std::size_t(-1) - 1), std::bad_alloc);
 }
 
 TEST_CASE("freed large storage is cached by size and handed out again") {
