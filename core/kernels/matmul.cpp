@@ -257,7 +257,7 @@ void packed_gemm(bool transpose_a, bool transpose_b, std::size_t M, std::size_t 
   // A part wider than 8 NC columns (the vocabulary's 49,152) runs NC columns at a time, so that a
   // KC-deep slice of op(B)'s panels (128 x 512 floats at AVX-512) stays in L2 while the row tiles
   // pass; the arithmetic of an element is the same. The head's logits, 147 x 576 by 576 x 49,152
-  // at AVX-512: 96 to 128 GFLOP/s (1 thread; docs/benchmarks.md, session 19).
+  // at AVX-512: 96 to 128 GFLOP/s (1 thread; bench/results/history.md, session 19).
   constexpr std::size_t NC = PackedTiling<sizeof(Batch<T>)>::NC;
   detail::split_product(M, N, K, [&](std::size_t m0, std::size_t m, std::size_t n0, std::size_t n) {
     const std::size_t step = n > 8 * NC ? NC : n;
