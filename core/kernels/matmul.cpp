@@ -5,6 +5,7 @@
 // fixed order, so results do not depend on the thread count.
 #include <cblas.h>
 #include <omp.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <type_traits>
@@ -120,10 +121,33 @@ template <> struct PackedTiling<32> {  // AVX2, 16 registers: 12 accumulators, a
 // AVX-512, 32 registers: 24 accumulators, and KC 128 so that a B panel (128 x 64 floats, 32 KB)
 // stays in a 48 KB L1 while the row tiles pass (at KC 256 it took 64 KB and came from L2 for every
 // tile). 6 x 4 at KC 128 beat the other tiles and depths tried on an Emerald Rapids core
-// (docs/benchmarks.md, "Measurements behind choices in the code").
+// (docs/benchmarks.md, "Measurements behind choices in the code"). Where the L1 holds less
+// (deep_slices), slices of deep_KC instead.
 template <> struct PackedTiling<64> {
-  static constexpr std::size_t MR = 6, vectors = 4, KC = 128, MC = 96, NC = 512;
+  static constexpr std::size_t MR = 6, vectors = 4, KC = 128, deep_KC = 1024, MC = 96, NC = 512;
 };
+
+// Whether the products take slices of deep_KC: where the L1 data cache is under 48 KB (a Zen 4
+// core's 32 KB), a 32 KB panel does not stay in it beside the rows of A, and then the deepest
+// slice is fastest: a panel streams from L2 as well as a shallow one, and the tiles pass over C
+// once for K up to deep_KC instead of once per 128 (SmolLM2's 16 training products on a Zen 4
+// core: 106-115 GFLOP/s at KC 1024, 103-111 at 128). A function of the CPU only, as the bits
+// depend on the slices.
+static bool deep_slices() {
+  static const bool deep = [] {
+    const long l1 = sysconf(_SC_LEVEL1_DCACHE_SIZE);
+    return l1 > 0 && l1 < 48 * 1024;
+  }();
+  return deep;
+}
+
+// The depth of packed_product's slices at this level on this CPU.
+template <class Tiling>
+static std::size_t slice_depth() {
+  if constexpr (requires { Tiling::deep_KC; })
+    if (deep_slices()) return Tiling::deep_KC;
+  return Tiling::KC;
+}
 
 // The MR x NR tile, as a function of its own: inlined into packed_product, GCC 12 at AVX-512 spilled
 // the 24 accumulators of the hot copy to the stack (29 of 32 registers live), and the products ran
@@ -148,14 +172,15 @@ static void packed_product(bool transpose_a, bool transpose_b, std::size_t M, st
   using V = Batch<T>;
   using Tiling = PackedTiling<sizeof(V)>;
   constexpr std::size_t W = V::size, vectors = Tiling::vectors;
-  constexpr std::size_t MR = Tiling::MR, NR = vectors * W, KC = Tiling::KC, MC = Tiling::MC;
+  constexpr std::size_t MR = Tiling::MR, NR = vectors * W, MC = Tiling::MC;
+  const std::size_t KC = slice_depth<Tiling>();
   if ((beta != T(0) && beta != T(1)) || (beta == T(0) && K == 0))
     for (std::size_t i = 0; i < M; ++i)
       for (std::size_t j = 0; j < N; ++j) C[i * ldc + j] = beta == T(0) ? T(0) : beta * C[i * ldc + j];
   const std::size_t panels = (N + NR - 1) / NR;
   thread_local AlignedVector<T> b_pack, a_pack;  // on cache lines: the tile loads whole vectors
-  b_pack.resize(panels * KC * NR);
-  a_pack.resize((MC + MR) * KC);
+  b_pack.resize(panels * std::min(KC, K) * NR);
+  a_pack.resize((MC + MR) * std::min(KC, K));
   alignas(64) T edge[MR * NR];
   for (std::size_t p0 = 0; p0 < K; p0 += KC) {
     const std::size_t kc = std::min(KC, K - p0);
@@ -241,12 +266,15 @@ static const T* column_block(const T* B, bool trans, std::size_t first, std::siz
 // most 256 rows too: OpenBLAS packs all of op(B) for a few rows, where this level's packing
 // transposes in registers (the fused head's chunks of 147 rows at SmolLM2's shapes, 1 thread on a
 // Xeon of family 6 model 167: logits x W^T 1.13x, dx = g W 1.15x; 256 x 576 x 576 1.06-1.11x; at
-// 512 rows 0.9x). A function of the CPU, the shape and beta only, so results never depend on timing.
+// 512 rows 0.9x). With deep slices, every float product (SmolLM2's 16 training products on a Zen 4
+// core, 1 thread: 1.00-1.10x OpenBLAS's Cooperlake kernels, the head's 1.00x). A function of the
+// CPU, the shape and beta only, so results never depend on timing.
 template <class T>
 static bool packed_is_faster(bool transpose_a, std::size_t M, std::size_t N, std::size_t K, T beta) {
   static const bool blas_serves_level = blas_serves(SimdLevel::TAPEGRAD_SIMD_LEVEL);
   if (!blas_serves_level) return true;
   constexpr bool wide_floats = std::is_same_v<T, float> && sizeof(Batch<T>) == 64;
+  if (wide_floats && deep_slices()) return true;
   return !transpose_a && (N <= 128 || (beta == T(0) && K <= 256) || (wide_floats && M <= 256));
 }
 
@@ -255,8 +283,9 @@ void packed_gemm(bool transpose_a, bool transpose_b, std::size_t M, std::size_t 
                  std::size_t lda, const T* B, std::size_t ldb, T beta, T* C, std::size_t ldc) {
   if (M == 0 || N == 0) return;
   // A part wider than 8 NC columns (the vocabulary's 49,152) runs NC columns at a time, so that a
-  // KC-deep slice of op(B)'s panels (128 x 512 floats at AVX-512) stays in L2 while the row tiles
-  // pass; the arithmetic of an element is the same. The head's logits, 147 x 576 by 576 x 49,152
+  // KC-deep slice of op(B)'s panels (128 x 512 floats at AVX-512, 256 KB) stays in L2 while the
+  // row tiles pass, and the packing buffer stays small (deep slices of SmolLM2's 576: 1.2 MB); the
+  // arithmetic of an element is the same. The head's logits, 147 x 576 by 576 x 49,152
   // at AVX-512: 96 to 128 GFLOP/s (1 thread; bench/results/history.md, session 19).
   constexpr std::size_t NC = PackedTiling<sizeof(Batch<T>)>::NC;
   detail::split_product(M, N, K, [&](std::size_t m0, std::size_t m, std::size_t n0, std::size_t n) {

@@ -77,8 +77,8 @@ TEST_CASE("a split matmul is reproducible for a fixed thread count and close acr
 
 TEST_CASE("packed_gemm matches a naive loop for every transpose, alpha and beta, across its tile and block edges") {
   // 101 rows: 16 whole 6-row tiles, a block edge at 96 and a partial tile; 37 columns: whole and
-  // partial panels at every width; K 300: two slices of the 256-deep packing.
-  const std::size_t M = 101, N = 37, K = 300;
+  // partial panels at every width; K 1100: two slices or more at every depth (128, 256, 1024).
+  const std::size_t M = 101, N = 37, K = 1100;
   for (bool ta : {false, true})
     for (bool tb : {false, true})
       for (auto [alpha, beta] : {std::pair{1.0f, 0.0f}, {1.0f, 1.0f}, {0.5f, -2.0f}}) {
@@ -94,8 +94,8 @@ TEST_CASE("packed_gemm matches a naive loop for every transpose, alpha and beta,
         double worst = 0;
         for (std::size_t i = 0; i < ref.size(); ++i)
           worst = std::max(worst, double(std::fabs(got[i] - (alpha * ref[i] + beta * c[i])) / (1 + std::fabs(ref[i]))));
-        // Float sums of 300 products of unit normals: about sqrt(300) * 6e-8 * 17 = 2e-5 (two
-        // roundings per term without FMA), so 1e-4 of (1 + |value|).
+        // Float sums of 1100 products of unit normals: about sqrt(1100) * 6e-8 * 33 = 7e-5 (two
+        // roundings per term without FMA), so 2e-4 of (1 + |value|).
         CHECK(worst < 1e-4);
       }
 }
