@@ -167,6 +167,44 @@ TEST_CASE("a bf16 product is its contract: blocks of 32 k, per block an even and
     }
 }
 
+TEST_CASE("every lane of a packed operand rounds as the contract says: ties, and float32 subnormals near 2^-126") {
+  // One operand holds the values, each at many positions of a vector; the other picks one k per
+  // row or column (a one, zeros elsewhere), so that C shows each value as a bf16 operand. The
+  // instruction's conversion reads float32 subnormals as zero: 0x007FFFFF and 0x807F8000 (a tie)
+  // must still round up to +-2^-126, 0x007F7FFF down to a flushed subnormal.
+  const std::uint32_t values[] = {0x3F808000u, 0x3F818000u, 0xBF80C000u, 0x007FFFFFu, 0x807F8000u,
+                                  0x007F7FFFu, 0x00400000u, 0x80000001u, 0x00800000u, 0x00808000u,
+                                  0x3F800001u, 0x7F7F7FFFu, 0xC2F6E979u};
+  constexpr std::size_t count = std::size(values), rows = 21, picks = 37, K = 64;
+  for (SimdLevel level : testable_simd_levels()) {
+    LevelGuard guard;
+    set_simd_level(level);
+    for (int form = 0; form < 8; ++form) {
+      const bool values_in_a = !(form & 4);
+      Product p{bool(form & 1), bool(form & 2), values_in_a ? rows : picks, values_in_a ? picks : rows, K};
+      p.A.resize(p.M * K), p.B.resize(K * p.N), p.C.assign(p.M * p.N, 0.0f);
+      auto value = [&](std::size_t row, std::size_t k) { return std::bit_cast<float>(values[(row + k) % count]); };
+      auto pick = [](std::size_t row, std::size_t k) { return k == row % K ? 1.0f : 0.0f; };
+      for (std::size_t i = 0; i < p.M; ++i)
+        for (std::size_t k = 0; k < K; ++k)
+          p.A[p.transpose_a ? k * p.lda() + i : i * p.lda() + k] = values_in_a ? value(i, k) : pick(i, k);
+      for (std::size_t k = 0; k < K; ++k)
+        for (std::size_t j = 0; j < p.N; ++j)
+          p.B[p.transpose_b ? j * p.ldb() + k : k * p.ldb() + j] = values_in_a ? pick(j, k) : value(j, k);
+      for (const auto& [name, run] : every_path()) {
+        const std::vector<float> c = p.run(run, false);
+        std::size_t differ = 0;
+        for (std::size_t i = 0; i < p.M; ++i)
+          for (std::size_t j = 0; j < p.N; ++j)
+            differ += bits_of(c[i * p.N + j]) != bits_of(contract_model(p, i, j, false));
+        CAPTURE(name);
+        CAPTURE(form);
+        CHECK(differ == 0);
+      }
+    }
+  }
+}
+
 TEST_CASE("hand-made cases pin the bf16 contract's order, blocks, signed zeros and flushes at every level and path") {
   struct Case {
     const char* what;
@@ -190,6 +228,12 @@ TEST_CASE("hand-made cases pin the bf16 contract's order, blocks, signed zeros a
       {"2^-126 - 2^-152 rounds to 2^-126: kept", {0x1p-63f, 0, -0x1p-76f}, {0x1p-63f, 0, 0x1p-76f}, 0.0f, tiny},
       {"a subnormal C is read as zero", {0x1p-63f}, {0x1p-63f}, 0x1p-140f, tiny},
       {"a subnormal operand is read as zero", {1e-40f, 1.0f}, {0x1p120f, 1.0f}, 0.0f, 1.0f},
+      {"a float32 subnormal within half an ulp of 2^-126 rounds to it", {std::bit_cast<float>(0x007FFFFFu)}, {0x1p100f},
+       0.0f, 0x1p-26f},
+      {"... a tie too, of either sign, in either operand", {0x1p100f}, {std::bit_cast<float>(0x807F8000u)}, 0.0f,
+       -0x1p-26f},
+      {"one just under it rounds to a bf16 subnormal: read as zero", {std::bit_cast<float>(0x007F7FFFu)}, {0x1p100f},
+       0.0f, 0.0f},
       {"a product past float's range is infinite on its chain", {0x1p100f, 0, -0x1p100f}, {0x1p100f, 0, 0x1p100f}, 0.0f,
        std::numeric_limits<float>::infinity()},
   };
@@ -197,14 +241,18 @@ TEST_CASE("hand-made cases pin the bf16 contract's order, blocks, signed zeros a
     LevelGuard guard;
     set_simd_level(level);
     for (const auto& [name, run] : every_path())
-      for (const Case& test : cases) {
-        const std::size_t K = test.a.size();
-        float c = test.c;
-        run(false, false, 1, 1, K, test.a.data(), K, test.b.data(), 1, true, &c, 1);
-        CAPTURE(name);
-        CAPTURE(test.what);
-        CHECK(bits_of(c) == bits_of(test.expected));
-      }
+      for (const Case& test : cases)
+        for (int form = 0; form < 4; ++form) {  // a row and a column: the same floats stored either way
+          const bool transpose_a = form & 1, transpose_b = form & 2;
+          const std::size_t K = test.a.size();
+          float c = test.c;
+          run(transpose_a, transpose_b, 1, 1, K, test.a.data(), transpose_a ? 1 : K, test.b.data(), transpose_b ? K : 1,
+              true, &c, 1);
+          CAPTURE(name);
+          CAPTURE(test.what);
+          CAPTURE(form);
+          CHECK(bits_of(c) == bits_of(test.expected));
+        }
   }
 }
 
@@ -212,30 +260,36 @@ TEST_CASE("bf16 products have the same bits at every level, at emulated16 and by
   // Values over many exponents (products below float's normal range, none past its largest
   // value: a NaN's payload may differ), a subnormal input and C to accumulate into, and every path:
   // bf16_gemm (whichever is faster here), and the instruction (where the CPU has it) and the chain.
-  Product p = random_product(false, true, 19, 75, 515, 50);
-  Rng rng(51);
-  for (auto* v : {&p.A, &p.B, &p.C})
-    for (float& x : *v) x = std::ldexp(x, int(rng.uniform() * 110) - 55);
-  p.C[3] = std::bit_cast<float>(0x00012345u);
-  p.A[7] = std::bit_cast<float>(0x00400000u);
-  std::vector<std::vector<float>> results;
-  std::vector<std::string> names;
-  for (bool accumulate : {false, true})
-    for (SimdLevel level : testable_simd_levels()) {
-      LevelGuard guard;
-      set_simd_level(level);
-      for (const auto& [name, run] : every_path()) {
-        results.push_back(p.run(run, accumulate));
-        names.push_back(fmt::format("{}, accumulate {}", name, accumulate));
+  // Both transpositions of each operand: each is packed along its rows or across them.
+  for (bool transposed : {false, true}) {
+    Product p = random_product(transposed, !transposed, 19, 75, 515, 50);
+    Rng rng(51);
+    for (auto* v : {&p.A, &p.B, &p.C})
+      for (float& x : *v) x = std::ldexp(x, int(rng.uniform() * 110) - 55);
+    p.C[3] = std::bit_cast<float>(0x00012345u);
+    p.A[7] = std::bit_cast<float>(0x00400000u);
+    p.A[40] = std::bit_cast<float>(0x807FC000u);  // rounds to -2^-126
+    p.B[90] = std::bit_cast<float>(0x007F8000u);  // a tie: to 2^-126
+    std::vector<std::vector<float>> results;
+    std::vector<std::string> names;
+    for (bool accumulate : {false, true})
+      for (SimdLevel level : testable_simd_levels()) {
+        LevelGuard guard;
+        set_simd_level(level);
+        for (const auto& [name, run] : every_path()) {
+          results.push_back(p.run(run, accumulate));
+          names.push_back(fmt::format("{}, accumulate {}", name, accumulate));
+        }
       }
+    const std::size_t per_flag = results.size() / 2;
+    for (std::size_t r = 1; r < results.size(); ++r) {
+      const auto& reference = results[r / per_flag * per_flag];  // the same accumulate flag
+      std::size_t differ = 0;
+      for (std::size_t i = 0; i < reference.size(); ++i) differ += bits_of(results[r][i]) != bits_of(reference[i]);
+      CAPTURE(names[r]);
+      CAPTURE(transposed);
+      CHECK(differ == 0);
     }
-  const std::size_t per_flag = results.size() / 2;
-  for (std::size_t r = 1; r < results.size(); ++r) {
-    const auto& reference = results[r / per_flag * per_flag];  // the same accumulate flag
-    std::size_t differ = 0;
-    for (std::size_t i = 0; i < reference.size(); ++i) differ += bits_of(results[r][i]) != bits_of(reference[i]);
-    CAPTURE(names[r]);
-    CHECK(differ == 0);
   }
 }
 
