@@ -5,7 +5,6 @@
 // fixed order, so results do not depend on the thread count.
 #include <cblas.h>
 #include <omp.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <type_traits>
@@ -118,36 +117,14 @@ template <> struct PackedTiling<16> {  // SSE2, 16 registers: AVX2's tile, not m
 template <> struct PackedTiling<32> {  // AVX2, 16 registers: 12 accumulators, a 16 KB panel (Zen 3)
   static constexpr std::size_t MR = 6, vectors = 2, KC = 256, MC = 96, NC = 256;
 };
-// AVX-512, 32 registers: 24 accumulators, and KC 128 so that a B panel (128 x 64 floats, 32 KB)
-// stays in a 48 KB L1 while the row tiles pass (at KC 256 it took 64 KB and came from L2 for every
-// tile). 6 x 4 at KC 128 beat the other tiles and depths tried on an Emerald Rapids core
-// (docs/benchmarks.md, "Measurements behind choices in the code"). Where the L1 holds less
-// (deep_slices), slices of deep_KC instead.
+// AVX-512, 32 registers: 24 accumulators (6 x 4 beat 14 x 2, 12 x 2 and 8 x 3 on an Emerald Rapids
+// core), and slices 1024 deep: a 1024 x 64 panel streams from L2 as fast as a 128-deep one stays in
+// L1, and the tiles pass over C once for K up to 1024 instead of once per 128, where C outgrows
+// L2 and comes back from L3 at each slice (docs/benchmarks.md, "Measurements behind choices in
+// the code").
 template <> struct PackedTiling<64> {
-  static constexpr std::size_t MR = 6, vectors = 4, KC = 128, deep_KC = 1024, MC = 96, NC = 512;
+  static constexpr std::size_t MR = 6, vectors = 4, KC = 1024, MC = 96, NC = 512;
 };
-
-// Whether the products take slices of deep_KC: where the L1 data cache is under 48 KB (a Zen 4
-// core's 32 KB), a 32 KB panel does not stay in it beside the rows of A, and then the deepest
-// slice is fastest: a panel streams from L2 as well as a shallow one, and the tiles pass over C
-// once for K up to deep_KC instead of once per 128 (SmolLM2's 16 training products on a Zen 4
-// core: 106-115 GFLOP/s at KC 1024, 103-111 at 128). A function of the CPU only, as the bits
-// depend on the slices.
-static bool deep_slices() {
-  static const bool deep = [] {
-    const long l1 = sysconf(_SC_LEVEL1_DCACHE_SIZE);
-    return l1 > 0 && l1 < 48 * 1024;
-  }();
-  return deep;
-}
-
-// The depth of packed_product's slices at this level on this CPU.
-template <class Tiling>
-static std::size_t slice_depth() {
-  if constexpr (requires { Tiling::deep_KC; })
-    if (deep_slices()) return Tiling::deep_KC;
-  return Tiling::KC;
-}
 
 // The MR x NR tile, as a function of its own: inlined into packed_product, GCC 12 at AVX-512 spilled
 // the 24 accumulators of the hot copy to the stack (29 of 32 registers live), and the products ran
@@ -157,6 +134,16 @@ template <class V, std::size_t MR, std::size_t vectors>
                                           std::size_t row_step, std::size_t col_step, const typename V::value_type* b,
                                           std::size_t ldb, std::size_t K, typename V::value_type alpha, bool accumulate) {
   detail::tile_block<V, MR, vectors>(c, ldc, a, row_step, col_step, b, ldb, K, alpha, accumulate);
+}
+
+// to[0:n] = from[0:n], n < V::size: one masked load and store at AVX-512 (where a masked store is a
+// single instruction), n scalar copies elsewhere.
+template <class V, std::size_t n>
+static void copy_panel_row(const typename V::value_type* from, typename V::value_type* to) {
+  if constexpr (sizeof(V) == 64 && n < V::size)
+    detail::store_partial(detail::load_partial<V>(from, n), to, n);
+  else
+    for (std::size_t r = 0; r < n; ++r) to[r] = from[r];
 }
 
 // The BLIS loop order. For each KC-deep slice of K, op(B)'s slice is packed into panels of NR
@@ -173,7 +160,7 @@ static void packed_product(bool transpose_a, bool transpose_b, std::size_t M, st
   using Tiling = PackedTiling<sizeof(V)>;
   constexpr std::size_t W = V::size, vectors = Tiling::vectors;
   constexpr std::size_t MR = Tiling::MR, NR = vectors * W, MC = Tiling::MC;
-  const std::size_t KC = slice_depth<Tiling>();
+  constexpr std::size_t KC = Tiling::KC;
   if ((beta != T(0) && beta != T(1)) || (beta == T(0) && K == 0))
     for (std::size_t i = 0; i < M; ++i)
       for (std::size_t j = 0; j < N; ++j) C[i * ldc + j] = beta == T(0) ? T(0) : beta * C[i * ldc + j];
@@ -202,15 +189,17 @@ static void packed_product(bool transpose_a, bool transpose_b, std::size_t M, st
     for (std::size_t i0 = 0; i0 < M; i0 += MC) {
       const std::size_t i1 = std::min(M, i0 + MC), whole_end = i0 + (i1 - i0) / MR * MR;
       // Panels of 6 rows (kc x 6): all of them when op(A) = A^T, whose rows are columns in memory;
-      // only the partial last one otherwise.
-      for (std::size_t r0 = transpose_a ? i0 : whole_end; r0 < i1; r0 += MR) {
-        T* panel = a_pack.data() + (r0 - i0) * kc;
-        const std::size_t rows = std::min(MR, i1 - r0);
-        if (rows == MR && transpose_a) {  // a fixed trip count, as above
-          for (std::size_t k = 0; k < kc; ++k)
-            for (std::size_t r = 0; r < MR; ++r) panel[k * MR + r] = A[(p0 + k) * lda + r0 + r];
-          continue;
+      // only the partial last one otherwise. A^T's whole panels row by row of A: each of its rows
+      // read once for the block, 6 floats a panel.
+      if (transpose_a)
+        for (std::size_t k = 0; k < kc; ++k) {
+          const T* row = A + (p0 + k) * lda;
+          for (std::size_t r0 = i0; r0 < whole_end; r0 += MR)
+            copy_panel_row<V, MR>(row + r0, a_pack.data() + (r0 - i0) * kc + k * MR);
         }
+      for (std::size_t r0 = whole_end; r0 < i1; r0 += MR) {
+        T* panel = a_pack.data() + (r0 - i0) * kc;
+        const std::size_t rows = i1 - r0;
         for (std::size_t k = 0; k < kc; ++k)
           for (std::size_t r = 0; r < MR; ++r)
             panel[k * MR + r] = r >= rows ? T(0) : transpose_a ? A[(p0 + k) * lda + r0 + r] : A[(r0 + r) * lda + p0 + k];
@@ -258,24 +247,22 @@ static const T* column_block(const T* B, bool trans, std::size_t first, std::siz
 }
 
 // Which kernel gemm runs: the packed kernel for every shape when OpenBLAS's kernels do not match
-// this level (core/blas_core.h: narrower than the level, or older than the CPU); otherwise where it
-// measured faster than OpenBLAS on an AVX2 core (bench_kernels' packed_gemm and cblas_sgemm rows, A
-// not transposed): outputs of at most 128 columns, and fresh outputs (beta 0, which OpenBLAS first
-// zeroes in a pass of its own) with K <= 256: 0.98-1.40x OpenBLAS's speed at the training shapes,
-// against 0.93-0.96x at K = 1024 and 0.87-1.01x for X^T dY. At AVX-512, float products of at
-// most 256 rows too: OpenBLAS packs all of op(B) for a few rows, where this level's packing
-// transposes in registers (the fused head's chunks of 147 rows at SmolLM2's shapes, 1 thread on a
-// Xeon of family 6 model 167: logits x W^T 1.13x, dx = g W 1.15x; 256 x 576 x 576 1.06-1.11x; at
-// 512 rows 0.9x). With deep slices, every float product (SmolLM2's 16 training products on a Zen 4
-// core, 1 thread: 1.00-1.10x OpenBLAS's Cooperlake kernels, the head's 1.00x). A function of the
-// CPU, the shape and beta only, so results never depend on timing.
+// this level (core/blas_core.h: narrower than the level, or older than the CPU), and for every
+// float product at AVX-512 (one thread of an Intel Xeon of family 6 model 167: SmolLM2's
+// fine-tuning step 1.01-1.02x and the seed model's configs c and d 1.05-1.08x as fast as with
+// OpenBLAS's SkylakeX kernels beside 128-deep slices; a Zen 4's SmolLM2 products 1.00-1.10x
+// OpenBLAS's Cooperlake kernels). Otherwise where it measured faster than OpenBLAS on an AVX2
+// core (bench_kernels' packed_gemm and cblas_sgemm rows, A not transposed): outputs of at most 128
+// columns, and fresh outputs (beta 0, which OpenBLAS first zeroes in a pass of its own) with K <=
+// 256: 0.98-1.40x OpenBLAS's speed at the training shapes, against 0.93-0.96x at K = 1024 and
+// 0.87-1.01x for X^T dY. A function of the CPU, the shape and beta only, so results never depend
+// on timing.
 template <class T>
-static bool packed_is_faster(bool transpose_a, std::size_t M, std::size_t N, std::size_t K, T beta) {
+static bool packed_is_faster(bool transpose_a, std::size_t N, std::size_t K, T beta) {
   static const bool blas_serves_level = blas_serves(SimdLevel::TAPEGRAD_SIMD_LEVEL);
   if (!blas_serves_level) return true;
-  constexpr bool wide_floats = std::is_same_v<T, float> && sizeof(Batch<T>) == 64;
-  if (wide_floats && deep_slices()) return true;
-  return !transpose_a && (N <= 128 || (beta == T(0) && K <= 256) || (wide_floats && M <= 256));
+  if (std::is_same_v<T, float> && sizeof(Batch<T>) == 64) return true;
+  return !transpose_a && (N <= 128 || (beta == T(0) && K <= 256));
 }
 
 template <class T>
@@ -283,10 +270,10 @@ void packed_gemm(bool transpose_a, bool transpose_b, std::size_t M, std::size_t 
                  std::size_t lda, const T* B, std::size_t ldb, T beta, T* C, std::size_t ldc) {
   if (M == 0 || N == 0) return;
   // A part wider than 8 NC columns (the vocabulary's 49,152) runs NC columns at a time, so that a
-  // KC-deep slice of op(B)'s panels (128 x 512 floats at AVX-512, 256 KB) stays in L2 while the
-  // row tiles pass, and the packing buffer stays small (deep slices of SmolLM2's 576: 1.2 MB); the
-  // arithmetic of an element is the same. The head's logits, 147 x 576 by 576 x 49,152
-  // at AVX-512: 96 to 128 GFLOP/s (1 thread; bench/results/history.md, session 19).
+  // slice of op(B)'s panels (SmolLM2's 576 x 512 floats at AVX-512, 1.2 MB) stays in L2 while the
+  // row tiles pass, and the packing buffer stays small; the arithmetic of an element is the same.
+  // The head's logits, 256 x 576 by 576 x 49,152 at AVX-512: 143-145 GFLOP/s (1 thread of a Xeon of
+  // family 6 model 167, session 29).
   constexpr std::size_t NC = PackedTiling<sizeof(Batch<T>)>::NC;
   detail::split_product(M, N, K, [&](std::size_t m0, std::size_t m, std::size_t n0, std::size_t n) {
     const std::size_t step = n > 8 * NC ? NC : n;
@@ -304,7 +291,7 @@ void gemm(bool transpose_a, bool transpose_b, std::size_t M, std::size_t N, std:
   if (M == 0 || N == 0) return;
   constexpr std::size_t small_rows = 2;
   if (M <= small_rows) return small_gemm(transpose_a, transpose_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
-  if (packed_is_faster<T>(transpose_a, M, N, K, beta))
+  if (packed_is_faster<T>(transpose_a, N, K, beta))
     return packed_gemm(transpose_a, transpose_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
   auto ta = transpose_a ? CblasTrans : CblasNoTrans;
   auto tb = transpose_b ? CblasTrans : CblasNoTrans;
