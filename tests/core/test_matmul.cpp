@@ -77,7 +77,7 @@ TEST_CASE("a split matmul is reproducible for a fixed thread count and close acr
 
 TEST_CASE("packed_gemm matches a naive loop for every transpose, alpha and beta, across its tile and block edges") {
   // 101 rows: 16 whole 6-row tiles, a block edge at 96 and a partial tile; 37 columns: whole and
-  // partial panels at every width; K 1100: two slices or more at every depth (128, 256, 1024).
+  // partial panels at every width; K 1100: two slices or more at every depth (256, 1024).
   const std::size_t M = 101, N = 37, K = 1100;
   for (bool ta : {false, true})
     for (bool tb : {false, true})
@@ -180,7 +180,7 @@ TEST_CASE("row_stable_matmul and its transposed form give the same bits on 1, 2 
 
 TEST_CASE("matmul kernels match central differences in double") {
   // {7, 260, 9} runs packed_gemm's partial tiles and panels and its two K slices in double where
-  // slices are 128 or 256 deep, {7, 1030, 3} where they are 1024 deep.
+  // slices are 256 deep (sse2, avx2), {7, 1030, 3} where they are 1024 deep (avx512).
   for (auto [M, K, N] : {std::tuple{1, 1, 1}, {3, 4, 5}, {6, 2, 3}, {7, 260, 9}, {7, 1030, 3}}) {
     auto x = test::random_vector<double>(M * K, 1), w = test::random_vector<double>(K * N, 2);
     auto R = test::random_vector<double>(M * N, 3);
