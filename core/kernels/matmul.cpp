@@ -166,8 +166,8 @@ static void packed_product(bool transpose_a, bool transpose_b, std::size_t M, st
       for (std::size_t j = 0; j < N; ++j) C[i * ldc + j] = beta == T(0) ? T(0) : beta * C[i * ldc + j];
   const std::size_t panels = (N + NR - 1) / NR;
   thread_local AlignedVector<T> b_pack, a_pack;  // on cache lines: the tile loads whole vectors
-  b_pack.resize(panels * std::min(KC, K) * NR);
-  a_pack.resize((MC + MR) * std::min(KC, K));
+  grow_to(b_pack, panels * std::min(KC, K) * NR);
+  grow_to(a_pack, (MC + MR) * std::min(KC, K));
   alignas(64) T edge[MR * NR];
   for (std::size_t p0 = 0; p0 < K; p0 += KC) {
     const std::size_t kc = std::min(KC, K - p0);

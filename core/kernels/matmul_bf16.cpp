@@ -406,8 +406,8 @@ static void bf16_product(bool transpose_a, bool transpose_b, std::size_t M, std:
   FlushSubnormals flush;  // MXCSR is per thread; VDPBF16PS ignores it, its sums do not
   const std::size_t panels = (N + NR - 1) / NR;
   thread_local AlignedVector<Element> b_pack, a_pack;
-  if (!packed.panels) b_pack.resize(panels * KC * NR);
-  a_pack.resize(MC * KC);
+  if (!packed.panels) grow_to(b_pack, panels * KC * NR);
+  grow_to(a_pack, MC * KC);
   alignas(64) float edge[MR * NR];
   for (std::size_t p0 = 0; p0 < K; p0 += KC) {
     const std::size_t kc = std::min(KC, K - p0), rows = round_up_to_block(kc);

@@ -224,8 +224,8 @@ void amx_bf16_product(bool transpose_a, bool transpose_b, std::size_t M, std::si
                       const std::uint16_t* packed_b, std::size_t packed_j0) {
   const std::size_t blocks = (K + block - 1) / block, rows = (M + span - 1) / span * span;
   thread_local AlignedVector<std::uint16_t> a_pack, b_pack;
-  a_pack.resize(rows * blocks * block);
-  if (!packed_b) b_pack.resize(column_block * blocks * block);
+  grow_to(a_pack, rows * blocks * block);
+  if (!packed_b) grow_to(b_pack, column_block * blocks * block);
   pack_rows(a_pack.data(), A, transpose_a, lda, M, K, blocks);
   alignas(64) float edge[span * span];
   configure_tiles();
