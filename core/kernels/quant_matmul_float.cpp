@@ -7,6 +7,7 @@
 #include <bit>
 #include <cmath>
 
+#include "core/aligned.h"
 #include "core/kernels/quant_matmul_tiles.h"
 
 namespace tapegrad::kernels::TAPEGRAD_SIMD_LEVEL {
@@ -41,14 +42,15 @@ template <TensorType type> inline void widen(const std::byte* p, Floats (&w)[bat
   }
 }
 
-// Outputs of groups g .. g + NG - 1 for x's rows m0 .. m0 + MR - 1 (at xs, ldx apart):
-// acc = fma(w[k], x[k], acc), k in order. When `ahead` is not zero, it
-// asks for the weights `ahead` bytes on into L2 as it goes: the next tile of groups streams from
-// memory while this one's tiles of rows compute.
-template <TensorType type, int NG, int MR>
+// Outputs of groups g .. g + NG - 1 for x's rows m0 .. m0 + MR - 1 (at xs, ldx apart; with
+// `columns`, x's rows transposed: row i's k at xs[k * MR + i]): acc = fma(w[k], x[k], acc), k in
+// order. When `ahead` is not zero, it asks for the weights `ahead` bytes on into L2 as it goes: the
+// next tile of groups streams from memory while this one's tiles of rows compute. `stream` as
+// TileSums::store.
+template <TensorType type, int NG, int MR, bool columns = false>
 void float_tile(float* y, std::size_t ldy, const float* xs, std::size_t ldx, const PackedMatrix& w,
                                       std::size_t g, std::size_t m0, std::size_t first, std::size_t last,
-                                      std::size_t ahead, bool accumulate) {
+                                      std::size_t ahead, bool accumulate, bool stream = false) {
   constexpr std::size_t unit_bytes = quant::unit_layout(type).bytes;
   const std::byte* groups[NG];
   for (int j = 0; j < NG; ++j) groups[j] = w.group(g + j);
@@ -62,12 +64,43 @@ void float_tile(float* y, std::size_t ldy, const float* xs, std::size_t ldx, con
       widen<type>(groups[j] + k * unit_bytes, weights[j]);
     }
     for (int i = 0; i < MR; ++i) {
-      const Floats xv(xs[i * ldx + k]);
+      const Floats xv(columns ? xs[k * MR + i] : xs[i * ldx + k]);
       for (int j = 0; j < NG; ++j)
         for (std::size_t b = 0; b < batches; ++b) acc[j][i][b] = fma(weights[j][b], xv, acc[j][i][b]);
     }
   }
-  sums.store(y, ldy, g, m0, first, last, accumulate);
+  sums.store(y, ldy, g, m0, first, last, accumulate, stream);
+}
+
+// 16 to 31 rows at 16 lanes: tiles of one group by 16 rows, each group's weights streamed once
+// in a single pass for the first 16 rows (a 3 x 8 tile's second pass over its groups computed
+// from L2 while nothing streamed). From 32 rows the products are bound by the FMAs, where 3 x 8
+// tiles do more with each load (48 rows: 730 us a matrix below against 805). x's rows in runs of 16 (the last one shorter), each run
+// transposed, so that a tile's broadcasts at k are one line and address it at fixed offsets (with
+// an index register, Intel cores split each FMA's broadcast back into two operations); the
+// outputs streamed past the caches (TileSums::store). 16 rows of 100 SmolLM2 gate matrices of
+// F32, one thread of a Xeon of family 6 model 167: 300 us a matrix against 358-363 for 3 x 8
+// tiles; 24 rows 369 against 443 (docs/quantization.md).
+template <TensorType type>
+void sixteen_row_tiles(float* y, std::size_t ldy, const ActivationRows& x, const PackedMatrix& w, std::size_t first,
+                       std::size_t last, bool accumulate) {
+  thread_local AlignedVector<float> runs;  // run r: rows 16r.., (cols, its rows)
+  grow_to(runs, x.rows * x.cols);
+  for (std::size_t m0 = 0; m0 < x.rows; m0 += 16) {
+    const std::size_t n = std::min<std::size_t>(16, x.rows - m0);
+    float* run = runs.data() + m0 * x.cols;
+    for (std::size_t i = 0; i < n; ++i)
+      for (std::size_t k = 0; k < x.cols; ++k) run[k * n + i] = x.x[(m0 + i) * x.cols + k];
+  }
+  auto tile = [&]<int NG, int MR>(std::size_t g, std::size_t m0) {
+    const std::size_t ahead = m0 == 0 && g + 2 * NG <= w.groups() ? NG * w.group_bytes() : 0;
+    float_tile<type, NG, MR, true>(y, ldy, runs.data() + m0 * x.cols, MR, w, g, m0, first, last, ahead, accumulate,
+                                   true);
+  };
+  run_groups<1, 16>(tile, x.rows, first, last);
+#if defined(__AVX512F__) && !defined(TAPEGRAD_EMULATED_BATCH)
+  _mm_sfence();  // the streamed outputs are in y before anything after this reads them
+#endif
 }
 
 // Tiles of as many accumulators as the level's registers hold beside a column's weights. One row
@@ -84,6 +117,9 @@ void float_rows(float* y, std::size_t ldy, const ActivationRows& x, const Packed
     float_tile<type, NG, MR>(y, ldy, x.x + m0 * x.cols, x.cols, w, g, m0, first, last, ahead, accumulate);
   };
   if (x.rows == 1) return run_groups<1, 1>(tile, x.rows, first, last);
+#if defined(__AVX512F__) || defined(TAPEGRAD_EMULATED_BATCH)
+  if (x.rows >= 16 && x.rows < 32) return sixteen_row_tiles<type>(y, ldy, x, w, first, last, accumulate);
+#endif
   if constexpr (batches == 1) run_groups<3, 8>(tile, x.rows, first, last);
   else run_groups<1, 12 / int(batches)>(tile, x.rows, first, last);
 }

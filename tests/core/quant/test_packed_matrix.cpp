@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "core/aligned.h"
 #include "core/kernels.h"
 #include "core/quant/packed_kernels.h"
 #include "core/quant/packed_matrix.h"
@@ -197,7 +198,7 @@ TEST_CASE("every packed kernel table of this level gives Note [Packed products]'
   for (const quant::PackedKernelTable& table : quant::level_packed_tables())
     for (TensorType type : kFormats)
       for (std::size_t cols : column_counts(type))
-        for (std::size_t M : {1, 2, 3, 5, 7, 17, 23}) {  // 17 and up: a prompt's tiles at AVX-512
+        for (std::size_t M : {1, 2, 3, 5, 7, 11, 17, 23}) {  // 11: 3 x 8 float tiles; 17, 23: 1 x 16 and a prompt's
           const std::size_t rows = 37;
           TestMatrix t = random_matrix(type, rows, cols, 7 + cols);
           std::vector<float> x = test::random_vector(M * cols, 100 + M, 3.0);
@@ -241,6 +242,34 @@ TEST_CASE("every packed kernel table of this level gives Note [Packed products]'
                                table.integer_dot, cols, M, part[i], i, inside ? y[i] : -1.0f));
           }
         }
+}
+
+TEST_CASE("float products of 16 to 31 rows stream whole groups to an aligned y with the bits of plain stores") {
+  // y on a cache line with rows of whole groups: the outputs go past the caches at AVX-512
+  // (TileSums::store); one float further on, every store is a plain one.
+  for (TensorType type : {TensorType::F32, TensorType::F16})
+    for (std::size_t M : {16, 23}) {
+      const std::size_t rows = 48, cols = 40;
+      const TestMatrix t = random_matrix(type, rows, cols, 11);
+      const std::vector<float> x = test::random_vector(M * cols, 200 + M, 3.0);
+      AlignedVector<float> aligned(M * rows + 16, -1.0f), shifted(M * rows + 16, -1.0f);
+      quant::packed_matmul(aligned.data(), x.data(), M, t.w, false);
+      quant::packed_matmul(shifted.data() + 1, x.data(), M, t.w, false);
+      CHECK_MESSAGE(std::memcmp(aligned.data(), shifted.data() + 1, M * rows * sizeof(float)) == 0, std::string(t.w.format().name),
+                    " M ", M, ": streamed and plain stores differ");
+      for (const quant::PackedKernelTable& table : quant::level_packed_tables()) {  // outputs 5 .. 36: groups whole and not
+        AlignedVector<float> part(M * rows, -1.0f);
+        quant::QuantizedActivations qx;
+        qx.rows.x = x.data(), qx.rows.rows = M, qx.rows.cols = cols;
+        kernel_of(table, type)(part.data(), rows, qx.rows, t.w, 5, 37, false);
+        for (std::size_t i = 0; i < M * rows; ++i) {
+          const bool inside = i % rows >= 5 && i % rows < 37;
+          if (std::bit_cast<std::uint32_t>(part[i]) != std::bit_cast<std::uint32_t>(inside ? aligned[i] : -1.0f))
+            FAIL(fmt::format("{} M {}: outputs 5 to 36 alone gave {} at {}, not {}", t.w.format().name, M, part[i], i,
+                             inside ? aligned[i] : -1.0f));
+        }
+      }
+    }
 }
 
 TEST_CASE("a packed matrix gives back its file's blocks and their dequantized rows") {
