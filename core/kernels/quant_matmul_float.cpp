@@ -98,9 +98,7 @@ void sixteen_row_tiles(float* y, std::size_t ldy, const ActivationRows& x, const
                                    true);
   };
   run_groups<1, 16>(tile, x.rows, first, last);
-#if defined(__AVX512F__) && !defined(TAPEGRAD_EMULATED_BATCH)
-  _mm_sfence();  // the streamed outputs are in y before anything after this reads them
-#endif
+  end_streamed_stores();
 }
 
 // Tiles of as many accumulators as the level's registers hold beside a column's weights. One row

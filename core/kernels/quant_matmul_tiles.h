@@ -24,16 +24,30 @@ using quant::load_u32;
 using detail::half_to_float;
 
 // Stores group g's outputs that lie in [first, last) (t, one float a lane) at y + its first
-// output, adding y's old values when accumulating.
+// output, adding y's old values when accumulating. With `stream`, a whole group written fresh to a
+// line of y goes past the caches at AVX-512 (a non-temporal store; the caller fences): a store
+// that misses would first read its line, and at 16 rows these reads, one a row and group, held
+// the weights' stream back (16 rows of an F32 matrix: 1.2x as fast streamed, Xeon 167).
 inline void store_group(float* y, const float t[16], std::size_t g, std::size_t first, std::size_t last,
-                        bool accumulate) {
+                        bool accumulate, [[maybe_unused]] bool stream = false) {
   const std::size_t lo = std::max(first, g * group_rows) - g * group_rows;
   const std::size_t hi = std::min(last, (g + 1) * group_rows) - g * group_rows;
   if (lo == 0 && hi == group_rows) {  // a whole group: a loop of known length, not a call to memmove
+#if defined(__AVX512F__) && !defined(TAPEGRAD_EMULATED_BATCH)
+    if (stream && !accumulate && reinterpret_cast<std::uintptr_t>(y) % 64 == 0)
+      return _mm512_stream_ps(y, _mm512_loadu_ps(t));
+#endif
     for (std::size_t l = 0; l < group_rows; ++l) y[l] = accumulate ? y[l] + t[l] : t[l];
     return;
   }
   for (std::size_t l = lo; l < hi; ++l) y[l] = accumulate ? y[l] + t[l] : t[l];
+}
+
+// Orders the streamed stores (store_group) before anything after them reads y.
+inline void end_streamed_stores() {
+#if defined(__AVX512F__) && !defined(TAPEGRAD_EMULATED_BATCH)
+  _mm_sfence();
+#endif
 }
 
 // The float sums of a tile of NG groups by MR rows of x, a group's 16 lanes in `count` batches of
@@ -46,26 +60,14 @@ struct TileSums {
       for (auto& row : group)
         for (B& batch : row) batch = B(0.0f);
   }
-  // Group g + j's outputs for row m0 + i at y + (m0 + i) * ldy + (g + j) * 16. With `stream`, whole
-  // groups written fresh to lines of y go past the caches at AVX-512 (non-temporal stores; the
-  // caller fences): a store that misses would first read its line, and 16 such reads a group held
-  // the weights' stream back (16 rows of an F32 matrix: 1.2x as fast streamed, Xeon 167).
+  // Group g + j's outputs for row m0 + i at y + (m0 + i) * ldy + (g + j) * 16; `stream` as store_group.
   void store(float* y, std::size_t ldy, std::size_t g, std::size_t m0, std::size_t first, std::size_t last,
-             bool accumulate, [[maybe_unused]] bool stream = false) const {
-#if defined(__AVX512F__) && !defined(TAPEGRAD_EMULATED_BATCH)
-    if constexpr (count * B::size == group_rows && sizeof(B) == 64)
-      if (stream && !accumulate && first <= g * group_rows && (g + NG) * group_rows <= last && ldy % group_rows == 0 &&
-          reinterpret_cast<std::uintptr_t>(y) % 64 == 0) {
-        for (int j = 0; j < NG; ++j)
-          for (int i = 0; i < MR; ++i) _mm512_stream_ps(y + (m0 + i) * ldy + (g + j) * group_rows, lanes[j][i][0]);
-        return;
-      }
-#endif
+             bool accumulate, bool stream = false) const {
     alignas(64) float out[group_rows];
     for (int j = 0; j < NG; ++j)
       for (int i = 0; i < MR; ++i) {
         for (std::size_t b = 0; b < count; ++b) lanes[j][i][b].store_aligned(out + b * B::size);
-        store_group(y + (m0 + i) * ldy + (g + j) * group_rows, out, g + j, first, last, accumulate);
+        store_group(y + (m0 + i) * ldy + (g + j) * group_rows, out, g + j, first, last, accumulate, stream);
       }
   }
 };
