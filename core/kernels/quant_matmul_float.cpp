@@ -72,15 +72,14 @@ void float_tile(float* y, std::size_t ldy, const float* xs, std::size_t ldx, con
   sums.store(y, ldy, g, m0, first, last, accumulate, stream);
 }
 
-// 16 to 31 rows at 16 lanes: tiles of one group by 16 rows, each group's weights streamed once
-// in a single pass for the first 16 rows (a 3 x 8 tile's second pass over its groups computed
-// from L2 while nothing streamed). From 32 rows the products are bound by the FMAs, where 3 x 8
-// tiles do more with each load (48 rows: 730 us a matrix below against 805). x's rows in runs of 16 (the last one shorter), each run
-// transposed, so that a tile's broadcasts at k are one line and address it at fixed offsets (with
-// an index register, Intel cores split each FMA's broadcast back into two operations); the
-// outputs streamed past the caches (TileSums::store). 16 rows of 100 SmolLM2 gate matrices of
-// F32, one thread of a Xeon of family 6 model 167: 300 us a matrix against 358-363 for 3 x 8
-// tiles; 24 rows 369 against 443 (docs/quantization.md).
+// 16 to 31 rows at 16 lanes: tiles of one group by 16 rows, so that each group's weights stream
+// once, in one pass for the first 16 rows (a 3 x 8 tile's second pass over its groups computed
+// from L2 while nothing streamed), and the outputs go past the caches (TileSums::store). x's rows
+// in runs of 16 (the last one shorter), each run transposed: a tile's broadcasts at k are then one
+// line, at fixed offsets (Intel cores split an FMA whose memory operand has an index register in
+// two). 16 rows of 100 copies of SmolLM2's F32 gate matrix, one thread of a Xeon of family 6 model
+// 167: 288-301 us a matrix against 340-371 with 3 x 8 tiles, 24 rows 369 against 443. From 32 rows
+// the FMAs bound the product, and 3 x 8 tiles do more with each load (48 rows: 730 against 805).
 template <TensorType type>
 void sixteen_row_tiles(float* y, std::size_t ldy, const ActivationRows& x, const PackedMatrix& w, std::size_t first,
                        std::size_t last, bool accumulate) {

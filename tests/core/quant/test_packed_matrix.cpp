@@ -255,9 +255,10 @@ TEST_CASE("float products of 16 to 31 rows stream whole groups to an aligned y w
       AlignedVector<float> aligned(M * rows + 16, -1.0f), shifted(M * rows + 16, -1.0f);
       quant::packed_matmul(aligned.data(), x.data(), M, t.w, false);
       quant::packed_matmul(shifted.data() + 1, x.data(), M, t.w, false);
-      CHECK_MESSAGE(std::memcmp(aligned.data(), shifted.data() + 1, M * rows * sizeof(float)) == 0, std::string(t.w.format().name),
-                    " M ", M, ": streamed and plain stores differ");
-      for (const quant::PackedKernelTable& table : quant::level_packed_tables()) {  // outputs 5 .. 36: groups whole and not
+      CHECK_MESSAGE(std::memcmp(aligned.data(), shifted.data() + 1, M * rows * sizeof(float)) == 0,
+                    std::string(t.w.format().name), " M ", M, ": streamed and plain stores differ");
+      // outputs 5 .. 36: groups whole and not
+      for (const quant::PackedKernelTable& table : quant::level_packed_tables()) {
         AlignedVector<float> part(M * rows, -1.0f);
         quant::QuantizedActivations qx;
         qx.rows.x = x.data(), qx.rows.rows = M, qx.rows.cols = cols;
