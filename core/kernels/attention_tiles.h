@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <bit>
 #include <cstddef>
+#include <utility>
 
 #include "core/kernels/row_reductions.h"
 #include "core/kernels/simd_primitives.h"
@@ -38,6 +39,16 @@ std::size_t dots_with_rows(typename B::value_type* c, const typename B::value_ty
     store_lanes(sums, c + n, rows);
   }
   return N;
+}
+
+/// Asks for `lines` cache lines from each of `heads` addresses `step` bytes apart, into L2. One
+/// statement a line: written as a loop, GCC 12 dropped these prefetches (seen in the disassembly).
+template <std::size_t heads, std::size_t lines, class S>
+inline void request_lines(const S* at, std::size_t step) {
+  const char* first = reinterpret_cast<const char*>(at);
+  [&]<std::size_t... I>(std::index_sequence<I...>) {
+    (__builtin_prefetch(first + I / lines * step + I % lines * 64, 0, 2), ...);
+  }(std::make_index_sequence<heads * lines>{});
 }
 
 /// Scores of G heads against NB blocks of P cached keys, each stored transposed (row c of a block
@@ -84,8 +95,18 @@ inline void head_weighted_block(typename B::value_type* c, const typename B::val
   static_assert(V % VH == 0, "whole heads in a block");
   B acc[V];
   for (auto& a : acc) a = B(T(0));
+  // A cache larger than the caches streams its rows from memory, and the hardware's prefetchers
+  // pick each head's rows up late: the lines of the rows 4 KB ahead are asked for with row j's
+  // loads (the attention of SmolLM2's 16-sequence steps over a half cache, positions 128-255, one
+  // Xeon core: 8.4 -> 6.7 ms a step; from L2, 3.10 -> 3.19).
+  constexpr std::size_t lines = (VH * W * sizeof(S) + 63) / 64;
+  const std::size_t ahead = std::max<std::size_t>(1, 4096 / (ldv * sizeof(S)));
   for (std::size_t j = 0; j < n; ++j) {
     const S* row = v + j * ldv;
+    if (j + ahead < n) {
+      if (v_step == 0) request_lines<1, lines>(row + ahead * ldv, 0);
+      else request_lines<heads, lines>(row + ahead * ldv, v_step * sizeof(S));
+    }
     for (std::size_t h = 0; h < heads; ++h) {
       B x(p[h * ldp + j]);
       for (std::size_t u = 0; u < VH; ++u)
