@@ -97,8 +97,8 @@ inline void head_weighted_block(typename B::value_type* c, const typename B::val
   for (auto& a : acc) a = B(T(0));
   // A cache larger than the caches streams its rows from memory, and the hardware's prefetchers
   // pick each head's rows up late: the lines of the rows 4 KB ahead are asked for with row j's
-  // loads (the attention of SmolLM2's 16-sequence steps over a half cache, positions 128-255, one
-  // Xeon core: 8.4 -> 6.7 ms a step; from L2, 3.10 -> 3.19).
+  // loads (bench_cached_attention, 16-bit cache from memory, one Xeon core: 7.1-7.5 -> 5.8-6.1 ms
+  // a step; from L2 3.01-3.04 -> 3.04-3.08).
   constexpr std::size_t lines = (VH * W * sizeof(S) + 63) / 64;
   const std::size_t ahead = std::max<std::size_t>(1, 4096 / (ldv * sizeof(S)));
   for (std::size_t j = 0; j < n; ++j) {
