@@ -9,6 +9,7 @@
 
 #include "core/aligned.h"
 #include "core/kernels/quant_matmul_tiles.h"
+#include "core/kernels/register_transpose.h"
 
 namespace tapegrad::kernels::TAPEGRAD_SIMD_LEVEL {
 
@@ -88,8 +89,21 @@ void sixteen_row_tiles(float* y, std::size_t ldy, const ActivationRows& x, const
   for (std::size_t m0 = 0; m0 < x.rows; m0 += 16) {
     const std::size_t n = std::min<std::size_t>(16, x.rows - m0);
     float* run = runs.data() + m0 * x.cols;
-    for (std::size_t i = 0; i < n; ++i)
-      for (std::size_t k = 0; k < x.cols; ++k) run[k * n + i] = x.x[(m0 + i) * x.cols + k];
+    const float* rows = x.x + m0 * x.cols;
+    std::size_t k = 0;
+#if defined(__AVX512F__) && !defined(TAPEGRAD_EMULATED_BATCH)
+    // 16 x 16 blocks transposed in registers: element by element, the runs took 2.5-3% of a
+    // 16-sequence decoding step (SmolLM2 F32, Xeon 167).
+    if (n == 16)
+      for (; k + 16 <= x.cols; k += 16) {
+        __m512i block[16];
+        for (std::size_t i = 0; i < 16; ++i) block[i] = _mm512_loadu_si512(rows + i * x.cols + k);
+        transpose_16x16(block);
+        for (std::size_t j = 0; j < 16; ++j) _mm512_storeu_si512(run + (k + j) * 16, block[j]);
+      }
+#endif
+    for (; k < x.cols; ++k)
+      for (std::size_t i = 0; i < n; ++i) run[k * n + i] = rows[i * x.cols + k];
   }
   auto tile = [&]<int NG, int MR>(std::size_t g, std::size_t m0) {
     const std::size_t ahead = m0 == 0 && g + 2 * NG <= w.groups() ? NG * w.group_bytes() : 0;
