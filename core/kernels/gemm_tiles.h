@@ -66,7 +66,8 @@ void row_times_matrix(typename B::value_type* c, const typename B::value_type* a
 // C[i, 0:V*W] (+)= alpha * sum_k A(i, k) b[k * ldb + 0:V*W] for R rows i at once, A(i, k) =
 // a[i * a_row + k * a_col]: R x V accumulators stay in registers across all of k (R = 6, V = 2 is
 // the 6x16 block of AVX2 sgemm kernels: 12 accumulators, 2 loads and 6 broadcasts per 12 FMAs).
-template <class B, std::size_t R, std::size_t V>
+// With l1_ahead, b's lines are asked into L1 that many rows of b ahead (packed_product's panels).
+template <class B, std::size_t R, std::size_t V, std::size_t l1_ahead = 0>
 inline void tile_block(typename B::value_type* c, std::size_t ldc, const typename B::value_type* a, std::size_t a_row,
                        std::size_t a_col, const typename B::value_type* b, std::size_t ldb, std::size_t K,
                        typename B::value_type alpha, bool accumulate) {
@@ -77,6 +78,10 @@ inline void tile_block(typename B::value_type* c, std::size_t ldc, const typenam
     for (auto& s : row) s = B(T(0));
   for (std::size_t k = 0; k < K; ++k) {
     B col[V];
+    if constexpr (l1_ahead > 0) {
+      constexpr std::size_t line = 64 / sizeof(T);
+      for (std::size_t v = 0; v < V * W; v += line) __builtin_prefetch(b + (k + l1_ahead) * ldb + v, 0, 3);
+    }
     for (std::size_t v = 0; v < V; ++v) col[v] = B::load_unaligned(b + k * ldb + v * W);
     for (std::size_t r = 0; r < R; ++r) {
       B x(a[r * a_row + k * a_col]);
