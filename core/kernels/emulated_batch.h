@@ -26,16 +26,20 @@ template <class T, std::size_t N> struct EmulatedBatch {
     for (std::size_t i = 0; i < N; ++i) b.lane[i] = p[i];
     return b;
   }
-  static EmulatedBatch load_aligned(const T* p) { return check_aligned(p), load_unaligned(p); }
+  static EmulatedBatch load_aligned(const T* p) {
+    return check_aligned(reinterpret_cast<std::uintptr_t>(p)), load_unaligned(p);
+  }
   void store_unaligned(T* p) const {
     for (std::size_t i = 0; i < N; ++i) p[i] = lane[i];
   }
-  void store_aligned(T* p) const { check_aligned(p), store_unaligned(p); }
+  void store_aligned(T* p) const { check_aligned(reinterpret_cast<std::uintptr_t>(p)), store_unaligned(p); }
 
-  // Aligned loads and stores of a real batch of N * sizeof(T) bytes fault when misaligned.
-  static void check_aligned(const T* p) {
+  // Aligned loads and stores of a real batch of N * sizeof(T) bytes fault when misaligned. (The
+  // address as a number: given a pointer to const, GCC 12 took a store to a fresh array for a read
+  // of it, and warned.)
+  static void check_aligned(std::uintptr_t address) {
     constexpr std::size_t bytes = N * sizeof(T) < 64 ? N * sizeof(T) : 64;
-    if (reinterpret_cast<std::uintptr_t>(p) % bytes != 0) throw std::logic_error("EmulatedBatch: misaligned access");
+    if (address % bytes != 0) throw std::logic_error("EmulatedBatch: misaligned access");
   }
 
   template <class F> friend EmulatedBatch lanewise(const EmulatedBatch& a, const EmulatedBatch& b, F f) {
