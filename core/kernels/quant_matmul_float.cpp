@@ -51,7 +51,7 @@ template <TensorType type> inline void widen(const std::byte* p, Floats (&w)[bat
 // With `columns`, the weights' lines and the runs' are asked into L1 this many columns ahead: a
 // group's pass over 576 columns or more evicts the runs' lines before the next group reads them,
 // so that both missed L1 at every k. 16 rows of SmolLM2's F32 file, one thread of a Xeon of family
-// 6 model 167: 277 -> 308 tokens/s (8 columns ahead 298-303, 32 as 16; either request alone 278-283).
+// 6 model 167: 273-278 -> 306-309 tokens/s (8 columns ahead 298-303, 32 as 16; either alone 278-283).
 constexpr std::size_t l1_ahead = 16;
 template <TensorType type, int NG, int MR, bool columns = false>
 void float_tile(float* y, std::size_t ldy, const float* xs, std::size_t ldx, const PackedMatrix& w,
