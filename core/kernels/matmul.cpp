@@ -53,40 +53,8 @@ static void small_gemm(bool transpose_a, bool transpose_b, std::size_t M, std::s
   }
 }
 
-// Packing op(B) = B^T into panels transposes it: W x W blocks of floats in registers (16 at
-// AVX-512, 8 at AVX2, 4 at SSE2), dst[c * ldd + r] = src[r * lds + c]. Element by element, the
-// head's logits (x W^T, 147 x 576 by 576 x 49,152) spent as long packing as multiplying.
-#if defined(__AVX512F__) && !defined(TAPEGRAD_EMULATED_BATCH)
-constexpr std::size_t transpose_block = 16;
-static void transpose_floats(const float* src, std::size_t lds, float* dst, std::size_t ldd) {
-  __m512i rows[16];
-  for (std::size_t i = 0; i < 16; ++i) rows[i] = _mm512_castps_si512(_mm512_loadu_ps(src + i * lds));
-  transpose_16x16(rows);
-  for (std::size_t i = 0; i < 16; ++i) _mm512_storeu_ps(dst + i * ldd, _mm512_castsi512_ps(rows[i]));
-}
-#elif defined(__AVX2__) && !defined(TAPEGRAD_EMULATED_BATCH)
-constexpr std::size_t transpose_block = 8;
-static void transpose_floats(const float* src, std::size_t lds, float* dst, std::size_t ldd) {
-  __m256 rows[8];
-  for (std::size_t i = 0; i < 8; ++i) rows[i] = _mm256_loadu_ps(src + i * lds);
-  transpose_8x8(rows);
-  for (std::size_t i = 0; i < 8; ++i) _mm256_storeu_ps(dst + i * ldd, rows[i]);
-}
-#elif defined(__SSE2__) && !defined(TAPEGRAD_EMULATED_BATCH)
-constexpr std::size_t transpose_block = 4;
-static void transpose_floats(const float* src, std::size_t lds, float* dst, std::size_t ldd) {
-  __m128 r0 = _mm_loadu_ps(src), r1 = _mm_loadu_ps(src + lds), r2 = _mm_loadu_ps(src + 2 * lds),
-         r3 = _mm_loadu_ps(src + 3 * lds);
-  _MM_TRANSPOSE4_PS(r0, r1, r2, r3);
-  _mm_storeu_ps(dst, r0), _mm_storeu_ps(dst + ldd, r1);
-  _mm_storeu_ps(dst + 2 * ldd, r2), _mm_storeu_ps(dst + 3 * ldd, r3);
-}
-#else
-constexpr std::size_t transpose_block = 0;  // emulated16: element by element
-[[maybe_unused]] static void transpose_floats(const float*, std::size_t, float*, std::size_t) {}
-#endif
-
-// panel[k * NR + j] = B[(j0 + j) * ldb + p0 + k] for k < kc, j < cols: op(B) = B^T's panel.
+// panel[k * NR + j] = B[(j0 + j) * ldb + p0 + k] for k < kc, j < cols: op(B) = B^T's panel, in blocks
+// transposed in registers (transpose_floats) where whole.
 template <class T>
 static void pack_transposed(T* panel, std::size_t NR, const T* B, std::size_t ldb, std::size_t j0, std::size_t p0,
                             std::size_t kc, std::size_t cols) {

@@ -99,17 +99,8 @@ void sixteen_row_tiles(float* y, std::size_t ldy, const ActivationRows& x, const
     float* run = runs.data() + m0 * x.cols;
     const float* rows = x.x + m0 * x.cols;
     std::size_t k = 0;
-#if defined(__AVX512F__) && !defined(TAPEGRAD_EMULATED_BATCH)
-    // 16 x 16 blocks transposed in registers: element by element, the runs took 2.5-3% of a
-    // 16-sequence decoding step (SmolLM2 F32, Xeon 167).
-    if (n == 16)
-      for (; k + 16 <= x.cols; k += 16) {
-        __m512i block[16];
-        for (std::size_t i = 0; i < 16; ++i) block[i] = _mm512_loadu_si512(rows + i * x.cols + k);
-        transpose_16x16(block);
-        for (std::size_t j = 0; j < 16; ++j) _mm512_storeu_si512(run + (k + j) * 16, block[j]);
-      }
-#endif
+    if (n == transpose_block)  // AVX-512: whole runs in 16 x 16 blocks
+      for (; k + n <= x.cols; k += n) transpose_floats(rows + k, x.cols, run + k * n, n);
     for (; k < x.cols; ++k)
       for (std::size_t i = 0; i < n; ++i) run[k * n + i] = rows[i * x.cols + k];
   }
