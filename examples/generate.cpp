@@ -151,7 +151,7 @@ int main(int argc, char** argv) {
         ids = encode_prompt(tokenizer, prompt);
       }
     } catch (const std::invalid_argument& e) {
-      throw UsageError(fmt::format("--prompt: {} of {}", e.what(), loaded.path));
+      throw UsageError(fmt::format("--prompt: {} (the tokenizer of {})", e.what(), loaded.path));
     }
     const std::size_t max_len = loaded.model.config().max_len;
     if (ids.size() > max_len)

@@ -281,7 +281,13 @@ TEST_CASE("generate refuses a prompt outside the vocabulary or longer than max_l
   CHECK(one_error_line(outside, "generate"));
   CHECK(test::contains(outside.err, "'#'"));
   CHECK(test::contains(outside.err, "position 7"));
+  CHECK(test::contains(outside.err, "the tokenizer of " + ckpt.string()));
   CHECK(outside.out.empty());
+  Result not_utf8 = run("generate", {"--checkpoint", ckpt.string(), "--prompt", "The cat\xFF"});
+  CHECK(not_utf8.status == 2);
+  CHECK(one_error_line(not_utf8, "generate"));
+  CHECK(test::contains(not_utf8.err, "invalid UTF-8 at byte offset 7"));
+  CHECK(not_utf8.out.empty());
   Result too_long = run("generate", {"--checkpoint", ckpt.string(), "--prompt", std::string(33, 'a')});
   CHECK(too_long.status == 2);
   CHECK(one_error_line(too_long, "generate"));
