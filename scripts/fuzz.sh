@@ -7,10 +7,11 @@ cd "$(dirname "$0")/.."
 seconds=${1:-60}
 CC=clang CXX=clang++ cmake -S . -B build-fuzz -DCMAKE_BUILD_TYPE=RelWithDebInfo -DTAPEGRAD_FUZZ=ON \
   -DTAPEGRAD_BUILD_TESTS=OFF -DTAPEGRAD_BUILD_EXAMPLES=OFF -DTAPEGRAD_BUILD_BENCH=OFF >/dev/null
-cmake --build build-fuzz -j"$(nproc)" --target fuzz_checkpoint fuzz_utf8 fuzz_completion_request fuzz_chat_request fuzz_gguf
+cmake --build build-fuzz -j"$(nproc)" --target fuzz_checkpoint fuzz_utf8 fuzz_completion_request fuzz_chat_request fuzz_gguf \
+  fuzz_tokenizer_json
 mkdir -p build-fuzz/crashes
 # The targets run side by side (one core each); then each one's statistics, or its last lines.
-targets=(checkpoint utf8 completion_request chat_request gguf)
+targets=(checkpoint utf8 completion_request chat_request gguf tokenizer_json)
 pids=()
 for target in "${targets[@]}"; do
   work=build-fuzz/corpus-$target

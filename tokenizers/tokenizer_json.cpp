@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <stdexcept>
+#include <type_traits>
 
 #include "tokenizers/pre_tokenizer.h"
 
@@ -41,30 +42,47 @@ struct Source {
     if (!value.is_string()) throw error(path, fmt::format("{} is not a string", value.dump()));
     return value.get<std::string>();
   }
+  // object[key] (a string or a bool, as T), or fallback where object has no such key or it is null.
+  template <class T>
+  T optional(const json& object, std::string_view path, const char* key, T fallback) const {
+    if (!object.is_object() || !object.contains(key) || object[key].is_null()) return fallback;
+    const json& value = object[key];
+    const std::string field = path.empty() ? std::string(key) : fmt::format("{}.{}", path, key);
+    if constexpr (std::is_same_v<T, bool>) {
+      if (!value.is_boolean()) throw error(field, fmt::format("{} is not true or false", value.dump()));
+      return value.get<bool>();
+    } else {
+      return string(value, field);
+    }
+  }
 };
 
 // Whether a ByteLevel pre-tokenizer step is the one our pre-tokenizers run after their split.
-bool is_byte_level(const json& step, bool use_regex) {
-  return step.is_object() && step.value("type", "") == "ByteLevel" && !step.value("add_prefix_space", false) &&
-         step.value("use_regex", true) == use_regex;
+bool is_byte_level(const json& step, std::string_view path, bool use_regex, const Source& source) {
+  return step.is_object() && source.optional<std::string>(step, path, "type", "") == "ByteLevel" &&
+         !source.optional(step, path, "add_prefix_space", false) &&
+         source.optional(step, path, "use_regex", true) == use_regex;
 }
 
 std::string pre_tokenizer_name(const json& pre, const Source& source) {
-  if (is_byte_level(pre, true)) return "gpt2";
-  if (pre.is_object() && pre.value("type", "") == "Sequence" && pre.contains("pretokenizers")) {
+  if (is_byte_level(pre, "pre_tokenizer", true, source)) return "gpt2";
+  if (pre.is_object() && source.optional<std::string>(pre, "pre_tokenizer", "type", "") == "Sequence" &&
+      pre.contains("pretokenizers")) {
     const json& steps = pre["pretokenizers"];
     if (steps.is_array() && steps.size() == 2) {
       const json& split = steps[0];
-      if (split.is_object() && split.value("type", "") == "Digits" && split.value("individual_digits", false) &&
-          is_byte_level(steps[1], true))
+      const std::string split_path = "pre_tokenizer.pretokenizers[0]", bytes_path = "pre_tokenizer.pretokenizers[1]";
+      const std::string split_type = source.optional<std::string>(split, split_path, "type", "");
+      if (split_type == "Digits" && source.optional(split, split_path, "individual_digits", false) &&
+          is_byte_level(steps[1], bytes_path, true, source))
         return "smollm";
       const json* regex = split.is_object() && split.contains("pattern") && split["pattern"].is_object() &&
                                   split["pattern"].contains("Regex")
                               ? &split["pattern"]["Regex"]
                               : nullptr;
-      if (split.is_object() && split.value("type", "") == "Split" && regex && regex->is_string() &&
-          *regex == PreTokenizer::named("llama3").pattern() && split.value("behavior", "") == "Isolated" &&
-          !split.value("invert", false) && is_byte_level(steps[1], false))
+      if (split_type == "Split" && regex && regex->is_string() && *regex == PreTokenizer::named("llama3").pattern() &&
+          source.optional<std::string>(split, split_path, "behavior", "") == "Isolated" &&
+          !source.optional(split, split_path, "invert", false) && is_byte_level(steps[1], bytes_path, false, source))
         return "llama3";
     }
   }
@@ -84,14 +102,16 @@ std::optional<std::string> config_token(const json& config, const char* key, con
 }
 
 // The special token a TemplateProcessing post-processor puts first, if any (Llama 3's bos).
-std::optional<std::string> leading_special(const json& processor) {
+std::optional<std::string> leading_special(const json& processor, const std::string& path, const Source& source) {
   if (!processor.is_object()) return std::nullopt;
-  if (processor.value("type", "") == "Sequence" && processor.contains("processors") && processor["processors"].is_array()) {
-    for (const json& step : processor["processors"])
-      if (auto found = leading_special(step)) return found;
+  const std::string type = source.optional<std::string>(processor, path, "type", "");
+  if (type == "Sequence" && processor.contains("processors") && processor["processors"].is_array()) {
+    const json& steps = processor["processors"];
+    for (std::size_t i = 0; i < steps.size(); ++i)
+      if (auto found = leading_special(steps[i], fmt::format("{}.processors[{}]", path, i), source)) return found;
     return std::nullopt;
   }
-  if (processor.value("type", "") != "TemplateProcessing" || !processor.contains("single")) return std::nullopt;
+  if (type != "TemplateProcessing" || !processor.contains("single")) return std::nullopt;
   const json& single = processor["single"];
   if (!single.is_array() || single.empty() || !single[0].is_object() || !single[0].contains("SpecialToken"))
     return std::nullopt;
@@ -109,20 +129,23 @@ BpeVocab read_tokenizer_json(std::string_view json_text, std::string_view source
   const Source source{source_name};
   const json root = source.parse(json_text);
   const json& model = source.member(root, "(top)", "model");
-  if (model.value("type", "BPE") != "BPE") throw source.error("model.type", fmt::format("{} is not BPE", model["type"].dump()));
+  if (source.optional<std::string>(model, "model", "type", "BPE") != "BPE")
+    throw source.error("model.type", fmt::format("{} is not BPE", model["type"].dump()));
   for (const char* absent : {"dropout", "continuing_subword_prefix", "end_of_word_suffix"})
     if (model.contains(absent) && !model[absent].is_null() && model[absent] != "")
       throw source.error(fmt::format("model.{}", absent), fmt::format("{} is not supported", model[absent].dump()));
-  if (model.value("byte_fallback", false)) throw source.error("model.byte_fallback", "true is not supported");
-  if (model.value("fuse_unk", false)) throw source.error("model.fuse_unk", "true is not supported");
+  for (const char* unsupported : {"byte_fallback", "fuse_unk"})
+    if (source.optional(model, "model", unsupported, false))
+      throw source.error(fmt::format("model.{}", unsupported), "true is not supported");
   if (root.contains("normalizer") && !root["normalizer"].is_null())
     throw source.error("normalizer", fmt::format("{} is not supported (only null)", root["normalizer"].dump().substr(0, 200)));
 
   BpeVocab vocab;
   vocab.pre = pre_tokenizer_name(source.member(root, "(top)", "pre_tokenizer"), source);
-  if (model.value("ignore_merges", false) != PreTokenizer::named(vocab.pre).ignore_merges())
-    throw source.error("model.ignore_merges", fmt::format("{} does not go with the {} pre-tokenizer",
-                                                          model.value("ignore_merges", false), vocab.pre));
+  const bool ignore_merges = source.optional(model, "model", "ignore_merges", false);
+  if (ignore_merges != PreTokenizer::named(vocab.pre).ignore_merges())
+    throw source.error("model.ignore_merges",
+                       fmt::format("{} does not go with the {} pre-tokenizer", ignore_merges, vocab.pre));
 
   std::map<std::int64_t, std::pair<std::string, std::int32_t>> by_id;  // id -> (text, GGUF token type)
   const json& model_vocab = source.member(model, "model", "vocab");
@@ -142,9 +165,10 @@ BpeVocab read_tokenizer_json(std::string_view json_text, std::string_view source
         throw source.error(path + ".id", fmt::format("{} is not an id", id.dump()));
       std::string content = source.string(source.member(added[i], path, "content"), path + ".content");
       for (const char* flag : {"lstrip", "rstrip", "single_word"})
-        if (added[i].value(flag, false))
+        if (source.optional(added[i], path, flag, false))
           throw source.error(fmt::format("{}.{}", path, flag), "true is not supported (the token is matched as it is)");
-      by_id[id.get<std::int64_t>()] = {content, added[i].value("special", true) ? kControlToken : kUserDefinedToken};
+      const bool special = source.optional(added[i], path, "special", true);
+      by_id[id.get<std::int64_t>()] = {content, special ? kControlToken : kUserDefinedToken};
     }
   }
   for (const auto& [id, token] : by_id) {
@@ -174,7 +198,7 @@ BpeVocab read_tokenizer_json(std::string_view json_text, std::string_view source
   if (model.contains("unk_token") && !model["unk_token"].is_null())
     vocab.unk = id_of(source.string(model["unk_token"], "model.unk_token"), source, "model.unk_token");
   if (root.contains("post_processor"))
-    if (auto bos = leading_special(root["post_processor"])) {
+    if (auto bos = leading_special(root["post_processor"], "post_processor", source)) {
       vocab.bos = id_of(*bos, source, "post_processor");
       vocab.add_bos = true;
     }
@@ -184,10 +208,7 @@ BpeVocab read_tokenizer_json(std::string_view json_text, std::string_view source
     if (!config.is_object()) throw config_source.error("(top)", "is not an object");
     if (auto bos = config_token(config, "bos_token", config_source)) vocab.bos = id_of(*bos, config_source, "bos_token");
     if (auto eos = config_token(config, "eos_token", config_source)) vocab.end_ids = {id_of(*eos, config_source, "eos_token")};
-    if (config.contains("add_bos_token")) {
-      if (!config["add_bos_token"].is_boolean()) throw config_source.error("add_bos_token", "is not true or false");
-      vocab.add_bos = config["add_bos_token"].get<bool>();
-    }
+    vocab.add_bos = config_source.optional(config, "", "add_bos_token", vocab.add_bos);
     if (vocab.add_bos && !vocab.bos) throw config_source.error("add_bos_token", "is true but there is no bos_token");
   }
   return vocab;
@@ -199,7 +220,7 @@ BpeVocab bpe_vocab_from_tokenizer_json(std::string_view json_text, std::string_v
                                        std::optional<std::string_view> config_json, std::string_view config_name) {
   try {
     return read_tokenizer_json(json_text, source_name, config_json, config_name);
-  } catch (const nlohmann::json::exception& e) {  // a field of another JSON type than the one looked for
+  } catch (const nlohmann::json::exception& e) {  // a backstop: Source names the fields it reads
     const std::string sources = config_json ? fmt::format("{} or {}", source_name, config_name) : std::string(source_name);
     throw std::invalid_argument(fmt::format("{}: {}", sources, e.what()));
   }

@@ -153,7 +153,14 @@ TEST_CASE("a tokenizer.json outside what is understood is refused naming the fil
   CHECK(refusal([](auto& j) { j["added_tokens"][1]["content"] = 5; }) == "tok.json: added_tokens[1].content: 5 is not a string");
   CHECK(refusal([](auto& j) { j["added_tokens"][2]["rstrip"] = true; }) ==
         "tok.json: added_tokens[2].rstrip: true is not supported (the token is matched as it is)");
-  CHECK(test::contains(refusal([](auto& j) { j["model"]["ignore_merges"] = "yes"; }), "tok.json: [json.exception.type_error"));
+  // A field of another JSON type than the one read: its path and value, not the JSON library's words.
+  CHECK(refusal([](auto& j) { j["model"]["ignore_merges"] = "yes"; }) ==
+        "tok.json: model.ignore_merges: \"yes\" is not true or false");
+  CHECK(refusal([](auto& j) { j["pre_tokenizer"]["type"] = 5; }) == "tok.json: pre_tokenizer.type: 5 is not a string");
+  CHECK(refusal([](auto& j) { j["added_tokens"][2]["special"] = 1; }) ==
+        "tok.json: added_tokens[2].special: 1 is not true or false");
+  CHECK(refusal([](auto& j) { j["post_processor"] = {{"type", "Sequence"}, {"processors", {{{"type", false}}}}}; }) ==
+        "tok.json: post_processor.processors[0].type: false is not a string");
   CHECK(refusal([](auto& j) { j["model"]["unk_token"] = "<nope>"; }) == "tok.json: model.unk_token: \"<nope>\" is not a token");
   CHECK(refusal([](auto& j) { j.erase("model"); }) == "tok.json: (top): no \"model\"");
 
@@ -164,6 +171,7 @@ TEST_CASE("a tokenizer.json outside what is understood is refused naming the fil
   CHECK(config_refusal(R"({"bos_token": "<s>"})") == "config.json: bos_token: \"<s>\" is not a token");
   CHECK(config_refusal(R"({"eos_token": {"content": 3}})") == "config.json: eos_token.content: 3 is not a string");
   CHECK(config_refusal(R"({"add_bos_token": true})") == "config.json: add_bos_token: is true but there is no bos_token");
+  CHECK(config_refusal(R"({"add_bos_token": "yes"})") == "config.json: add_bos_token: \"yes\" is not true or false");
   CHECK(test::contains(test::error_of<std::runtime_error>([] { ByteLevelBpe::from_tokenizer_json("/nonexistent/tok.json", {}); }),
                        "/nonexistent/tok.json: cannot be opened"));
 }
