@@ -20,14 +20,11 @@ using quant::PackedMatrix;
 constexpr std::size_t unit_bytes = 1024, unit_words = 16;  // a unit: 16 words of 16 rows
 constexpr std::uint32_t high_half = 0xFFFF0000u;
 
-// The operands of a word: slot 1's (its high half) and slot 0's as floats.
-inline float slot1(std::uint32_t word) { return std::bit_cast<float>(word & high_half); }
-inline float slot0(std::uint32_t word) { return std::bit_cast<float>(word << 16); }
-
 using Floats = Batch<float>;
 constexpr std::size_t batches = group_rows / Floats::size;
 
-// A word of a group's 16 outputs (64 bytes at p) as slot 1's and slot 0's floats.
+// A word of a group's 16 outputs (64 bytes at p) as slot 1's and slot 0's floats: its high half,
+// and its low half shifted up.
 inline void widen_word(const std::byte* p, Floats (&hi)[batches], Floats (&lo)[batches]) {
 #if defined(__AVX512F__) && !defined(TAPEGRAD_EMULATED_BATCH)
   const __m512i words = _mm512_load_si512(p);
@@ -47,7 +44,10 @@ inline void widen_word(const std::byte* p, Floats (&hi)[batches], Floats (&lo)[b
   }
 #else
   alignas(64) float h[group_rows], l[group_rows];
-  for (std::size_t r = 0; r < group_rows; ++r) h[r] = slot1(load_u32(p + 4 * r)), l[r] = slot0(load_u32(p + 4 * r));
+  for (std::size_t r = 0; r < group_rows; ++r) {
+    const std::uint32_t word = load_u32(p + 4 * r);
+    h[r] = std::bit_cast<float>(word & high_half), l[r] = std::bit_cast<float>(word << 16);
+  }
   for (std::size_t i = 0; i < batches; ++i)
     hi[i] = Floats::load_aligned(h + i * Floats::size), lo[i] = Floats::load_aligned(l + i * Floats::size);
 #endif
