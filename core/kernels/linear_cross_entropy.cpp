@@ -40,8 +40,8 @@ T linear_cross_entropy(T* dx, T* dw, T* db, const T* x, const T* w, const T* bia
                        std::size_t n, std::size_t dim, std::size_t vocab, bool transpose_w, std::size_t chunk_rows,
                        T* scratch, bool overwrite, bool bf16_products) {
   // C = op(A) op(B) (+ C with accumulate), as kernels::precision_gemm at this level.
-  auto product = [bf16_products](bool transpose_a, bool transpose_b, std::size_t M, std::size_t N, std::size_t K, const T* A,
-                                 std::size_t lda, const T* B, std::size_t ldb, bool accumulate, T* C, std::size_t ldc) {
+  auto product = [&](bool transpose_a, bool transpose_b, std::size_t M, std::size_t N, std::size_t K, const T* A,
+                     std::size_t lda, const T* B, std::size_t ldb, bool accumulate, T* C, std::size_t ldc) {
     if constexpr (std::is_same_v<T, float>)
       if (bf16_products) return bf16_gemm<float>(transpose_a, transpose_b, M, N, K, A, lda, B, ldb, accumulate, C, ldc);
     gemm<T>(transpose_a, transpose_b, M, N, K, T(1), A, lda, B, ldb, accumulate ? T(1) : T(0), C, ldc);
