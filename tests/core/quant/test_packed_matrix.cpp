@@ -198,7 +198,8 @@ TEST_CASE("every packed kernel table of this level gives Note [Packed products]'
   for (const quant::PackedKernelTable& table : quant::level_packed_tables())
     for (TensorType type : kFormats)
       for (std::size_t cols : column_counts(type))
-        for (std::size_t M : {1, 2, 3, 5, 7, 11, 17, 23}) {  // 11: 3 x 8 float tiles; 17, 23: 1 x 16 and a prompt's
+        // 11: 3 x 8 float tiles; 17, 23: 1 x 16 float and 1 x 12 BF16 chain tiles, and their tails
+        for (std::size_t M : {1, 2, 3, 5, 7, 11, 17, 23}) {
           const std::size_t rows = 37;
           TestMatrix t = random_matrix(type, rows, cols, 7 + cols);
           std::vector<float> x = test::random_vector(M * cols, 100 + M, 3.0);
