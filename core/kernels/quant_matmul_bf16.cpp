@@ -169,7 +169,7 @@ void bf16_rows(float* y, std::size_t ldy, const ActivationRows& x, const PackedM
     chain_tile<NG, MR>(y, ldy, xs, x.bf16_words, w, g, m0, first, last, ahead, accumulate);
   };
   if (x.rows == 1) return run_groups<1, 1>(tile, x.rows, first, last);  // one run of bytes (quant_matmul_float.cpp)
-  if constexpr (batches == 1 && !instruction)  // 1 x 12 from 8 rows: below
+  if constexpr (batches == 1 && !instruction)  // the chains from 8 rows (above)
     if (x.rows >= 8) return run_groups<1, 12>(tile, x.rows, first, last);
   if constexpr (batches == 1) run_groups<3, 4>(tile, x.rows, first, last);
   else run_groups<1, batches == 2 ? 2 : 1>(tile, x.rows, first, last);
