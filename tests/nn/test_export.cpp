@@ -213,13 +213,8 @@ TEST_CASE("exports refuse what they cannot write and leave no damaged or tempora
 }
 
 TEST_CASE("transformers loads the Hugging Face exports (Llama, GPT-2) to tapegrad's logits within 1e-5 and the gguf package reads the GGUF export (bench/.venv)") {
-  const fs::path python = fs::path(TAPEGRAD_SOURCE_DIR) / "bench" / ".venv" / "bin" / "python";
-  if (!fs::exists(python)) {
-    // scripts/test.sh and CI do not create the venv (bench/compare.sh does): skip, saying so.
-    MESSAGE("skipped: no ", python.string(), " (bench/compare.sh creates it); the exports are read back by tapegrad's "
-            "readers above");
-    return;
-  }
+  const std::string python = test::bench_python("transformers, gguf");
+  if (python.empty()) return;  // the exports are read back by tapegrad's readers above
   for (const auto& [model, arch] : {std::pair<std::string, std::string>{"tiny_llama", "llama"}, {"tiny_gpt2", "gpt2"}}) {
     CAPTURE(model);
     const nn::PretrainedModel original = nn::load_pretrained((models_dir / model).string());
@@ -234,7 +229,7 @@ TEST_CASE("transformers loads the Hugging Face exports (Llama, GPT-2) to tapegra
     const std::string expected_path = test::process_path("expected.json"), out = test::process_path("check_export.out");
     std::ofstream(expected_path) << expected.dump();
     const std::string command = fmt::format("OMP_NUM_THREADS=1 HF_HUB_DISABLE_PROGRESS_BARS=1 '{}' '{}/scripts/check_export.py' '{}' '{}' '{}' > '{}' 2>&1",
-                                            python.string(), TAPEGRAD_SOURCE_DIR, dir, gguf, expected_path, out);
+                                            python, TAPEGRAD_SOURCE_DIR, dir, gguf, expected_path, out);
     const int status = std::system(command.c_str());
     const std::string output = test::slurp(out);
     MESSAGE(output);

@@ -257,14 +257,8 @@ TEST_CASE("a PEFT adapter folder written and read back gives bit-identical logit
 }
 
 TEST_CASE("the peft package loads a saved adapter onto the tiny Hugging Face Llama to tapegrad's logits within 1e-5") {
-  const std::string python = std::string(TAPEGRAD_SOURCE_DIR) + "/bench/.venv/bin/python";
-  if (!std::filesystem::exists(python) ||
-      std::system((python + " -c 'import peft, transformers' >/dev/null 2>&1").c_str()) != 0) {
-    // CI has no bench venv (scripts/test.sh installs none): this check runs where one is set up.
-    MESSAGE("skipped: no bench/.venv with peft and transformers (python -m venv bench/.venv; pip install torch "
-            "transformers peft)");
-    return;
-  }
+  const std::string python = test::bench_python("peft, transformers");
+  if (python.empty()) return;
   PretrainedModel tuned = load_pretrained(tiny_llama_folder);
   add_lora(tuned.model, {.rank = 4, .alpha = 8, .targets = {"q", "k", "v", "o", "gate", "up", "down"}, .seed = 7});
   randomise_adapters(tuned.model, 0.2f, 8);
