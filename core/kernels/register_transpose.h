@@ -1,6 +1,7 @@
 // Private to core/kernels/: square blocks of 32-bit elements transposed in registers, for packing
 // a transposed operand (packed_gemm's panels of B^T, the AMX path's tiles, the packed float
-// kernels' runs of x). Declared in this level's namespace: each level's files compile them with their own instructions.
+// kernels' runs of x). Declared in this level's namespace: each level's files compile them with
+// their own instructions.
 #pragma once
 
 #include <immintrin.h>
