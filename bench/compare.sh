@@ -2,11 +2,11 @@
 # compare.sh: tapegrad against every PyTorch this machine has, same models, same weights, same work:
 # training tokens/s for configs (a)-(d) and a-gpt2, peak memory, and cached decoding of 100 tokens.
 # The PyTorch side is Debian's python3-torch (installed with apt-get if missing) and, where PyPI
-# is reachable, the current pip torch in the virtual environment bench/.venv (created if missing;
-# PIP_TORCH=0 skips it, TORCH_VENV=DIR uses another), each eager and under torch.compile (where that
-# torch has it). Builds (Release) if needed, runs bench_train, bench_kv_cache and
-# bench/torch_reference.py, and prints one table of ratios against PyTorch's best
-# (bench/compare_report.py), also saved as bench/results/compare.md.
+# is reachable, the pip torch of bench/requirements.txt in the virtual environment bench/.venv
+# (scripts/python_tools.sh creates it if missing; PIP_TORCH=0 skips it, TORCH_VENV=DIR uses
+# another), each eager and under torch.compile (where that torch has it). Builds (Release) if
+# needed, runs bench_train, bench_kv_cache and bench/torch_reference.py, and prints one table of
+# ratios against PyTorch's best (bench/compare_report.py), also saved as bench/results/compare.md.
 #   [STEPS=30] [REPEATS=5] [MODES=eager,compile] [CONFIGS="a b c d a-gpt2"] [PIP_TORCH=1]
 #   [TORCH_VENV=DIR] [WAIT_QUIET=seconds] [BUILD_DIR=build-bench] [RESULTS_DIR=bench/results] bash bench/compare.sh
 # tapegrad and every PyTorch run back to back per config, so that a change in the load of a shared
@@ -64,9 +64,7 @@ fi
 if "$debian_python" -c "import torch" 2>/dev/null; then pythons+=("$debian_python"); fi
 if [ "${PIP_TORCH:-1}" != 0 ]; then
   if [ ! -x "$venv/bin/python" ] || ! "$venv/bin/python" -c "import torch" 2>/dev/null; then
-    echo "no pip torch in $venv: creating it (python3 -m venv, pip install torch numpy; several GB)"
-    { python3 -m venv "$venv" && "$venv/bin/pip" install -q torch numpy; } \
-      || echo "compare.sh: could not install torch from PyPI into $venv (no network?)"
+    bash "$root/scripts/python_tools.sh" "$venv" || echo "compare.sh: no pip torch in $venv"
   fi
   if "$venv/bin/python" -c "import torch" 2>/dev/null; then pythons+=("$venv/bin/python"); fi
 fi

@@ -24,6 +24,14 @@ elif [ -n "${CI:-}" ]; then
 else
   echo "warning: SmolLM2 could not be fetched; the tests that need it will skip" >&2
 fi
+# transformers, peft and gguf in bench/.venv, which read the exports back (tests/support/helpers.h).
+if ! bash scripts/python_tools.sh; then
+  if [ -n "${CI:-}" ]; then
+    echo "scripts/python_tools.sh failed: CI reads the exports back with transformers and peft, so the run fails" >&2
+    exit 1
+  fi
+  echo "warning: bench/.venv could not be set up; the checks with transformers, peft and gguf will skip" >&2
+fi
 (cd build && ./tapegrad_tests)
 phase "docs and the install check"
 cmake --build build --target docs
