@@ -80,10 +80,10 @@ static void pack_transposed(T* panel, std::size_t NR, const T* B, std::size_t ld
 // choice that `bench_kernels --threads 1 --only matmul` on a machine of that width settles.
 template <std::size_t Bytes> struct PackedTiling;
 template <> struct PackedTiling<16> {  // SSE2, 16 registers: AVX2's tile, not measured on its own
-  static constexpr std::size_t MR = 6, vectors = 2, KC = 256, MC = 96, NC = 256, l1_ahead = 0;
+  static constexpr std::size_t MR = 6, vectors = 2, KC = 256, MC = 96, NC = 256, l1_ahead = 0, L2_floats = 0;
 };
 template <> struct PackedTiling<32> {  // AVX2, 16 registers: 12 accumulators, a 16 KB panel (Zen 3)
-  static constexpr std::size_t MR = 6, vectors = 2, KC = 256, MC = 96, NC = 256, l1_ahead = 0;
+  static constexpr std::size_t MR = 6, vectors = 2, KC = 256, MC = 96, NC = 256, l1_ahead = 0, L2_floats = 0;
 };
 // AVX-512, 32 registers: 24 accumulators (6 x 4 beat 14 x 2, 12 x 2 and 8 x 3 on an Emerald Rapids
 // core), and slices 1024 deep: a 1024 x 64 panel streams from L2 as fast as a 128-deep one stays in
@@ -91,8 +91,10 @@ template <> struct PackedTiling<32> {  // AVX2, 16 registers: 12 accumulators, a
 // L2 and comes back from L3 at each slice (docs/benchmarks.md, "Measurements behind choices in
 // the code"). The panel's rows are asked into L1 (tile_block's l1_ahead) 8 rows ahead: SmolLM2's
 // float32 fine-tuning step 1.02-1.03x as fast at 1 and 2 threads of a Xeon of family 6 model 167.
+// L2_floats: op(B)'s packed slice kept within 1.5 MB (packed_gemm's parts), measured on that Xeon's 2 MB
+// L2 (a Zen 4's is 1 MB: not measured there).
 template <> struct PackedTiling<64> {
-  static constexpr std::size_t MR = 6, vectors = 4, KC = 1024, MC = 96, NC = 512, l1_ahead = 8;
+  static constexpr std::size_t MR = 6, vectors = 4, KC = 1024, MC = 96, NC = 512, l1_ahead = 8, L2_floats = 3 << 17;
 };
 
 // The MR x NR tile, as a function of its own: inlined into packed_product, GCC 12 at AVX-512 spilled
@@ -235,18 +237,31 @@ static bool packed_is_faster(bool transpose_a, std::size_t N, std::size_t K, T b
   return !transpose_a && (N <= 128 || (beta == T(0) && K <= 256));
 }
 
+// How many of op(B)'s n columns one packed_product call takes, so that its packed slice (KC x
+// those columns) stays in L2 while every block of rows passes; the arithmetic of an element is the
+// same whatever the parts. Wider than 8 NC columns (the vocabulary's 49,152): NC at a time.
+// Otherwise, where the tiling gives L2_floats, near-equal parts of whole panels within them: at
+// AVX-512 SmolLM2's gate, up and down weights (576 x 1536, 3.5 MB packed) had come back from L3
+// for every block of rows, and in parts x W^T and dy W ran 1.02-1.10x as fast at 128-1,024 rows,
+// the fine-tuning step 1.02x at one thread (docs/benchmarks.md, "Measurements behind choices in
+// the code"). Not when op(A) = A^T, whose packing each part would repeat (down's dW 0.95x).
+template <class T>
+static std::size_t part_columns(bool transpose_a, std::size_t n, std::size_t K) {
+  using Tiling = PackedTiling<sizeof(Batch<T>)>;
+  constexpr std::size_t NR = Tiling::vectors * Batch<T>::size;
+  if (n > 8 * Tiling::NC) return Tiling::NC;
+  const std::size_t panels = (n + NR - 1) / NR, panel_floats = NR * std::min(K, Tiling::KC);
+  if (transpose_a || Tiling::L2_floats == 0 || panels * panel_floats <= Tiling::L2_floats) return n;
+  const std::size_t fit = std::max<std::size_t>(1, Tiling::L2_floats / panel_floats), parts = (panels + fit - 1) / fit;
+  return (panels + parts - 1) / parts * NR;
+}
+
 template <class T>
 void packed_gemm(bool transpose_a, bool transpose_b, std::size_t M, std::size_t N, std::size_t K, T alpha, const T* A,
                  std::size_t lda, const T* B, std::size_t ldb, T beta, T* C, std::size_t ldc) {
   if (M == 0 || N == 0) return;
-  // A part wider than 8 NC columns (the vocabulary's 49,152) runs NC columns at a time, so that a
-  // slice of op(B)'s panels (SmolLM2's 576 x 512 floats at AVX-512, 1.2 MB) stays in L2 while the
-  // row tiles pass, and the packing buffer stays small; the arithmetic of an element is the same.
-  // The head's logits, 256 x 576 by 576 x 49,152 at AVX-512: 143-145 GFLOP/s (1 thread of a Xeon of
-  // family 6 model 167, session 29).
-  constexpr std::size_t NC = PackedTiling<sizeof(Batch<T>)>::NC;
   detail::split_product(M, N, K, [&](std::size_t m0, std::size_t m, std::size_t n0, std::size_t n) {
-    const std::size_t step = n > 8 * NC ? NC : n;
+    const std::size_t step = part_columns<T>(transpose_a, n, K);
     for (std::size_t j = n0; j < n0 + n; j += step)
       packed_product(transpose_a, transpose_b, m, std::min(step, n0 + n - j), K, alpha,
                      row_block(A, transpose_a, m0, lda), lda, column_block(B, transpose_b, j, ldb), ldb, beta,
