@@ -242,7 +242,7 @@ static bool packed_is_faster(bool transpose_a, std::size_t N, std::size_t K, T b
 // same whatever the parts. Wider than 8 NC columns (the vocabulary's 49,152): NC at a time.
 // Otherwise, where the tiling gives L2_floats, near-equal parts of whole panels within them: at
 // AVX-512 SmolLM2's gate, up and down weights (576 x 1536, 3.5 MB packed) had come back from L3
-// for every block of rows, and in parts x W^T and dy W ran 1.02-1.10x as fast at 128-1,024 rows,
+// for every block of rows, and in parts x W^T and dy W ran 1.01-1.10x as fast at 128-1,024 rows,
 // the fine-tuning step 1.02x at one thread (docs/benchmarks.md, "Measurements behind choices in
 // the code"). Not when op(A) = A^T, whose packing each part would repeat (down's dW 0.95x).
 template <class T>
