@@ -91,8 +91,8 @@ template <> struct PackedTiling<32> {  // AVX2, 16 registers: 12 accumulators, a
 // L2 and comes back from L3 at each slice (docs/benchmarks.md, "Measurements behind choices in
 // the code"). The panel's rows are asked into L1 (tile_block's l1_ahead) 8 rows ahead: SmolLM2's
 // float32 fine-tuning step 1.02-1.03x as fast at 1 and 2 threads of a Xeon of family 6 model 167.
-// L2_floats: op(B)'s packed slice kept within 1.5 MB (packed_gemm's parts), measured on that Xeon's 2 MB
-// L2 (a Zen 4's is 1 MB: not measured there).
+// L2_floats: op(B)'s packed slice kept within 1.5 MB (packed_gemm's parts), measured on that
+// Xeon's 2 MB L2 (a Zen 4's is 1 MB: not measured there).
 template <> struct PackedTiling<64> {
   static constexpr std::size_t MR = 6, vectors = 4, KC = 1024, MC = 96, NC = 512, l1_ahead = 8, L2_floats = 3 << 17;
 };
