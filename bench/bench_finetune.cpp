@@ -1,6 +1,7 @@
 // bench_finetune: fine-tuning a published model (SmolLM2-135M from its GGUF, dequantized to float32
 // master weights) on Shakespeare, tapegrad beside PyTorch + transformers (bench/finetune_reference.py:
-// eager, torch.compile, bf16 autocast) on the same batches, file and threads, in one run. Each run
+// eager, torch.compile, bf16 autocast) on the same batches, file and threads, in one run, and with
+// --llama-finetune beside llama.cpp's llama-finetune on the model's float32 export. Each run
 // (tapegrad float32, float32 with remat, bf16 mixed precision; each PyTorch mode) at each thread count
 // is a fresh process: tokens/s, model FLOP/s as a fraction of the measured FMA peak of the level in
 // use (bench/fma_peak.h), its own peak resident memory; then the targets of issue 41, met or not.
@@ -16,16 +17,20 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <map>
 #include <optional>
+#include <span>
 
 #include "bench/bench_common.h"
 #include "bench/fma_peak.h"
 #include "bench/train_common.h"
 #include "core/precision.h"
 #include "core/tape.h"
+#include "nn/export.h"
 #include "nn/models/llama.h"
 #include "nn/pretrained.h"
 #include "optim/adamw.h"
@@ -60,6 +65,7 @@ const Mode& mode_named(const std::string& name) {
 struct Options {
   std::string model, data = bench::default_shakespeare_path(), python, reference_modes = "eager,compile,bf16";
   std::string modes = "f32,f32_remat,bf16";
+  std::string llama_finetune;  // llama.cpp's llama-finetune, if it is to run too
   std::string out = std::string(TAPEGRAD_SOURCE_DIR) + "/bench/results/finetune_cpu.json";
   std::size_t batch = 4, seq_len = 256;
   std::vector<int> threads = {1, 2};
@@ -236,11 +242,72 @@ nlohmann::json run_reference(const Options& o, const std::string& batches_file, 
   return result;
 }
 
+/// What llama-finetune reads: SmolLM2 exported to float32 (it trains float32 models only) and the
+/// text of the first tokens of --data.
+struct LlamaCppFiles {
+  std::string model, text;
+};
+
+/// llama.cpp's llama-finetune (examples/training) at `threads` for one epoch of the text, no
+/// validation, AdamW at kAdamW's rate and decay: windows of seq_len tokens, half a window apart, one
+/// a step (its step takes one context, where tapegrad's and PyTorch's take B). Its progress
+/// line after each step is timed as it arrives; the first step (the graph's set-up) is the
+/// warm-up. Peak memory: its VmHWM at its last progress line, before it saves the model.
+nlohmann::json run_llama_finetune(const Options& o, const LlamaCppFiles& files, int threads) {
+  const std::string saved = files.model + ".trained.gguf";
+  // `exec` keeps the shell's pid, printed first, for /proc; stderr (the progress) to the pipe.
+  const std::string command = fmt::format(
+      "echo $$; exec '{}' -m '{}' -f '{}' -c {} -b {} -ub {} -t {} -lr {} -wd {} -epochs 1 -val-split 0 -o '{}' 2>&1 "
+      ">/dev/null",
+      o.llama_finetune, files.model, files.text, o.seq_len, o.seq_len, o.seq_len, threads, kAdamW.lr,
+      kAdamW.weight_decay, saved);
+  FILE* pipe = popen(command.c_str(), "r");
+  if (!pipe) throw std::runtime_error(fmt::format("cannot start `{}`", command));
+  char pid_line[32] = {};
+  const int pid = fgets(pid_line, sizeof pid_line, pipe) ? std::atoi(pid_line) : 0;
+  std::vector<double> at;  // seconds at each progress line
+  double peak_mib = 0, first_loss = 0;
+  std::string output, line;
+  const auto start = std::chrono::steady_clock::now();
+  for (int c; (c = std::fgetc(pipe)) != EOF;) {
+    output += char(c);
+    if (c != '\r' && c != '\n') {
+      line += char(c);
+      continue;
+    }
+    if (line.rfind("train: [", 0) == 0 && line.find(" loss=") != std::string::npos) {
+      at.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+      peak_mib = std::max(peak_mib, double(bench::proc_status_kib("VmHWM", std::to_string(pid))) / 1024.0);
+      if (at.size() == 1) first_loss = std::stod(line.substr(line.find(" loss=") + 6));
+    }
+    line.clear();
+  }
+  const int status = pclose(pipe);
+  std::filesystem::remove(saved);
+  if (status != 0 || at.size() < std::size_t(o.steps) + 1)
+    throw std::runtime_error(fmt::format("`{}` exited with {} after {} steps ({} needed); its last output: {}", command,
+                                         status, at.size(), o.steps + 1,
+                                         output.substr(output.size() - std::min<std::size_t>(output.size(), 1500))));
+  std::vector<double> ms;
+  for (std::size_t i = 1; i <= std::size_t(o.steps); ++i) ms.push_back(1e3 * (at[i] - at[i - 1]));
+  const bench::Stats t = bench::stats_of(ms);
+  return {{"threads", threads},
+          {"tokens_per_step", o.seq_len},
+          {"ms_per_step_median", t.median},
+          {"ms_per_step_min_max", {t.min, t.max}},
+          {"tokens_per_s", double(o.seq_len) / t.median * 1e3},
+          {"peak_memory_mib", peak_mib},
+          {"first_loss", first_loss},
+          {"command", command}};
+}
+
 /// A run's row of the table: tokens/s, ms per step, % of the FMA peak, peak memory.
-void print_row(const std::string& label, int threads, const nlohmann::json& r, double flops, double fma_peak) {
-  const double seconds = r["ms_per_step_median"].get<double>() * 1e-3;
-  fmt::print("  {:>7}  {:<32} {:>8.1f} {:>9.0f} {:>9.0f}% {:>9.0f}\n", threads, label, r["tokens_per_s"].get<double>(),
-             1e3 * seconds, 100 * flops / seconds * 1e-9 / fma_peak, r["peak_memory_mib"].get<double>());
+void print_row(const std::string& label, int threads, const nlohmann::json& r, double flops_per_token,
+               double fma_peak) {
+  const double tokens_per_s = r["tokens_per_s"].get<double>();
+  fmt::print("  {:>7}  {:<32} {:>8.1f} {:>9.0f} {:>9.0f}% {:>9.0f}\n", threads, label, tokens_per_s,
+             r["ms_per_step_median"].get<double>(), 100 * flops_per_token * tokens_per_s * 1e-9 / fma_peak,
+             r["peak_memory_mib"].get<double>());
 }
 
 /// Issue 41's targets at one thread count, from the run's rows: each ratio and whether it is met.
@@ -273,7 +340,7 @@ nlohmann::json targets_of(const nlohmann::json& run) {
 std::string usage() {
   return "usage: bench_finetune --model FILE.gguf [--data TEXT] [--batch B] [--seq T] [--threads 1,2] [--steps N]\n"
          "                      [--modes f32,f32_remat,bf16] [--python PATH (bench/.venv/bin/python)] [--rounds N]\n"
-         "                      [--reference-modes eager,compile,bf16|none] [--out PATH]\n"
+         "                      [--reference-modes eager,compile,bf16|none] [--llama-finetune PATH] [--out PATH]\n"
          "       bench_finetune --run MODE --batches FILE --model FILE.gguf --threads T [--batch B --seq T --steps N]\n"
          "                      (one run in this process, one JSON line; run by bench_finetune itself)\n" +
          bench::simd_usage_line();
@@ -303,6 +370,7 @@ int main(int argc, char** argv) try {
     else if (arg == "--modes") o.modes = value;
     else if (arg == "--python") o.python = value;
     else if (arg == "--reference-modes") o.reference_modes = value;
+    else if (arg == "--llama-finetune") o.llama_finetune = value;
     else if (arg == "--out") o.out = value;
     else if (arg == "--run") run_mode = value;
     else if (arg == "--batches") batches_file = value;
@@ -326,16 +394,28 @@ int main(int argc, char** argv) try {
   // The batches, tokenized by tapegrad, are every run's (a file they read).
   nn::LlamaConfig config;
   std::vector<Batch> batches;
+  LlamaCppFiles llama_files;
   {
     const nn::PretrainedModel probe = nn::load_pretrained(o.model);
     const nn::Llama* llama = probe.model.as<nn::Llama>();
     if (!llama) throw std::runtime_error(fmt::format("{}: a Llama is needed, this is {}", o.model, probe.model.arch()));
     config = llama->config();
     batches = shakespeare_batches(*probe.tokenizer, o, 4);
+    if (!o.llama_finetune.empty()) {
+      // Windows half a window apart: the warm-up, the timed steps and one to spare.
+      const std::size_t tokens = o.seq_len + 1 + o.seq_len / 2 * std::size_t(o.steps + 2);
+      std::vector<std::int32_t> ids;
+      for (const Batch& b : batches) ids.insert(ids.end(), b.inputs.begin(), b.inputs.end());
+      if (ids.size() < tokens) throw std::runtime_error(fmt::format("--llama-finetune: {} tokens, {} needed", ids.size(), tokens));
+      const std::string stem = fmt::format("{}/finetune_llama_cpp_{}", std::filesystem::temp_directory_path().string(), ::getpid());
+      llama_files = {stem + ".f32.gguf", stem + ".txt"};
+      nn::export_gguf({probe.model, *probe.tokenizer, probe.chat_template}, llama_files.model, nn::GgufExportType::F32);
+      std::ofstream(llama_files.text, std::ios::binary) << probe.tokenizer->decode(std::span(ids).first(tokens));
+    }
   }
   batches_file = fmt::format("{}/finetune_batches_{}.json", std::filesystem::temp_directory_path().string(), ::getpid());
   write_batches(batches_file, batches, o);
-  const double flops = step_flops(config, o.batch, o.seq_len);
+  const double flops = step_flops(config, o.batch, o.seq_len), flops_per_token = flops / double(o.batch * o.seq_len);
   fmt::print("  llama (d {}, d_ff {}, {} blocks, {} heads / {} KV heads, vocab {}); B {} x T {}; {:.1f} GFLOP/step\n"
              "  step = forward + backward + clip_grad_norm(1.0) folded into AdamW + zero_grad; each run a fresh process: load, 1 "
              "warm-up step, {} timed steps\n",
@@ -397,11 +477,23 @@ int main(int argc, char** argv) try {
       }
       std::fflush(stdout);
     }
+    if (!o.llama_finetune.empty()) {
+      const nlohmann::json& r = run["llama_cpp"] = run_llama_finetune(o, llama_files, threads);
+      fmt::print("  llama.cpp finetune at {} thread(s): {:.0f} ms/step of {} tokens, {:.1f} tokens/s, peak {:.0f} MiB, "
+                 "first loss {:.5f} (its own windows)\n",
+                 threads, r["ms_per_step_median"].get<double>(), o.seq_len, r["tokens_per_s"].get<double>(),
+                 r["peak_memory_mib"].get<double>(), r["first_loss"].get<double>());
+      std::fflush(stdout);
+    }
     return run;
   };
   for (int threads : o.threads)
     for (int round = 1; round <= o.rounds; ++round) results["runs"].push_back(run_round(threads, round));
   std::filesystem::remove(batches_file);
+  if (!o.llama_finetune.empty()) {
+    std::filesystem::remove(llama_files.model);
+    std::filesystem::remove(llama_files.text);
+  }
   measure_fma();
 
   fmt::print("\n  {:>7}  {:<32} {:>8} {:>9} {:>10} {:>9}\n", "threads", "run", "tokens/s", "ms/step", "FMA peak",
@@ -416,14 +508,15 @@ int main(int argc, char** argv) try {
     for (const Mode* mode : modes) {
       nlohmann::json& r = run["tapegrad"][mode->name];
       r["fraction_of_fma_peak"] = r["model_gflops"].get<double>() / fma_peak[t];
-      print_row(mode->label + round, t, r, flops, fma_peak[t]);
+      print_row(mode->label + round, t, r, flops_per_token, fma_peak[t]);
     }
     if (run.contains("pytorch"))
       for (auto& r : run["pytorch"]["runs"]) {
         if (r.contains("error")) continue;
         r["ms_per_step_median"] = 1e3 * r["seconds_per_step_median"].get<double>();
-        print_row("PyTorch " + r["mode"].get<std::string>() + round, t, r, flops, fma_peak[t]);
+        print_row("PyTorch " + r["mode"].get<std::string>() + round, t, r, flops_per_token, fma_peak[t]);
       }
+    if (run.contains("llama_cpp")) print_row("llama.cpp finetune" + round, t, run["llama_cpp"], flops_per_token, fma_peak[t]);
     run["targets"] = targets_of(run);
     for (const auto& target : run["targets"].items()) {
       round_values[t][target.key()].push_back(target.value()["value"].get<double>());
