@@ -406,8 +406,10 @@ int main(int argc, char** argv) try {
       const std::size_t tokens = o.seq_len + 1 + o.seq_len / 2 * std::size_t(o.steps + 2);
       std::vector<std::int32_t> ids;
       for (const Batch& b : batches) ids.insert(ids.end(), b.inputs.begin(), b.inputs.end());
-      if (ids.size() < tokens) throw std::runtime_error(fmt::format("--llama-finetune: {} tokens, {} needed", ids.size(), tokens));
-      const std::string stem = fmt::format("{}/finetune_llama_cpp_{}", std::filesystem::temp_directory_path().string(), ::getpid());
+      if (ids.size() < tokens)
+        throw std::runtime_error(fmt::format("--llama-finetune: {} tokens, {} needed", ids.size(), tokens));
+      const std::string stem =
+          fmt::format("{}/finetune_llama_cpp_{}", std::filesystem::temp_directory_path().string(), ::getpid());
       llama_files = {stem + ".f32.gguf", stem + ".txt"};
       nn::export_gguf({probe.model, *probe.tokenizer, probe.chat_template}, llama_files.model, nn::GgufExportType::F32);
       std::ofstream(llama_files.text, std::ios::binary) << probe.tokenizer->decode(std::span(ids).first(tokens));
