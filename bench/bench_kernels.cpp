@@ -1,7 +1,8 @@
 // Kernel throughput: the sgemm peak and memcpy bandwidth as references, then tapegrad::kernels matmuls
 // and attention (GFLOP/s, % of the sgemm peak and of the FMA peak, the latter sampled in alternation
 // with the kernel) and elementwise/row kernels (GB/s, % of the same-size memcpy), at 1 and 2
-// threads. Every kernel is checked against a naive reference before it is timed.
+// threads. Every kernel is checked against a naive reference before it is timed. Writes
+// bench/results/kernels_cpu.json (or --out); a partial run (--only, --quick) only to an --out it names.
 #include <fmt/core.h>
 
 #include <algorithm>
@@ -106,6 +107,8 @@ struct Options {
   int repeats = 20;
   double min_sample_s = 2e-3;  // calls are batched into samples this long, so the timer adds no noise
   std::string out = (std::filesystem::path(__FILE__).parent_path() / "results" / "kernels_cpu.json").string();
+  bool out_named = false;  // --out given: a partial run (--only, --quick) writes only there
+  bool partial = false;    // --only or --quick: not the full run the committed results file holds
   std::string only;  // a group (matmul, attention, rows) to run alone, with the references
 };
 
@@ -581,11 +584,11 @@ Options parse_options(int argc, char** argv) {
     } else if (flag == "--repeats") {
       options.repeats = positive_int(flag, value());
     } else if (flag == "--quick") {
-      options.repeats = 3, options.min_sample_s = 2e-4;
+      options.repeats = 3, options.min_sample_s = 2e-4, options.partial = true;
     } else if (flag == "--out") {
-      options.out = value();
+      options.out = value(), options.out_named = true;
     } else if (flag == "--only") {
-      options.only = value();
+      options.only = value(), options.partial = true;
     } else if (flag == "--help") {
       fmt::print("usage: bench_kernels [--threads 1,2] [--repeats N] [--quick] [--out PATH] [--only GROUP]\n{}",
                  simd_usage_line());
@@ -679,7 +682,10 @@ int main(int argc, char** argv) try {
                                 "threads, sampled right after each sample of the kernel"},
       {"sgemm_peak_gflops", peak}, {"fma_peak_gflops", fma_peaks}, {"memcpy_gbytes_per_s", copy},
       {"results", results}});
-  write_results(options.out, json);
+  if (options.partial && !options.out_named)
+    fmt::print("  results not written: --only and --quick write to a file --out names, not over {}\n", options.out);
+  else
+    write_results(options.out, json);
   return 0;
 } catch (const std::exception& e) {
   fmt::print(stderr, "bench_kernels: {}\n", e.what());
