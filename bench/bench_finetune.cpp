@@ -13,6 +13,7 @@
 #include <nlohmann/json.hpp>
 
 #include <sys/resource.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -242,6 +243,17 @@ nlohmann::json run_reference(const Options& o, const std::string& batches_file, 
   return result;
 }
 
+/// Files this run writes for its children, removed however it ends (a failed run included: the
+/// float32 export for llama.cpp is 540 MB).
+struct TemporaryFiles {
+  std::vector<std::string> paths;
+  std::string add(std::string path) { return paths.emplace_back(std::move(path)); }
+  ~TemporaryFiles() {
+    std::error_code ignored;
+    for (const std::string& path : paths) std::filesystem::remove(path, ignored);
+  }
+};
+
 /// What llama-finetune reads: SmolLM2 exported to float32 (it trains float32 models only) and the
 /// text of the first tokens of --data.
 struct LlamaCppFiles {
@@ -282,10 +294,11 @@ nlohmann::json run_llama_finetune(const Options& o, const LlamaCppFiles& files, 
     }
     line.clear();
   }
-  const int status = pclose(pipe);
+  const int wait_status = pclose(pipe);
+  const int status = WIFEXITED(wait_status) ? WEXITSTATUS(wait_status) : 128 + WTERMSIG(wait_status);
   std::filesystem::remove(saved);
   if (status != 0 || at.size() < std::size_t(o.steps) + 1)
-    throw std::runtime_error(fmt::format("`{}` exited with {} after {} steps ({} needed); its last output: {}", command,
+    throw std::runtime_error(fmt::format("`{}` exited with status {} after {} steps ({} needed); its last output: {}", command,
                                          status, at.size(), o.steps + 1,
                                          output.substr(output.size() - std::min<std::size_t>(output.size(), 1500))));
   std::vector<double> ms;
@@ -377,6 +390,8 @@ int main(int argc, char** argv) try {
     else throw std::invalid_argument(fmt::format("unknown argument '{}'\n{}", arg, usage()));
   }
   if (o.model.empty()) throw std::invalid_argument("--model is required\n" + usage());
+  if (!o.llama_finetune.empty() && ::access(o.llama_finetune.c_str(), X_OK) != 0)
+    throw std::invalid_argument(fmt::format("--llama-finetune {}: not an executable file", o.llama_finetune));
   if (!run_mode.empty()) {
     if (batches_file.empty()) throw std::invalid_argument("--run needs --batches\n" + usage());
     fmt::print("{}\n", run_here(o, mode_named(run_mode), batches_file).dump());
@@ -395,6 +410,8 @@ int main(int argc, char** argv) try {
   nn::LlamaConfig config;
   std::vector<Batch> batches;
   LlamaCppFiles llama_files;
+  TemporaryFiles temporary;
+  const std::string stem = fmt::format("{}/finetune_{}", std::filesystem::temp_directory_path().string(), ::getpid());
   {
     const nn::PretrainedModel probe = nn::load_pretrained(o.model);
     const nn::Llama* llama = probe.model.as<nn::Llama>();
@@ -408,14 +425,12 @@ int main(int argc, char** argv) try {
       for (const Batch& b : batches) ids.insert(ids.end(), b.inputs.begin(), b.inputs.end());
       if (ids.size() < tokens)
         throw std::runtime_error(fmt::format("--llama-finetune: {} tokens, {} needed", ids.size(), tokens));
-      const std::string stem =
-          fmt::format("{}/finetune_llama_cpp_{}", std::filesystem::temp_directory_path().string(), ::getpid());
-      llama_files = {stem + ".f32.gguf", stem + ".txt"};
+      llama_files = {temporary.add(stem + "_llama_cpp.f32.gguf"), temporary.add(stem + "_llama_cpp.txt")};
       nn::export_gguf({probe.model, *probe.tokenizer, probe.chat_template}, llama_files.model, nn::GgufExportType::F32);
       std::ofstream(llama_files.text, std::ios::binary) << probe.tokenizer->decode(std::span(ids).first(tokens));
     }
   }
-  batches_file = fmt::format("{}/finetune_batches_{}.json", std::filesystem::temp_directory_path().string(), ::getpid());
+  batches_file = temporary.add(stem + "_batches.json");
   write_batches(batches_file, batches, o);
   const double flops = step_flops(config, o.batch, o.seq_len), flops_per_token = flops / double(o.batch * o.seq_len);
   fmt::print("  llama (d {}, d_ff {}, {} blocks, {} heads / {} KV heads, vocab {}); B {} x T {}; {:.1f} GFLOP/step\n"
@@ -491,11 +506,6 @@ int main(int argc, char** argv) try {
   };
   for (int threads : o.threads)
     for (int round = 1; round <= o.rounds; ++round) results["runs"].push_back(run_round(threads, round));
-  std::filesystem::remove(batches_file);
-  if (!o.llama_finetune.empty()) {
-    std::filesystem::remove(llama_files.model);
-    std::filesystem::remove(llama_files.text);
-  }
   measure_fma();
 
   fmt::print("\n  {:>7}  {:<32} {:>8} {:>9} {:>10} {:>9}\n", "threads", "run", "tokens/s", "ms/step", "FMA peak",
