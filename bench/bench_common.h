@@ -92,6 +92,15 @@ inline std::string command_output(const std::string& command) {
   return out;
 }
 
+/// A field of /proc/<process>/status in KiB ("VmRSS", "VmHWM"), this process's by default, or -1.
+inline long proc_status_kib(const std::string& field, const std::string& process = "self") {
+  std::ifstream in("/proc/" + process + "/status");
+  std::string line;
+  while (std::getline(in, line))
+    if (line.rfind(field + ":", 0) == 0) return std::stol(line.substr(field.size() + 1));
+  return -1;
+}
+
 /// The first value of a /proc/cpuinfo field ("model name" -> "AMD EPYC 7B13 64-Core Processor").
 inline std::string cpuinfo(const std::string& field) {
   std::ifstream in("/proc/cpuinfo");

@@ -458,7 +458,8 @@ int main(int argc, char** argv) try {
     fmt::print(stderr, "bench_serve: the server counts {} requests answered of {} sent, and {} still running or waiting\n",
                answered, sent, left);
   }
-  const double peak_mib = peak_rss_mib(server.pid());
+  const long peak_kib = proc_status_kib("VmHWM", std::to_string(server.pid()));
+  const double peak_mib = peak_kib < 0 ? -1 : double(peak_kib) / 1024;
   const int exit_status = server.stop();
   fmt::print("  server peak memory (VmHWM) {:.1f} MiB; exit status after SIGTERM {}\n", peak_mib, exit_status);
 

@@ -81,15 +81,6 @@ class ServerProcess {
   int status_ = -1;
 };
 
-/// A process's peak resident memory in MiB (VmHWM in /proc/PID/status), -1 when unreadable.
-inline double peak_rss_mib(pid_t pid) {
-  std::ifstream in(fmt::format("/proc/{}/status", pid));
-  std::string line;
-  while (std::getline(in, line))
-    if (line.rfind("VmHWM:", 0) == 0) return std::stod(line.substr(6)) / 1024;
-  return -1;
-}
-
 /// One completion as its client saw it.
 struct Answer {
   int status = 0;                     // the HTTP status; 0: no answer (the transport failed)

@@ -146,13 +146,4 @@ struct Trainer {
   }
 };
 
-/// A field of /proc/<process>/status in KiB ("VmRSS", "VmHWM"), this process's by default, or -1.
-inline long proc_status_kib(const std::string& field, const std::string& process = "self") {
-  std::ifstream in("/proc/" + process + "/status");
-  std::string line;
-  while (std::getline(in, line))
-    if (line.rfind(field + ":", 0) == 0) return std::stol(line.substr(field.size() + 1));
-  return -1;
-}
-
 }  // namespace tapegrad::bench
